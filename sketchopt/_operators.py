@@ -1,0 +1,84 @@
+"""Structured symmetric positive-definite operators ``H`` used by the rules and regularizers.
+
+Every metric of :mod:`sketchopt.metrics` exposes its current ``H_t`` as one of two operators so that
+the proximal steps of :mod:`sketchopt.regularizers` can exploit its structure:
+
+* :class:`DiagonalOperator` -- ``H = diag(h)`` (ADA-DIAG);
+* :class:`LowRankOperator` -- ``H = scalar * I + V^T diag(weights) V`` with ``V = coef @ basis``
+  having orthonormal (or zero) rows (ADA-FD with any sketch; ADA-FULL with ``V`` the full
+  eigenbasis). ``V`` is never materialized: products go through the ``n x d`` ``basis`` and the
+  small ``k x n`` ``coef``, so each product costs ``O(n*d)``.
+
+All vectors are flat ``(d,)`` arrays.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import jax.numpy as jnp
+
+_HIGHEST = "highest"
+
+
+class DiagonalOperator(NamedTuple):
+    """``H = diag(diag)`` with ``diag >= 0``; entries equal to 0 are treated as ``+0`` (see solve)."""
+
+    diag: jnp.ndarray
+
+    def matvec(self, x):
+        return self.diag * x
+
+    def solve(self, y):
+        """``H^{-1} y`` with the safe convention ``0/0 = 0`` (ADA-DIAG with ``delta = 0``)."""
+        safe = jnp.where(self.diag > 0, self.diag, 1)
+        return jnp.where(self.diag > 0, y / safe, 0)
+
+    def solve_shifted(self, rho, y):
+        """``(H + rho I)^{-1} y``."""
+        return y / (self.diag + rho)
+
+    def lambda_min(self):
+        return jnp.min(self.diag, initial=jnp.inf)
+
+    def lambda_max(self):
+        return jnp.max(self.diag, initial=0)
+
+
+class LowRankOperator(NamedTuple):
+    """``H = scalar * I + V^T diag(weights) V`` with ``V = coef @ basis`` (rows orthonormal or 0).
+
+    ``scalar > 0`` and ``weights >= 0``. Inverses use the Woodbury identity (Ada-FD paper, the
+    formula below eq. 5): ``(c I + V^T W V)^{-1} = (1/c) (I - V^T diag(w / (c + w)) V)``.
+    """
+
+    scalar: jnp.ndarray
+    basis: jnp.ndarray  # (n, d)
+    coef: jnp.ndarray  # (k, n)
+    weights: jnp.ndarray  # (k,)
+
+    def project(self, x):
+        """``V x`` (k,), one pass over ``basis``."""
+        return self.coef @ jnp.matmul(self.basis, x, precision=_HIGHEST)
+
+    def lift(self, a):
+        """``V^T a`` (d,), one pass over ``basis``."""
+        return jnp.matmul(self.coef.T @ a, self.basis, precision=_HIGHEST)
+
+    def matvec(self, x):
+        return self.scalar * x + self.lift(self.weights * self.project(x))
+
+    def solve_shifted(self, rho, y):
+        """``(H + rho I)^{-1} y`` by Woodbury in ``O(n*d)``."""
+        c = self.scalar + rho
+        return (y - self.lift(self.weights / (c + self.weights) * self.project(y))) / c
+
+    def solve(self, y):
+        return self.solve_shifted(0.0, y)
+
+    def lambda_min(self):
+        """A lower bound of the spectrum (exact when ``k < d``)."""
+        return self.scalar
+
+    def lambda_max(self):
+        return self.scalar + jnp.max(self.weights, initial=0)

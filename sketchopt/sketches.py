@@ -1,0 +1,641 @@
+r"""Streaming covariance sketches as pure JAX functions.
+
+A sketch summarizes a stream of rows ``a_1, a_2, ...`` in ``R^d`` by a small state from which the
+covariance ``A^T A = sum_t a_t a_t^T`` is approximated as ``C = V^T diag(lam) V + alpha * I`` with
+``V`` having orthonormal rows. Every sketch here is a :class:`Sketch`: a small immutable object of
+pure functions in the style of an Optax ``GradientTransformation``::
+
+    sk = frequent_directions(sketch_size=10)
+    state = sk.init(dim)                 # NamedTuple of arrays
+    state = sk.update(state, row)        # jit-, vmap- and scan-friendly
+    state = sk.update_many(state, rows)  # lax.scan over the rows
+    V, lam, alpha = factors(state)       # C = V^T diag(lam) V + alpha I, never d x d
+
+Implemented sketches (papers in ``shared/papers``):
+
+* :func:`frequent_directions` -- FD (RFD paper Alg. 1; Ada-FD Alg. 1/2 lines 4-6) and, with
+  ``fast=True``, the doubling-buffer FD (RFD paper Alg. 4).
+* :func:`robust_frequent_directions` -- RFD (RFD paper Alg. 2) and fast RFD (Alg. 5): FD plus the
+  ridge ``alpha`` growing by half the shrinkage (``alpha_fraction=1`` gives the S-AdaGrad rule of
+  Feinberg et al. 2023).
+* :func:`parameterized_frequent_directions` / :func:`compensative_frequent_directions` -- the PFD
+  and CFD baselines of Desai, Ghashami & Phillips (2016) used in the RFD paper.
+* :func:`oja` -- Oja's streaming eigenvector sketch of Oja-SON (SON paper eq. 4, Alg. 3).
+* :func:`random_projection` -- the Gaussian random-projection sketch of RP-SON (SON paper sec. 3).
+
+Conventions (``DESIGN.md``): ``sketch_size = tau`` counts the slot for the incoming row, so after a
+shrink at most ``tau - 1`` rows are non-zero; FD is exact (``C = A^T A``) while the rows seen span
+fewer than ``tau`` dimensions and whenever ``tau > d``.
+
+Implementation notes (the "Speed" and "Bad input" sections of ``DESIGN.md``):
+
+* No ``tau x d`` SVD is ever taken. The FD family keeps its rows ``B`` together with their small
+  Gram matrix ``K = B B^T``. Appending a row ``g`` adds ``B g`` as a new row and column of ``K``
+  (after a shrink ``K`` is diagonal, so it becomes diagonal-plus-arrowhead). A shrink
+  eigendecomposes the ``n x n`` matrix ``K = U diag(mu) U^T`` and rotates the rows with one matmul:
+  ``B' = diag(sqrt((mu - shrink) / mu)) U^T B``, whose Gram is again diagonal. ``B g`` is the only
+  other pass over the ``n x d`` rows.
+* Quadratic quantities (``K``, ``alpha``, eigenvalues) are stored divided by ``4**scale_exp`` for a
+  power-of-two scale chosen from the data at every step, so rows of norm ``1e30`` or ``1e-30`` in
+  float32 neither overflow nor underflow, and no non-finite matrix ever reaches ``eigh``.
+* A row containing NaN or Inf leaves the state exactly unchanged and increments
+  ``nonfinite_count``. Sketch arrays are at least float32 (bf16/fp16 rows are upcast).
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable
+from typing import Any, NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+__all__ = [
+    "FrequentDirectionsState",
+    "LowRank",
+    "OjaState",
+    "RandomProjectionState",
+    "Sketch",
+    "compensative_frequent_directions",
+    "covariance",
+    "factors",
+    "frequent_directions",
+    "low_rank",
+    "oja",
+    "parameterized_frequent_directions",
+    "random_projection",
+    "robust_frequent_directions",
+]
+
+_HIGHEST = jax.lax.Precision.HIGHEST
+# Exponent used for "no scale information yet" (an all-zero sketch and an all-zero row).
+_NO_EXPONENT = -(2**20)
+
+
+class Sketch(NamedTuple):
+    """A streaming sketch: pure ``init``/``update`` functions plus static metadata.
+
+    Attributes:
+      init: ``init(dim, dtype=jnp.float32) -> state``.
+      update: ``update(state, row) -> state`` for one row of shape ``(dim,)``.
+      update_many: ``update_many(state, rows) -> state``, a ``lax.scan`` of ``update``.
+      sketch_size: the ``sketch_size`` it was built with.
+      name: a short name (``"fd"``, ``"rfd"``, ...), for reports.
+      update_with_product: ``(state, row) -> (state, basis @ row)`` with the product taken against
+        the *new* basis rows and divided by ``4**scale_exp`` of the new state; the metrics use it
+        to get ``V g`` without another pass over the sketch.
+    """
+
+    init: Callable[..., Any]
+    update: Callable[[Any, jax.Array], Any]
+    update_many: Callable[[Any, jax.Array], Any]
+    sketch_size: int
+    name: str
+    update_with_product: Callable[[Any, jax.Array], tuple[Any, jax.Array]]
+
+
+class FrequentDirectionsState(NamedTuple):
+    """State of the frequent-directions family (FD, fast FD, RFD, fast RFD, PFD, CFD).
+
+    ``rows`` is the ``n x d`` buffer ``B`` (``n = sketch_size`` per-step, ``2 * sketch_size`` with
+    the doubling buffer); rows at index ``>= fill`` are zero. ``gram = B B^T / 4**scale_exp``;
+    ``alpha`` and ``compensation`` are stored divided by ``4**scale_exp`` as well (use
+    :func:`factors` for true values). ``count`` counts the rows absorbed, ``nonfinite_count`` the
+    rows rejected for containing NaN/Inf.
+    """
+
+    rows: jax.Array
+    gram: jax.Array
+    fill: jax.Array
+    scale_exp: jax.Array
+    alpha: jax.Array
+    compensation: jax.Array
+    count: jax.Array
+    nonfinite_count: jax.Array
+
+
+class OjaState(NamedTuple):
+    """State of Oja's sketch: orthonormal ``directions`` (m x d), running eigenvalue estimates
+    ``eigenvalues`` (``Lambda_t``, stored divided by ``4**scale_exp``), the step ``count`` t."""
+
+    directions: jax.Array
+    eigenvalues: jax.Array
+    scale_exp: jax.Array
+    count: jax.Array
+    nonfinite_count: jax.Array
+
+
+class RandomProjectionState(NamedTuple):
+    """State of the Gaussian random-projection sketch ``S_t = S_{t-1} + r_t g_t^T``.
+
+    ``gram = S S^T / 4**scale_exp``; ``key`` is the PRNG key for the next ``r_t``."""
+
+    rows: jax.Array
+    gram: jax.Array
+    scale_exp: jax.Array
+    key: jax.Array
+    count: jax.Array
+    nonfinite_count: jax.Array
+
+
+class LowRank(NamedTuple):
+    """Implicit factors of a sketch: ``C = V^T diag(lam) V + alpha I``, ``V = 2**-e coef @ basis``.
+
+    ``e = scale_exp``. ``eigenvalues`` and ``alpha`` are stored divided by ``4**e`` and ``coef``
+    multiplied by ``2**e``, so that nothing overflows or underflows whatever the magnitude of the
+    rows; use :meth:`sqrt_eigenvalues`, :meth:`true_eigenvalues`, ... for true values. ``V`` has
+    orthonormal rows except rows whose eigenvalue is 0, which are exactly zero. Products with
+    ``V`` cost one pass over the ``n x d`` basis.
+    """
+
+    basis: jax.Array  # (n, d)
+    coef: jax.Array  # (k, n)
+    eigenvalues: jax.Array  # (k,), descending, divided by 4**scale_exp
+    alpha: jax.Array  # divided by 4**scale_exp
+    scale_exp: jax.Array
+
+    def project(self, x):
+        """``V x`` (the input is pre-scaled so that ``basis @ x`` cannot overflow)."""
+        return self.coef @ jnp.matmul(self.basis, jnp.ldexp(x, -self.scale_exp), precision=_HIGHEST)
+
+    def project_product(self, product):
+        """``V g`` from ``product = basis @ g / 4**scale_exp`` (as returned by a sketch update)."""
+        return self.coef @ jnp.ldexp(product, self.scale_exp)
+
+    def lift(self, a):
+        """``V^T a``."""
+        return jnp.matmul(
+            jnp.ldexp(self.coef.T @ a, -self.scale_exp), self.basis, precision=_HIGHEST
+        )
+
+    def directions(self):
+        """``V`` materialized (``k x d``)."""
+        return jnp.matmul(jnp.ldexp(self.coef, -self.scale_exp), self.basis, precision=_HIGHEST)
+
+    def true_eigenvalues(self):
+        return jnp.ldexp(self.eigenvalues, 2 * self.scale_exp)
+
+    def true_alpha(self):
+        return jnp.ldexp(self.alpha, 2 * self.scale_exp)
+
+    def sqrt_eigenvalues(self):
+        return jnp.ldexp(jnp.sqrt(self.eigenvalues), self.scale_exp)
+
+    def sqrt_alpha(self):
+        return jnp.ldexp(jnp.sqrt(self.alpha), self.scale_exp)
+
+
+# ----------------------------------------------------------------------------------------------
+# Validation and small numerical helpers.
+
+
+def _check_size(sketch_size):
+    if isinstance(sketch_size, bool) or not isinstance(sketch_size, (int, np.integer)):
+        raise ValueError(f"sketch_size must be an integer >= 1, got {sketch_size!r}")
+    if sketch_size < 1:
+        raise ValueError(f"sketch_size must be an integer >= 1, got {sketch_size}")
+    return int(sketch_size)
+
+
+def _check_nonneg(name, value):
+    value = float(value)
+    if not np.isfinite(value) or value < 0:
+        raise ValueError(f"{name} must be a finite number >= 0, got {value}")
+    return value
+
+
+def _state_dtype(dtype):
+    """Sketches accumulate in at least float32 (float64 when enabled and asked for)."""
+    return jnp.promote_types(jnp.dtype(dtype), jnp.float32)
+
+
+def _exponent(x):
+    """The power-of-two exponent ``e`` with ``2**(e-1) <= x < 2**e`` (``_NO_EXPONENT`` for 0)."""
+    _, e = jnp.frexp(x)
+    return jnp.where(x > 0, e, _NO_EXPONENT).astype(jnp.int32)
+
+
+def _rescale_exponent(old_exp, row_max, gram_diag_max):
+    """New scale exponent covering both the incoming row and the current sketch rows."""
+    e_row = _exponent(row_max)
+    e_sketch = jnp.where(
+        gram_diag_max > 0, _exponent(jnp.sqrt(gram_diag_max)) + old_exp, _NO_EXPONENT
+    )
+    new = jnp.maximum(e_row, e_sketch)
+    return jnp.where(new == _NO_EXPONENT, old_exp, new).astype(jnp.int32)
+
+
+def _eigh_desc(gram):
+    """Eigendecomposition of a small symmetric PSD matrix, descending, with round-off zeroed."""
+    n = gram.shape[0]
+    gram = 0.5 * (gram + gram.T)
+    mu, u = jnp.linalg.eigh(gram)
+    mu, u = mu[::-1], u[:, ::-1]
+    top = jnp.max(mu, initial=0)
+    tol = top * n * jnp.finfo(gram.dtype).eps
+    mu = jnp.where(mu > tol, mu, 0)
+    return mu, u
+
+
+def _gram_low_rank(rows, gram, scale_exp, alpha, drop_last):
+    """``LowRank`` of rows whose (scaled) Gram matrix is ``gram``: V = diag(mu^-1/2) U^T B."""
+    mu, u = _eigh_desc(gram)
+    if drop_last:  # the buffer can never hold more than n-1 non-zero directions
+        mu, u = mu[:-1], u[:, :-1]
+    inv_sqrt = jnp.where(mu > 0, 1 / jnp.sqrt(jnp.where(mu > 0, mu, 1)), 0)
+    # V = diag(mu^-1/2) U^T B / 2**scale_exp: the 2**-scale_exp stays outside coef (see LowRank).
+    return LowRank(rows, (u * inv_sqrt).T, mu, alpha, scale_exp)
+
+
+def _skip_nonfinite(update_fn, state, row, zero_product):
+    """Run ``update_fn`` only on finite rows; otherwise keep the state and count the rejection."""
+    finite = jnp.all(jnp.isfinite(row))
+    safe_row = jnp.where(finite, row, 0)
+
+    def skip(state, _):
+        return state._replace(nonfinite_count=state.nonfinite_count + 1), zero_product
+
+    return jax.lax.cond(finite, update_fn, skip, state, safe_row)
+
+
+def _make_sketch(init, update_with_product, sketch_size, name):
+    def update(state, row):
+        return update_with_product(state, row)[0]
+
+    def update_many(state, rows):
+        return jax.lax.scan(lambda s, r: (update(s, r), None), state, rows)[0]
+
+    return Sketch(init, update, update_many, sketch_size, name, update_with_product)
+
+
+# ----------------------------------------------------------------------------------------------
+# The frequent-directions family.
+
+
+def _fd_family(
+    sketch_size: int,
+    *,
+    fast: bool,
+    name: str,
+    alpha0: float = 0.0,
+    alpha_fraction: float = 0.0,
+    compensate: bool = False,
+    num_shrunk: int | None = None,
+) -> Sketch:
+    """FD and its relatives as one routine: a buffer of ``n`` rows shrunk when full.
+
+    Per-step FD uses ``n = tau`` (the shrink runs at every row, RFD paper Alg. 1/2); the doubling
+    form uses ``n = 2 * tau`` (Alg. 4/5). A shrink subtracts the ``tau``-th largest squared
+    singular value from the ``num_shrunk`` smallest of the top ``tau`` (all of them for FD, the
+    ``floor(beta * tau)`` smallest for PFD), keeps ``tau - 1`` rows, adds ``alpha_fraction`` of
+    the shrinkage to ``alpha`` (1/2 for RFD) and, for CFD, all of it to ``compensation``.
+    """
+    tau = sketch_size
+    n = 2 * tau if fast else tau
+    num_shrunk = tau if num_shrunk is None else num_shrunk
+
+    def init(dim, dtype=jnp.float32):
+        dtype = _state_dtype(dtype)
+        zero = jnp.zeros((), dtype)
+        return FrequentDirectionsState(
+            rows=jnp.zeros((n, dim), dtype),
+            gram=jnp.zeros((n, n), dtype),
+            fill=jnp.zeros((), jnp.int32),
+            scale_exp=jnp.zeros((), jnp.int32),
+            alpha=zero + alpha0,
+            compensation=zero,
+            count=jnp.zeros((), jnp.int32),
+            nonfinite_count=jnp.zeros((), jnp.int32),
+        )
+
+    def shrink(state, product):
+        """Rotate to the eigenbasis of the Gram matrix and shrink (RFD paper Alg. 2 lines 4-6)."""
+        mu, u = _eigh_desc(state.gram)
+        delta = mu[tau - 1]  # (sigma_tau)^2: the tau-th largest squared singular value
+        idx = jnp.arange(n)
+        shrunk = jnp.where(idx >= tau - num_shrunk, jnp.maximum(mu - delta, 0), mu)
+        shrunk = jnp.where(idx < tau - 1, shrunk, 0)  # keep tau - 1 rows
+        ratio = jnp.where(mu > 0, shrunk / jnp.where(mu > 0, mu, 1), 0)
+        rot = (u * jnp.sqrt(ratio)).T  # B' = diag(sqrt((mu - delta)/mu)) U^T B
+        rows = jnp.matmul(rot, state.rows, precision=_HIGHEST)
+        new = state._replace(
+            rows=rows,
+            gram=jnp.diag(shrunk),
+            fill=jnp.asarray(tau - 1, jnp.int32),
+            alpha=state.alpha + alpha_fraction * delta,
+            compensation=state.compensation + (delta if compensate else 0),
+        )
+        return new, rot @ product
+
+    def absorb(state, row):
+        """Append ``row`` at position ``fill`` and update the Gram matrix's row and column."""
+        row = row.astype(state.rows.dtype)
+        diag = jnp.diagonal(state.gram)
+        exp = _rescale_exponent(
+            state.scale_exp, jnp.max(jnp.abs(row), initial=0), jnp.max(diag, initial=0)
+        )
+        factor = 2 * (state.scale_exp - exp)
+        gram = jnp.ldexp(state.gram, factor)
+        scaled_row = jnp.ldexp(row, -exp)
+        # The one pass over the rows: B g / 4**exp (fused with the preconditioner downstream).
+        prod = jnp.ldexp(jnp.matmul(state.rows, scaled_row, precision=_HIGHEST), -exp)
+        j = state.fill
+        sq = jnp.sum(jnp.square(scaled_row))
+        prod = prod.at[j].set(sq)  # the new basis times g, including the new row itself
+        gram = gram.at[j, :].set(prod).at[:, j].set(prod)
+        rows = jax.lax.dynamic_update_slice(state.rows, row[None, :], (j, jnp.int32(0)))
+        state = state._replace(
+            rows=rows,
+            gram=gram,
+            fill=j + 1,
+            scale_exp=exp,
+            alpha=jnp.ldexp(state.alpha, factor),
+            compensation=jnp.ldexp(state.compensation, factor),
+            count=state.count + 1,
+        )
+        if not fast:
+            return shrink(state, prod)
+        return jax.lax.cond(state.fill == n, shrink, lambda s, p: (s, p), state, prod)
+
+    def update_with_product(state, row):
+        zero = jnp.zeros((n,), state.rows.dtype)
+        return _skip_nonfinite(absorb, state, jnp.ravel(row), zero)
+
+    return _make_sketch(init, update_with_product, tau, name)
+
+
+def frequent_directions(sketch_size: int, *, fast: bool = False) -> Sketch:
+    """Frequent directions (Liberty 2013; Ghashami et al. 2016): RFD paper Alg. 1.
+
+    Per step the new row goes into the empty last row of the ``sketch_size x d`` sketch and all
+    squared singular values are shrunk by the smallest one (Ada-FD Alg. 1/2, lines 4-6). With
+    ``fast=True`` rows are appended to a ``2 * sketch_size`` buffer and the shrink (by the
+    ``sketch_size``-th squared singular value, keeping ``sketch_size - 1`` rows) runs only when it
+    is full (RFD paper Alg. 4). Guarantee: ``||A^T A - B^T B||_2 <= ||A - A_k||_F^2 / (tau - k)``
+    for every ``k < tau`` and ``B^T B <= A^T A``.
+    """
+    tau = _check_size(sketch_size)
+    return _fd_family(tau, fast=fast, name="fast_fd" if fast else "fd")
+
+
+def robust_frequent_directions(
+    sketch_size: int, *, fast: bool = False, alpha0: float = 0.0, alpha_fraction: float = 0.5
+) -> Sketch:
+    """Robust frequent directions: RFD paper Alg. 2 (and Alg. 5 with ``fast=True``).
+
+    FD plus a ridge: ``C = B^T B + alpha I`` with ``alpha = alpha0 + 1/2 * (total shrinkage)``.
+    Guarantee (Theorem 3): ``||A^T A - C||_2 <= ||A - A_k||_F^2 / (2 (tau - k))``.
+
+    Args:
+      sketch_size: rows of the sketch including the slot for the incoming row (``m``).
+      fast: use the doubling buffer (Alg. 5).
+      alpha0: initial ridge ``alpha^{(0)} >= 0``; use it to sketch ``A^T A + alpha0 I``.
+      alpha_fraction: the fraction of each shrinkage added to ``alpha``. RFD's optimal choice is
+        ``1/2`` (Theorem 2); ``1`` adds all the "escaped mass", as S-AdaGrad (Feinberg et al.
+        2023) does. Must lie in ``[0, 1]``.
+    """
+    tau = _check_size(sketch_size)
+    alpha0 = _check_nonneg("alpha0", alpha0)
+    alpha_fraction = _check_nonneg("alpha_fraction", alpha_fraction)
+    if alpha_fraction > 1:
+        raise ValueError(f"alpha_fraction must lie in [0, 1], got {alpha_fraction}")
+    return _fd_family(
+        tau,
+        fast=fast,
+        name="fast_rfd" if fast else "rfd",
+        alpha0=alpha0,
+        alpha_fraction=alpha_fraction,
+    )
+
+
+def parameterized_frequent_directions(
+    sketch_size: int, beta: float, *, fast: bool = False
+) -> Sketch:
+    """Parameterized FD (Desai, Ghashami & Phillips 2016), a baseline of the RFD paper.
+
+    At each shrink only the smallest ``max(1, floor(beta * sketch_size))`` of the top
+    ``sketch_size`` squared singular values are reduced by the shrink amount; the larger ones are
+    kept intact. ``beta = 1`` is FD. ``beta`` must lie in ``(0, 1]``.
+    """
+    tau = _check_size(sketch_size)
+    beta = float(beta)
+    if not (0 < beta <= 1):
+        raise ValueError(f"beta must lie in (0, 1], got {beta}")
+    num_shrunk = max(1, int(np.floor(beta * tau)))
+    return _fd_family(tau, fast=fast, name="pfd", num_shrunk=num_shrunk)
+
+
+def compensative_frequent_directions(sketch_size: int, *, fast: bool = False) -> Sketch:
+    """Compensative FD (Desai, Ghashami & Phillips 2016), a baseline of the RFD paper.
+
+    The FD sketch plus the running total of all shrink amounts, which :func:`factors` adds back
+    to every non-zero sketched squared singular value.
+    """
+    tau = _check_size(sketch_size)
+    return _fd_family(tau, fast=fast, name="cfd", compensate=True)
+
+
+# ----------------------------------------------------------------------------------------------
+# Oja's sketch.
+
+
+def _orthonormalize_rows(a):
+    """Gram-Schmidt orthonormalization of the rows of ``a`` (QR with a positive R diagonal)."""
+    m, d = a.shape
+    k = min(m, d)
+    q, r = jnp.linalg.qr(a.T)  # (d, k), (k, m)
+    signs = jnp.where(jnp.diagonal(r) < 0, -1, 1).astype(a.dtype)
+    q = (q * signs).T
+    if k < m:  # more rows than dimensions: the extra rows cannot be orthonormal, keep them zero
+        q = jnp.concatenate([q, jnp.zeros((m - k, d), a.dtype)])
+    return q
+
+
+def oja(
+    sketch_size: int,
+    *,
+    learning_rate: float | Callable[[jax.Array], jax.Array] | None = None,
+    key: jax.Array | None = None,
+) -> Sketch:
+    """Oja's streaming principal-subspace sketch (SON paper eq. 4 and Alg. 3).
+
+    ``Lambda_t = (1 - Gamma_t) Lambda_{t-1} + Gamma_t diag(V_{t-1} g_t)^2`` and
+    ``V_t = orth(V_{t-1} + Gamma_t V_{t-1} g_t g_t^T)`` (Gram-Schmidt, as the sparse form's
+    ``LQ`` decomposition, Alg. 5). The sketch is ``S_t = (t Lambda_t)^{1/2} V_t``, so
+    :func:`factors` returns ``V_t`` and ``t * Lambda_t``.
+
+    Args:
+      sketch_size: the number ``m`` of directions tracked (no slot convention here).
+      learning_rate: ``Gamma_t`` as a float or a schedule of ``t = 1, 2, ...``; the default is the
+        paper's ``1/t``.
+      key: PRNG key for the random orthonormal initial directions (default ``PRNGKey(0)``).
+    """
+    m = _check_size(sketch_size)
+    if learning_rate is not None and not callable(learning_rate):
+        lr = float(learning_rate)
+        if not (np.isfinite(lr) and 0 < lr <= 1):
+            raise ValueError(f"learning_rate must lie in (0, 1], got {learning_rate}")
+    key = jax.random.PRNGKey(0) if key is None else key
+
+    def gamma(t):
+        if learning_rate is None:
+            return 1.0 / t
+        if callable(learning_rate):
+            return learning_rate(t)
+        return learning_rate
+
+    def init(dim, dtype=jnp.float32):
+        dtype = _state_dtype(dtype)
+        gauss = jax.random.normal(key, (m, dim), dtype)
+        return OjaState(
+            directions=_orthonormalize_rows(gauss),
+            eigenvalues=jnp.zeros((m,), dtype),
+            scale_exp=jnp.zeros((), jnp.int32),
+            count=jnp.zeros((), jnp.int32),
+            nonfinite_count=jnp.zeros((), jnp.int32),
+        )
+
+    def absorb(state, row):
+        v = state.directions
+        row = row.astype(v.dtype)
+        exp = _rescale_exponent(
+            state.scale_exp,
+            jnp.max(jnp.abs(row), initial=0),
+            jnp.max(state.eigenvalues, initial=0),
+        )
+        lam = jnp.ldexp(state.eigenvalues, 2 * (state.scale_exp - exp))
+        scaled_row = jnp.ldexp(row, -exp)
+        proj = jnp.matmul(v, scaled_row, precision=_HIGHEST)  # V g / 2**exp
+        t = state.count + 1
+        g = jnp.asarray(gamma(t.astype(v.dtype)), v.dtype)
+        lam = (1 - g) * lam + g * jnp.square(proj)
+        # Row i of V + Gamma (V g) g^T is v_i + f_i g with f_i = Gamma (v_i.g); rescale each row by
+        # 1 / (1 + |f_i| |g|) before orthonormalizing (Gram-Schmidt is invariant to positive row
+        # scaling), computed in the log domain so that huge rows cannot overflow.
+        gnorm = jnp.sqrt(jnp.sum(jnp.square(scaled_row)))
+        log_f = (
+            jnp.log(g)
+            + jnp.log(jnp.abs(proj))
+            + jnp.log(gnorm)
+            + 2 * exp.astype(v.dtype) * jnp.log(2.0).astype(v.dtype)
+        )
+        keep = jax.nn.sigmoid(-log_f)  # 1 / (1 + |f| |g|)
+        take = jax.nn.sigmoid(log_f)  # |f| |g| / (1 + |f| |g|)
+        unit_row = scaled_row / jnp.where(gnorm > 0, gnorm, 1)
+        a = keep[:, None] * v + (jnp.sign(proj) * take)[:, None] * unit_row[None, :]
+        directions = _orthonormalize_rows(a)
+        new = state._replace(directions=directions, eigenvalues=lam, scale_exp=exp, count=t)
+        prod = jnp.ldexp(jnp.matmul(directions, scaled_row, precision=_HIGHEST), -exp)
+        return new, prod
+
+    def update_with_product(state, row):
+        zero = jnp.zeros((m,), state.directions.dtype)
+        return _skip_nonfinite(absorb, state, jnp.ravel(row), zero)
+
+    return _make_sketch(init, update_with_product, m, "oja")
+
+
+# ----------------------------------------------------------------------------------------------
+# Gaussian random projection.
+
+
+def random_projection(sketch_size: int, key: jax.Array) -> Sketch:
+    """Gaussian random-projection sketch of RP-SON (SON paper sec. 3).
+
+    ``S_t = S_{t-1} + r_t g_t^T`` with ``r_t ~ N(0, I_m / m)``, so that ``E[S^T S] = A^T A``
+    (the paper writes ``N(0, 1/sqrt(m))``; variance ``1/m`` is the unbiased choice). The Gram
+    matrix ``S S^T`` is tracked with the paper's two rank-one updates
+    ``S S^T += r q^T + q r^T``, ``q = S_{t-1} g + |g|^2 r / 2``.
+    """
+    m = _check_size(sketch_size)
+
+    def init(dim, dtype=jnp.float32):
+        dtype = _state_dtype(dtype)
+        return RandomProjectionState(
+            rows=jnp.zeros((m, dim), dtype),
+            gram=jnp.zeros((m, m), dtype),
+            scale_exp=jnp.zeros((), jnp.int32),
+            key=jnp.asarray(key),
+            count=jnp.zeros((), jnp.int32),
+            nonfinite_count=jnp.zeros((), jnp.int32),
+        )
+
+    def absorb(state, row):
+        row = row.astype(state.rows.dtype)
+        diag = jnp.diagonal(state.gram)
+        exp = _rescale_exponent(
+            state.scale_exp, jnp.max(jnp.abs(row), initial=0), jnp.max(diag, initial=0)
+        )
+        gram = jnp.ldexp(state.gram, 2 * (state.scale_exp - exp))
+        key, sub = jax.random.split(state.key)
+        dtype = state.rows.dtype
+        r = jax.random.normal(sub, (m,), dtype) * jnp.asarray(1 / np.sqrt(m), dtype)
+        scaled_row = jnp.ldexp(row, -exp)
+        prod = jnp.ldexp(jnp.matmul(state.rows, scaled_row, precision=_HIGHEST), -exp)
+        sq = jnp.sum(jnp.square(scaled_row))
+        q = prod + 0.5 * sq * r
+        gram = gram + jnp.outer(r, q) + jnp.outer(q, r)
+        rows = state.rows + jnp.outer(r, row)
+        new = state._replace(rows=rows, gram=gram, scale_exp=exp, key=key, count=state.count + 1)
+        return new, prod + sq * r  # S_t g / 4**exp
+
+    def update_with_product(state, row):
+        zero = jnp.zeros((m,), state.rows.dtype)
+        return _skip_nonfinite(absorb, state, jnp.ravel(row), zero)
+
+    return _make_sketch(init, update_with_product, m, "random_projection")
+
+
+# ----------------------------------------------------------------------------------------------
+# Queries.
+
+
+@functools.singledispatch
+def low_rank(state) -> LowRank:
+    """The implicit factors of a sketch state (``O(n^3)`` small work, no pass over ``d``)."""
+    raise TypeError(f"not a sketch state: {type(state).__name__}")
+
+
+@low_rank.register
+def _(state: FrequentDirectionsState) -> LowRank:
+    lr = _gram_low_rank(state.rows, state.gram, state.scale_exp, state.alpha, drop_last=True)
+    lam = jnp.where(lr.eigenvalues > 0, lr.eigenvalues + state.compensation, 0)
+    return lr._replace(eigenvalues=lam)
+
+
+@low_rank.register
+def _(state: RandomProjectionState) -> LowRank:
+    zero = jnp.zeros((), state.gram.dtype)
+    return _gram_low_rank(state.rows, state.gram, state.scale_exp, zero, drop_last=False)
+
+
+@low_rank.register
+def _(state: OjaState) -> LowRank:
+    m = state.eigenvalues.shape[0]
+    dtype = state.eigenvalues.dtype
+    lam = state.count.astype(dtype) * state.eigenvalues
+    # Keep the directions sorted by eigenvalue like the other sketches.
+    order = jnp.argsort(-lam)
+    coef = jnp.ldexp(jnp.eye(m, dtype=dtype)[order], state.scale_exp)
+    return LowRank(state.directions, coef, lam[order], jnp.zeros((), dtype), state.scale_exp)
+
+
+def factors(state) -> tuple[jax.Array, jax.Array, jax.Array]:
+    """``(V, lam, alpha)`` with the sketched covariance ``C = V^T diag(lam) V + alpha I``.
+
+    ``V`` (``k x d``) has orthonormal rows except rows whose ``lam`` is 0, which are zero;
+    ``lam`` is sorted in descending order. For FD-type sketches ``k = n - 1`` for a buffer of
+    ``n`` rows (``sketch_size - 1`` per-step, ``2 * sketch_size - 1`` with ``fast=True``).
+    Costs ``O(k * n * d)``; the metrics use :func:`low_rank` instead.
+    """
+    lr = low_rank(state)
+    return lr.directions(), lr.true_eigenvalues(), lr.true_alpha()
+
+
+def covariance(state) -> jax.Array:
+    """The dense ``d x d`` sketched covariance ``V^T diag(lam) V + alpha I`` (for tests)."""
+    v, lam, alpha = factors(state)
+    cov = jnp.matmul(v.T * lam, v, precision=_HIGHEST)
+    return cov + alpha * jnp.eye(v.shape[1], dtype=v.dtype)
