@@ -22,7 +22,7 @@ _HIGHEST = "highest"
 
 
 class DiagonalOperator(NamedTuple):
-    """``H = diag(diag)`` with ``diag >= 0``; entries equal to 0 are treated as ``+0`` (see solve)."""
+    """``H = diag(diag)`` with ``diag >= 0``; zero entries follow the safe ``0/0 = 0``."""
 
     diag: jnp.ndarray
 
@@ -46,24 +46,34 @@ class DiagonalOperator(NamedTuple):
 
 
 class LowRankOperator(NamedTuple):
-    """``H = scalar * I + V^T diag(weights) V`` with ``V = coef @ basis`` (rows orthonormal or 0).
+    """``H = scalar * I + V^T diag(weights) V`` with ``V = 2**-scale_exp * coef @ basis``.
 
-    ``scalar > 0`` and ``weights >= 0``. Inverses use the Woodbury identity (Ada-FD paper, the
-    formula below eq. 5): ``(c I + V^T W V)^{-1} = (1/c) (I - V^T diag(w / (c + w)) V)``.
+    ``V`` has orthonormal (or exactly zero) rows, ``scalar > 0`` and ``weights >= 0``. The power
+    of two ``2**-scale_exp`` (default 0) keeps products finite for sketches of huge or tiny rows.
+    Inverses use the Woodbury identity (Ada-FD paper, the formula below eq. 5):
+    ``(c I + V^T W V)^{-1} = (1/c) (I - V^T diag(w / (c + w)) V)``.
     """
 
     scalar: jnp.ndarray
     basis: jnp.ndarray  # (n, d)
     coef: jnp.ndarray  # (k, n)
     weights: jnp.ndarray  # (k,)
+    scale_exp: jnp.ndarray | int = 0
 
     def project(self, x):
         """``V x`` (k,), one pass over ``basis``."""
+        x = jnp.ldexp(x, -jnp.asarray(self.scale_exp, jnp.int32))
         return self.coef @ jnp.matmul(self.basis, x, precision=_HIGHEST)
 
     def lift(self, a):
         """``V^T a`` (d,), one pass over ``basis``."""
-        return jnp.matmul(self.coef.T @ a, self.basis, precision=_HIGHEST)
+        a = jnp.ldexp(self.coef.T @ a, -jnp.asarray(self.scale_exp, jnp.int32))
+        return jnp.matmul(a, self.basis, precision=_HIGHEST)
+
+    def solve_projected(self, y, vy):
+        """``H^{-1} y`` given ``vy = V y`` already (saves one pass over ``basis``)."""
+        c = self.scalar
+        return (y - self.lift(self.weights / (c + self.weights) * vy)) / c
 
     def matvec(self, x):
         return self.scalar * x + self.lift(self.weights * self.project(x))
