@@ -7,6 +7,7 @@ online learners, all as pure-functional Optax gradient transformations.
 
 from sketchopt import metrics, regularizers, sketches
 from sketchopt.baselines import *  # noqa: F403
+from sketchopt.radagrad import *  # noqa: F403
 from sketchopt.son import *  # noqa: F403
 from sketchopt.transforms import *  # noqa: F403
 
