@@ -5,7 +5,9 @@ frequent directions, the sketched online Newton family, the AdaGrad baselines an
 online learners, all as pure-functional Optax gradient transformations.
 """
 
-from sketchopt import metrics, regularizers, sketches
+from sketchopt import metrics as metrics
+from sketchopt import regularizers as regularizers
+from sketchopt import sketches as sketches
 from sketchopt.baselines import *  # noqa: F403
 from sketchopt.radagrad import *  # noqa: F403
 from sketchopt.son import *  # noqa: F403

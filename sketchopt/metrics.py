@@ -40,9 +40,12 @@ class Metric(NamedTuple):
 
     Attributes:
       init: ``init(dim, dtype) -> state``.
-      update: ``update(state, g) -> (state, op, g_hint)``: absorb ``g`` and return ``H_t`` as an
-        operator together with a hint that solves with ``g`` itself may use to skip a pass
-        (``op.solve_projected(g, g_hint)`` for low-rank operators; ``None`` otherwise).
+      update: ``update(state, g, valid=True) -> (state, op, g_hint)``: absorb ``g`` and return
+        ``H_t`` as an operator together with a hint that solves with ``g`` itself may use to skip
+        a pass (``op.solve_projected(g, g_hint)`` for low-rank operators; ``None`` otherwise).
+        With ``valid`` false (the rules then pass a zero ``g``) the state comes back
+        bit-identical: this is how non-finite gradients are skipped without a ``lax.cond``,
+        which would make XLA copy large states.
       operator: ``operator(state) -> op``, the current ``H_t``.
       name: a short name for reports.
     """
@@ -109,7 +112,8 @@ def diagonal(delta: float) -> Metric:
     def operator(state):
         return DiagonalOperator(delta + state.rss)
 
-    def update(state, g):
+    def update(state, g, valid=True):
+        del valid  # hypot(rss, 0) == rss exactly
         state = DiagonalMetricState(jnp.hypot(state.rss, g))
         return state, operator(state), None
 
@@ -141,18 +145,19 @@ def full(delta: float) -> Metric:
 
     def operator(state):
         d = state.gram.shape[0]
-        sym = 0.5 * (state.gram + state.gram.T)
-        mu, u = jnp.linalg.eigh(sym)
-        mu = jnp.maximum(mu, 0)
+        # Round-off eigenvalues of a rank-deficient G_t (~eps * ||G_t||) are zeroed as for the
+        # sketches: their square roots (~sqrt(eps) * ||G_t||^{1/2}) would be spurious curvature.
+        mu, u = _sketches._eigh_desc(state.gram)
         sqrt_g = jnp.ldexp(jnp.sqrt(mu), state.scale_exp)
         eye = jnp.eye(d, dtype=state.gram.dtype)
-        return LowRankOperator(jnp.asarray(delta, sym.dtype), u.T, eye, sqrt_g)
+        return LowRankOperator(jnp.asarray(delta, state.gram.dtype), u.T, eye, sqrt_g)
 
-    def update(state, g):
+    def update(state, g, valid=True):
         diag = jnp.diagonal(state.gram)
         exp = _sketches._rescale_exponent(
             state.scale_exp, jnp.max(jnp.abs(g), initial=0), jnp.max(diag, initial=0)
         )
+        exp = jnp.where(valid, exp, state.scale_exp)
         gram = jnp.ldexp(state.gram, 2 * (state.scale_exp - exp))
         gs = jnp.ldexp(g, -exp)
         state = FullMetricState(gram + jnp.outer(gs, gs), exp)
@@ -197,8 +202,8 @@ def sketched(sketch: _sketches.Sketch, delta: float) -> Metric:
     def operator(state):
         return _sketched_operator(_sketches.low_rank(state), delta)
 
-    def update(state, g):
-        state, product = sketch.update_with_product(state, g)
+    def update(state, g, valid=True):
+        state, product = sketch.absorb(state, g, valid)
         lr = _sketches.low_rank(state)
         return state, _sketched_operator(lr, delta), lr.project_product(product)
 

@@ -86,6 +86,10 @@ class Sketch(NamedTuple):
       update_with_product: ``(state, row) -> (state, basis @ row)`` with the product taken against
         the *new* basis rows and divided by ``4**scale_exp`` of the new state; the metrics use it
         to get ``V g`` without another pass over the sketch.
+      absorb: ``absorb(state, row, valid=True) -> (state, product)``, ``update_with_product``
+        without the non-finite check, for callers (the transforms) that check the row
+        themselves: with ``valid`` false (and a zero row) the state comes back bit-identical and
+        ``nonfinite_count`` is left to the caller.
     """
 
     init: Callable[..., Any]
@@ -94,6 +98,7 @@ class Sketch(NamedTuple):
     sketch_size: int
     name: str
     update_with_product: Callable[[Any, jax.Array], tuple[Any, jax.Array]]
+    absorb: Callable[[Any, jax.Array], tuple[Any, jax.Array]]
 
 
 class FrequentDirectionsState(NamedTuple):
@@ -249,25 +254,61 @@ def _gram_low_rank(rows, gram, scale_exp, alpha, drop_last):
     return LowRank(rows, (u * inv_sqrt).T, mu, alpha, scale_exp)
 
 
-def _skip_nonfinite(update_fn, state, row, zero_product):
-    """Run ``update_fn`` only on finite rows; otherwise keep the state and count the rejection."""
-    finite = jnp.all(jnp.isfinite(row))
-    safe_row = jnp.where(finite, row, 0)
-
-    def skip(state, _):
-        return state._replace(nonfinite_count=state.nonfinite_count + 1), zero_product
-
-    return jax.lax.cond(finite, update_fn, skip, state, safe_row)
+# Column-block width of the in-place rotation (a tau x block tile stays in cache).
+_ROTATION_BLOCK = 8192
 
 
-def _make_sketch(init, update_with_product, sketch_size, name):
+def _rotate_rows(rot, rows):
+    """``rot @ rows`` for a small square ``rot``, computed in place over column blocks.
+
+    A plain ``n x n`` by ``n x d`` matmul needs a second ``n x d`` buffer and, with ``n`` small,
+    runs far below peak; rotating one cache-sized block of columns at a time inside a loop writes
+    back into the (donated) sketch buffer instead. Narrow sketches use the plain matmul.
+    """
+    d = rows.shape[-1]
+    block = _ROTATION_BLOCK
+    if d <= 2 * block:
+        return jnp.matmul(rot, rows, precision=_HIGHEST)
+    num_blocks = d // block
+
+    def body(i, rows):
+        start = i * block
+        tile = jax.lax.dynamic_slice_in_dim(rows, start, block, axis=1)
+        tile = jnp.matmul(rot, tile, precision=_HIGHEST)
+        return jax.lax.dynamic_update_slice_in_dim(rows, tile, start, axis=1)
+
+    rows = jax.lax.fori_loop(0, num_blocks, body, rows)
+    start = num_blocks * block
+    if start < d:
+        tail = jnp.matmul(rot, rows[:, start:], precision=_HIGHEST)
+        rows = jax.lax.dynamic_update_slice_in_dim(rows, tail, start, axis=1)
+    return rows
+
+
+def _make_sketch(init, absorb, sketch_size, name):
+    """Wrap ``absorb(state, row, valid) -> (state, product)`` into a :class:`Sketch`.
+
+    ``absorb`` must leave the state bit-identical when ``valid`` is false (it then receives a zero
+    row). Skipping by selection rather than ``lax.cond`` keeps XLA from copying the sketch buffer
+    and costs the same under ``vmap``, where a ``cond`` becomes a select anyway.
+    """
+
+    def update_with_product(state, row):
+        row = jnp.ravel(row)
+        finite = jnp.all(jnp.isfinite(row))
+        state, product = absorb(state, jnp.where(finite, row, 0), finite)
+        return state._replace(nonfinite_count=state.nonfinite_count + (~finite)), product
+
     def update(state, row):
         return update_with_product(state, row)[0]
 
     def update_many(state, rows):
         return jax.lax.scan(lambda s, r: (update(s, r), None), state, rows)[0]
 
-    return Sketch(init, update, update_many, sketch_size, name, update_with_product)
+    def absorb_flat(state, row, valid=True):
+        return absorb(state, jnp.ravel(row), jnp.asarray(valid))
+
+    return Sketch(init, update, update_many, sketch_size, name, update_with_product, absorb_flat)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -310,8 +351,11 @@ def _fd_family(
             nonfinite_count=jnp.zeros((), jnp.int32),
         )
 
-    def shrink(state, product):
-        """Rotate to the eigenbasis of the Gram matrix and shrink (RFD paper Alg. 2 lines 4-6)."""
+    def shrink(state, product, valid):
+        """Rotate to the eigenbasis of the Gram matrix and shrink (RFD paper Alg. 2 lines 4-6).
+
+        With ``valid`` false the rotation is the identity and the state is returned unchanged.
+        """
         mu, u = _eigh_desc(state.gram)
         delta = mu[tau - 1]  # (sigma_tau)^2: the tau-th largest squared singular value
         idx = jnp.arange(n)
@@ -319,51 +363,53 @@ def _fd_family(
         shrunk = jnp.where(idx < tau - 1, shrunk, 0)  # keep tau - 1 rows
         ratio = jnp.where(mu > 0, shrunk / jnp.where(mu > 0, mu, 1), 0)
         rot = (u * jnp.sqrt(ratio)).T  # B' = diag(sqrt((mu - delta)/mu)) U^T B
-        rows = jnp.matmul(rot, state.rows, precision=_HIGHEST)
+        rot = jnp.where(valid, rot, jnp.eye(n, dtype=rot.dtype))
         new = state._replace(
-            rows=rows,
-            gram=jnp.diag(shrunk),
-            fill=jnp.asarray(tau - 1, jnp.int32),
-            alpha=state.alpha + alpha_fraction * delta,
-            compensation=state.compensation + (delta if compensate else 0),
+            rows=_rotate_rows(rot, state.rows),
+            gram=jnp.where(valid, jnp.diag(shrunk), state.gram),
+            fill=jnp.where(valid, tau - 1, state.fill).astype(jnp.int32),
+            alpha=jnp.where(valid, state.alpha + alpha_fraction * delta, state.alpha),
+            compensation=jnp.where(
+                valid & compensate, state.compensation + delta, state.compensation
+            ),
         )
         return new, rot @ product
 
-    def absorb(state, row):
+    def absorb(state, row, valid):
         """Append ``row`` at position ``fill`` and update the Gram matrix's row and column."""
         row = row.astype(state.rows.dtype)
         diag = jnp.diagonal(state.gram)
         exp = _rescale_exponent(
             state.scale_exp, jnp.max(jnp.abs(row), initial=0), jnp.max(diag, initial=0)
         )
+        exp = jnp.where(valid, exp, state.scale_exp)
         factor = 2 * (state.scale_exp - exp)
         gram = jnp.ldexp(state.gram, factor)
         scaled_row = jnp.ldexp(row, -exp)
-        # The one pass over the rows: B g / 4**exp (fused with the preconditioner downstream).
-        prod = jnp.ldexp(jnp.matmul(state.rows, scaled_row, precision=_HIGHEST), -exp)
         j = state.fill
-        sq = jnp.sum(jnp.square(scaled_row))
-        prod = prod.at[j].set(sq)  # the new basis times g, including the new row itself
-        gram = gram.at[j, :].set(prod).at[:, j].set(prod)
+        # Insert first, then take the one pass over the rows: B g / 4**exp with the new row's own
+        # squared norm at position j (the slot was zero). In this order the in-place insertion
+        # and the later in-place rotation never race with the read, so XLA copies nothing.
         rows = jax.lax.dynamic_update_slice(state.rows, row[None, :], (j, jnp.int32(0)))
+        prod = jnp.ldexp(jnp.matmul(rows, scaled_row, precision=_HIGHEST), -exp)
+        gram = gram.at[j, :].set(prod).at[:, j].set(prod)
+        step = valid.astype(jnp.int32)
         state = state._replace(
             rows=rows,
             gram=gram,
-            fill=j + 1,
+            fill=j + step,
             scale_exp=exp,
             alpha=jnp.ldexp(state.alpha, factor),
             compensation=jnp.ldexp(state.compensation, factor),
-            count=state.count + 1,
+            count=state.count + step,
         )
         if not fast:
-            return shrink(state, prod)
-        return jax.lax.cond(state.fill == n, shrink, lambda s, p: (s, p), state, prod)
+            return shrink(state, prod, valid)
+        return jax.lax.cond(
+            state.fill == n, lambda s, p: shrink(s, p, True), lambda s, p: (s, p), state, prod
+        )
 
-    def update_with_product(state, row):
-        zero = jnp.zeros((n,), state.rows.dtype)
-        return _skip_nonfinite(absorb, state, jnp.ravel(row), zero)
-
-    return _make_sketch(init, update_with_product, tau, name)
+    return _make_sketch(init, absorb, tau, name)
 
 
 def frequent_directions(sketch_size: int, *, fast: bool = False) -> Sketch:
@@ -497,7 +543,7 @@ def oja(
             nonfinite_count=jnp.zeros((), jnp.int32),
         )
 
-    def absorb(state, row):
+    def absorb(state, row, valid):
         v = state.directions
         row = row.astype(v.dtype)
         exp = _rescale_exponent(
@@ -527,14 +573,11 @@ def oja(
         a = keep[:, None] * v + (jnp.sign(proj) * take)[:, None] * unit_row[None, :]
         directions = _orthonormalize_rows(a)
         new = state._replace(directions=directions, eigenvalues=lam, scale_exp=exp, count=t)
-        prod = jnp.ldexp(jnp.matmul(directions, scaled_row, precision=_HIGHEST), -exp)
-        return new, prod
+        new = jax.tree.map(lambda a, b: jnp.where(valid, a, b), new, state)
+        prod = jnp.ldexp(jnp.matmul(new.directions, scaled_row, precision=_HIGHEST), -exp)
+        return new, jnp.where(valid, prod, 0)
 
-    def update_with_product(state, row):
-        zero = jnp.zeros((m,), state.directions.dtype)
-        return _skip_nonfinite(absorb, state, jnp.ravel(row), zero)
-
-    return _make_sketch(init, update_with_product, m, "oja")
+    return _make_sketch(init, absorb, m, "oja")
 
 
 # ----------------------------------------------------------------------------------------------
@@ -562,14 +605,17 @@ def random_projection(sketch_size: int, key: jax.Array) -> Sketch:
             nonfinite_count=jnp.zeros((), jnp.int32),
         )
 
-    def absorb(state, row):
+    def absorb(state, row, valid):
+        # A zero row changes nothing below (S + r 0^T = S, q = 0) but the key and the scale.
         row = row.astype(state.rows.dtype)
         diag = jnp.diagonal(state.gram)
         exp = _rescale_exponent(
             state.scale_exp, jnp.max(jnp.abs(row), initial=0), jnp.max(diag, initial=0)
         )
+        exp = jnp.where(valid, exp, state.scale_exp)
         gram = jnp.ldexp(state.gram, 2 * (state.scale_exp - exp))
         key, sub = jax.random.split(state.key)
+        key = jnp.where(valid, key, state.key)
         dtype = state.rows.dtype
         r = jax.random.normal(sub, (m,), dtype) * jnp.asarray(1 / np.sqrt(m), dtype)
         scaled_row = jnp.ldexp(row, -exp)
@@ -578,14 +624,11 @@ def random_projection(sketch_size: int, key: jax.Array) -> Sketch:
         q = prod + 0.5 * sq * r
         gram = gram + jnp.outer(r, q) + jnp.outer(q, r)
         rows = state.rows + jnp.outer(r, row)
-        new = state._replace(rows=rows, gram=gram, scale_exp=exp, key=key, count=state.count + 1)
+        count = state.count + valid.astype(jnp.int32)
+        new = state._replace(rows=rows, gram=gram, scale_exp=exp, key=key, count=count)
         return new, prod + sq * r  # S_t g / 4**exp
 
-    def update_with_product(state, row):
-        zero = jnp.zeros((m,), state.rows.dtype)
-        return _skip_nonfinite(absorb, state, jnp.ravel(row), zero)
-
-    return _make_sketch(init, update_with_product, m, "random_projection")
+    return _make_sketch(init, absorb, m, "random_projection")
 
 
 # ----------------------------------------------------------------------------------------------

@@ -135,15 +135,21 @@ def _map_leaves(fn, updates, *trees):
     return tuple(treedef.unflatten(list(o)) for o in zip(*outs, strict=True))
 
 
-def _finite_or_skip(g, step, skip, operand):
-    """Run ``step(operand, g)`` if ``g`` is finite, else ``skip(operand)`` (state untouched)."""
+def _sanitize(g):
+    """``(g with non-finite leaves zeroed, finite flag)``.
+
+    A non-finite leaf is then processed as a zero gradient with ``valid=False``, for which every
+    metric returns its state bit-identical, and its update is masked to zero. Selection instead
+    of ``lax.cond`` keeps XLA from copying large states (under ``vmap`` a ``cond`` would be a
+    select anyway).
+    """
     finite = jnp.all(jnp.isfinite(g))
-    safe_g = jnp.where(finite, g, 0)
-    return jax.lax.cond(finite, step, lambda op, _: skip(op), operand, safe_g), ~finite
+    return jnp.where(finite, g, 0), finite
 
 
-def _count_skipped(flags):
-    return sum((f.astype(jnp.int32) for f in jax.tree.leaves(flags)), jnp.zeros((), jnp.int32))
+def _count_skipped(finite_flags):
+    skipped = [(~f).astype(jnp.int32) for f in jax.tree.leaves(finite_flags)]
+    return sum(skipped, jnp.zeros((), jnp.int32))
 
 
 def _require_params(params, name):
@@ -176,19 +182,14 @@ def scale_by_metric(metric: _metrics.Metric) -> optax.GradientTransformationExtr
 
         def leaf(g, ms):
             _check_gradient_leaf(g)
-            dtype = ms_dtype(ms)
+            gf, finite = _sanitize(_flat(g, ms_dtype(ms)))
+            ms, op, hint = metric.update(ms, gf, finite)
+            u = jnp.where(finite, _metrics.solve_new_gradient(op, gf, hint), 0)
+            return u.reshape(jnp.shape(g)).astype(jnp.asarray(g).dtype), ms, finite
 
-            def step(ms, gf):
-                ms, op, hint = metric.update(ms, gf)
-                return ms, _metrics.solve_new_gradient(op, gf, hint)
-
-            gf = _flat(g, dtype)
-            (ms, u), skipped = _finite_or_skip(gf, step, lambda ms: (ms, jnp.zeros_like(gf)), ms)
-            return u.reshape(jnp.shape(g)).astype(jnp.asarray(g).dtype), ms, skipped
-
-        new_updates, ms, skipped = _map_leaves(leaf, updates, state.metric_state)
+        new_updates, ms, finite = _map_leaves(leaf, updates, state.metric_state)
         return new_updates, ScaleByMetricState(
-            optax.safe_increment(state.count), ms, state.nonfinite_count + _count_skipped(skipped)
+            optax.safe_increment(state.count), ms, state.nonfinite_count + _count_skipped(finite)
         )
 
     return optax.GradientTransformationExtraArgs(init_fn, update_fn)
@@ -239,25 +240,20 @@ def mirror_descent(
         def leaf(g, ms, x):
             _check_gradient_leaf(g)
             dtype = ms_dtype(ms)
-            gf = _flat(g, dtype)
-
-            def step(ms, gf):
-                ms, op, hint = metric.update(ms, gf)
-                if regularizer is None:
-                    return ms, -eta * _metrics.solve_new_gradient(op, gf, hint)
+            gf, finite = _sanitize(_flat(g, dtype))
+            ms, op, hint = metric.update(ms, gf, finite)
+            if regularizer is None:
+                delta = -eta * _metrics.solve_new_gradient(op, gf, hint)
+            else:
                 xf = _flat(x, dtype)
                 u = eta * gf - op.matvec(xf)
-                x_new = regularizer.prox(u, eta, op, shape=jnp.shape(g), x0=xf)
-                return ms, x_new - xf
+                delta = regularizer.prox(u, eta, op, shape=jnp.shape(g), x0=xf) - xf
+            delta = jnp.where(finite, delta, 0)
+            return delta.reshape(jnp.shape(g)).astype(jnp.asarray(g).dtype), ms, finite
 
-            (ms, delta), skipped = _finite_or_skip(
-                gf, step, lambda ms: (ms, jnp.zeros_like(gf)), ms
-            )
-            return delta.reshape(jnp.shape(g)).astype(jnp.asarray(g).dtype), ms, skipped
-
-        new_updates, ms, skipped = _map_leaves(leaf, updates, state.metric_state, params)
+        new_updates, ms, finite = _map_leaves(leaf, updates, state.metric_state, params)
         return new_updates, MirrorDescentState(
-            optax.safe_increment(state.count), ms, state.nonfinite_count + _count_skipped(skipped)
+            optax.safe_increment(state.count), ms, state.nonfinite_count + _count_skipped(finite)
         )
 
     return optax.GradientTransformationExtraArgs(init_fn, update_fn)
@@ -297,29 +293,20 @@ def dual_averaging(
         def leaf(g, ms, gsum, x1, x):
             _check_gradient_leaf(g)
             dtype = gsum.dtype
-            gf = _flat(g, dtype)
+            gf, finite = _sanitize(_flat(g, dtype))
             xf = _flat(x, dtype)
-
-            def step(carry, gf):
-                ms, gsum = carry
-                ms, op, _ = metric.update(ms, gf)
-                gsum = gsum + gf
-                if regularizer is None:
-                    x_new = x1 - eta * op.solve(gsum)
-                else:
-                    u = eta * gsum - op.matvec(x1)
-                    x_new = regularizer.prox(
-                        u, eta * t.astype(dtype), op, shape=jnp.shape(g), x0=xf
-                    )
-                return (ms, gsum), x_new - xf
-
-            ((ms, gsum), delta), skipped = _finite_or_skip(
-                gf, step, lambda c: (c, jnp.zeros_like(gf)), (ms, gsum)
-            )
+            ms, op, _ = metric.update(ms, gf, finite)
+            gsum = gsum + gf  # exact no-op for a skipped (zeroed) leaf
+            if regularizer is None:
+                x_new = x1 - eta * op.solve(gsum)
+            else:
+                u = eta * gsum - op.matvec(x1)
+                x_new = regularizer.prox(u, eta * t.astype(dtype), op, shape=jnp.shape(g), x0=xf)
+            delta = jnp.where(finite, x_new - xf, 0)
             out = delta.reshape(jnp.shape(g)).astype(jnp.asarray(g).dtype)
-            return out, ms, gsum, skipped
+            return out, ms, gsum, finite
 
-        new_updates, ms, gsum, skipped = _map_leaves(
+        new_updates, ms, gsum, finite = _map_leaves(
             leaf, updates, state.metric_state, state.grad_sum, state.anchor, params
         )
         return new_updates, DualAveragingState(
@@ -327,7 +314,7 @@ def dual_averaging(
             metric_state=ms,
             grad_sum=gsum,
             anchor=state.anchor,
-            nonfinite_count=state.nonfinite_count + _count_skipped(skipped),
+            nonfinite_count=state.nonfinite_count + _count_skipped(finite),
         )
 
     return optax.GradientTransformationExtraArgs(init_fn, update_fn)
