@@ -261,13 +261,18 @@ _ROTATION_BLOCK = 8192
 def _rotate_rows(rot, rows):
     """``rot @ rows`` for a small square ``rot``, computed in place over column blocks.
 
-    A plain ``n x n`` by ``n x d`` matmul needs a second ``n x d`` buffer and, with ``n`` small,
-    runs far below peak; rotating one cache-sized block of columns at a time inside a loop writes
-    back into the (donated) sketch buffer instead. Narrow sketches use the plain matmul.
+    On a CPU a plain ``n x n`` by ``n x d`` matmul needs a second ``n x d`` buffer (a fresh
+    allocation, page faults included, every step) and, with ``n`` small, runs far below peak;
+    rotating one cache-sized block of columns at a time inside a loop writes back into the
+    (donated) sketch buffer instead, about 5x faster at ``d = 1e6``. Accelerators pool their
+    memory and run the plain matmul well, and a loop of dynamic slices along ``d`` would defeat
+    sharding along ``d``, so they, multi-device runs and narrow sketches use the plain matmul.
+    Both paths compute the same product.
     """
     d = rows.shape[-1]
     block = _ROTATION_BLOCK
-    if d <= 2 * block:
+    single_cpu = jax.default_backend() == "cpu" and jax.device_count() == 1
+    if d <= 2 * block or not single_cpu:
         return jnp.matmul(rot, rows, precision=_HIGHEST)
     num_blocks = d // block
 
