@@ -150,7 +150,12 @@ def full(delta: float) -> Metric:
         mu, u = _sketches._eigh_desc(state.gram)
         sqrt_g = jnp.ldexp(jnp.sqrt(mu), state.scale_exp)
         eye = jnp.eye(d, dtype=state.gram.dtype)
-        return LowRankOperator(jnp.asarray(delta, state.gram.dtype), u.T, eye, sqrt_g)
+        # The eigenbasis is complete, so the smallest root (0 while G_t is rank deficient) can sit
+        # in the scalar: the Woodbury solve then divides its round-off by delta + min root, not
+        # by delta (which was off by eps * max root / delta once G_t had full rank).
+        floor = sqrt_g[-1] if d > 0 else jnp.zeros((), sqrt_g.dtype)
+        scalar = jnp.asarray(delta, state.gram.dtype) + floor
+        return LowRankOperator(scalar, u.T, eye, sqrt_g - floor)
 
     def update(state, g, valid=True):
         diag = jnp.diagonal(state.gram)
@@ -181,7 +186,16 @@ def _sketched_operator(lr: _sketches.LowRank, delta):
     root_alpha = jnp.sqrt(alpha)
     denom = jnp.sqrt(lam + alpha) + root_alpha
     weights = jnp.where(lam > 0, lam / jnp.where(denom > 0, denom, 1), 0)
-    scalar = delta + jnp.ldexp(root_alpha, e)
+    k, d = lam.shape[0], lr.basis.shape[-1]
+    floor = jnp.zeros((), lam.dtype)
+    if 0 < d <= k:
+        # When the sketch spans all of R^d (tau > d, or the fast buffer), the smallest weight
+        # moves into the scalar as for ADA-FULL, so the Woodbury solve does not divide the
+        # round-off of a complete projection by delta.
+        spans = jnp.sum(lam > 0) >= d
+        floor = jnp.where(spans, jnp.min(jnp.where(lam > 0, weights, jnp.inf)), 0)
+        weights = jnp.where(lam > 0, weights - floor, 0)
+    scalar = delta + jnp.ldexp(root_alpha + floor, e)
     return LowRankOperator(scalar.astype(lam.dtype), lr.basis, lr.coef, jnp.ldexp(weights, e), e)
 
 
