@@ -384,9 +384,12 @@ def _fd_family(
         """Append ``row`` at position ``fill`` and update the Gram matrix's row and column."""
         row = row.astype(state.rows.dtype)
         diag = jnp.diagonal(state.gram)
-        exp = _rescale_exponent(
-            state.scale_exp, jnp.max(jnp.abs(row), initial=0), jnp.max(diag, initial=0)
+        # alpha and compensation live under the same scale as the Gram matrix: cover them too, or
+        # a large alpha0 followed by tiny rows would be scaled up to overflow.
+        quadratic = jnp.maximum(
+            jnp.max(diag, initial=0), jnp.maximum(state.alpha, state.compensation)
         )
+        exp = _rescale_exponent(state.scale_exp, jnp.max(jnp.abs(row), initial=0), quadratic)
         exp = jnp.where(valid, exp, state.scale_exp)
         factor = 2 * (state.scale_exp - exp)
         gram = jnp.ldexp(state.gram, factor)
@@ -666,8 +669,10 @@ def _(state: OjaState) -> LowRank:
     lam = state.count.astype(dtype) * state.eigenvalues
     # Keep the directions sorted by eigenvalue like the other sketches.
     order = jnp.argsort(-lam)
+    lam = lam[order]
     coef = jnp.ldexp(jnp.eye(m, dtype=dtype)[order], state.scale_exp)
-    return LowRank(state.directions, coef, lam[order], jnp.zeros((), dtype), state.scale_exp)
+    coef = jnp.where((lam > 0)[:, None], coef, 0)  # V's rows with a zero eigenvalue are zero
+    return LowRank(state.directions, coef, lam, jnp.zeros((), dtype), state.scale_exp)
 
 
 def factors(state) -> tuple[jax.Array, jax.Array, jax.Array]:
