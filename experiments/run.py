@@ -44,6 +44,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import pathlib
 import sys
 import time
@@ -73,11 +74,15 @@ def run_one(name: str, *, quick: bool, full: bool, seed: int, out: pathlib.Path)
         print(f"[run.py] skipping {name!r}: experiments/{name}.py does not exist yet")
         return {"status": "missing", "table": f"*experiments/{name}.py does not exist yet.*"}
     print(f"[run.py] running {name} ({_size(quick, full)} size) -> {out}")
-    start = time.perf_counter()
+    start, cpu = time.perf_counter(), time.process_time()
     summary = dict(module.run(quick=quick, full=full, seed=seed, out=out) or {})
     summary["seconds"] = time.perf_counter() - start
+    summary["cpu_seconds"] = time.process_time() - cpu
     summary.setdefault("status", "ok")
-    print(f"[run.py] {name} finished in {summary['seconds']:.1f} s")
+    print(
+        f"[run.py] {name} finished in {summary['seconds']:.1f} s "
+        f"({summary['cpu_seconds']:.1f} s of CPU time)"
+    )
     return summary
 
 
@@ -89,7 +94,8 @@ def write_summary(out: pathlib.Path, results: dict[str, dict], *, size: str, sec
     lines = [
         "# sketchopt experiments: summary",
         "",
-        f"Size: **{size}**. Total wall time: **{seconds:.0f} s**. "
+        f"Size: **{size}**. Total wall time: **{seconds:.0f} s** "
+        f"({os.cpu_count()} CPU cores). "
         "Each section is the headline table of `NAME.json` / `NAME.png` in this folder.",
         "",
     ]
@@ -97,7 +103,10 @@ def write_summary(out: pathlib.Path, results: dict[str, dict], *, size: str, sec
         status = summary.get("status", "ok")
         head = f"## {name}"
         if "seconds" in summary:
-            head += f" ({summary['seconds']:.0f} s)"
+            head += f" ({summary['seconds']:.0f} s"
+            if "cpu_seconds" in summary:
+                head += f", {summary['cpu_seconds']:.0f} s CPU"
+            head += ")"
         lines += [head, ""]
         if status == "failed":
             lines += ["**Failed:**", "", "```", summary.get("error", "").strip(), "```", ""]
