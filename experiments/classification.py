@@ -283,8 +283,8 @@ def run(*, quick: bool, full: bool, seed: int, out: pathlib.Path) -> dict:
     }
     rows = []
     for r in results.values():
-        rule = {"mirror_descent": "MD", "dual_averaging": "DA"}.get(r["rule"], r["rule"])
-        row = [f"{r['label']} ({rule})"]
+        tags = {"mirror_descent": " (MD)", "dual_averaging": " (DA)", "sparse": " (sparse)"}
+        row = [r["label"] + tags.get(r["rule"], "")]
         for ds in cfg["datasets"]:
             e = r["datasets"][ds]
             row += [f"{100 * e['test_accuracy']:.2f}", f"{100 * e['online_error_rate']:.2f}"]
