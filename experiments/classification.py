@@ -19,11 +19,14 @@ Learners:
   ADA-DIAG with both rules, RADAGRAD (``tau = 10``): ``eta`` and ``delta`` searched over
   ``{2e-4, 2e-3, ..., 20}`` (Ada-FD sec. 4.2);
 * FD-SON, RFD-SON and RFD0-SON (``fd_son``, ``rfd_son``; RFD paper sec. 6.2): sketch size 10 with
-  the doubling buffer, ``eta_t = 1/t``, no curvature term, the bounded-prediction projection onto
-  ``|w^T x| <= 1`` before each prediction; ``alpha`` (FD-SON) and ``alpha0`` (RFD-SON) searched
-  over ``{1e-3, 1e-2, ..., 1e6}``, RFD0-SON is ``rfd_son`` with ``alpha0 = 0`` and has nothing to
-  tune. (The RFD paper pairs SON with the squared loss; here every learner gets the same squared
-  hinge loss, as in the Ada-FD paper.)
+  the doubling buffer and the bounded-prediction projection onto ``|w^T x| <= C = 1`` before each
+  prediction; ``alpha`` (FD-SON) and ``alpha0`` (RFD-SON) searched over ``{1e-3, 1e-2, ...,
+  1e6}``; RFD0-SON is ``rfd_son`` with ``alpha0 = 0`` and has nothing to tune. Every learner gets
+  the same squared hinge loss (Ada-FD paper; the RFD paper pairs SON with the squared loss). On
+  ``|w^T x| <= 1`` it is exp-concave with ``sigma = 1/(1 + C)^2 = 1/4``, so SON runs as the online
+  Newton step for exp-concave losses: ``curvature = 1/4``, ``eta = 0`` (as in ``son_condition``).
+  The RFD paper's ``eta_t = 1/t`` without curvature did as well or worse for FD-/RFD-SON and
+  clearly worse for RFD0-SON in a probe on digits (online error 0.33 against 0.23).
 * the classic sparse learners (slides ``papers/001``): ``simple_truncation``,
   ``truncated_gradient``, ``fobos_l1`` (learning rate ``eta / sqrt(t)``), ``rda_l1``,
   ``ftrl_proximal`` (``beta = 1``, ``l2 = 0``); we also report the fraction of zero weights.
@@ -44,6 +47,7 @@ from experiments import common
 
 SKETCH_SIZE = 10
 BOUND = 1.0  # SON's |w^T x| <= C
+CURVATURE = 1.0 / (1.0 + BOUND) ** 2  # sigma: squared hinge is 1/(1+C)^2-exp-concave on |p| <= C
 NUM_CHUNKS = 10  # test accuracy is recorded after every tenth of the pass
 
 
@@ -99,9 +103,6 @@ def learners(cfg) -> list[common.Algorithm]:
     def inv_sqrt(eta):
         return lambda count: eta * jnp.reciprocal(jnp.sqrt(count + 1.0))
 
-    def inv_t(count):
-        return 1.0 / (count + 1.0)
-
     algs = [
         common.Algorithm(
             "ada_fd", "ADA-FD", lambda h, k: so.ada_fd(h["eta"], tau, h["delta"]), ada,
@@ -129,21 +130,22 @@ def learners(cfg) -> list[common.Algorithm]:
             )
         )  # fmt: skip
     if callable(getattr(so, "fd_son", None)):
-        son = {"sketch_size": tau, "fast": True, "eta": "1/t", "curvature": 0.0, "bound": BOUND}
+        son = {"sketch_size": tau, "fast": True, "eta": 0.0, "curvature": CURVATURE, "bound": BOUND}
+        c = CURVATURE
         algs += [
             common.Algorithm(
                 "fd_son", "FD-SON",
-                lambda h, k: so.fd_son(h["alpha"], tau, eta=inv_t, curvature=0.0, fast=True),
+                lambda h, k: so.fd_son(h["alpha"], tau, eta=0.0, curvature=c, fast=True),
                 {"alpha": cfg["son_grid"]}, son, project=project, rule="son",
             ),
             common.Algorithm(
                 "rfd_son", "RFD-SON",
-                lambda h, k: so.rfd_son(tau, alpha0=h["alpha0"], eta=inv_t, fast=True),
+                lambda h, k: so.rfd_son(tau, alpha0=h["alpha0"], eta=0.0, curvature=c, fast=True),
                 {"alpha0": cfg["son_grid"]}, son, project=project, rule="son",
             ),
             common.Algorithm(
                 "rfd0_son", "RFD0-SON",
-                lambda h, k: so.rfd_son(tau, alpha0=0.0, eta=inv_t, fast=True),
+                lambda h, k: so.rfd_son(tau, alpha0=0.0, eta=0.0, curvature=c, fast=True),
                 {"alpha0": [0.0]}, {**son, "api": "rfd_son(alpha0=0)"}, project=project,
                 rule="son",
             ),
