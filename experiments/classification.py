@@ -32,8 +32,8 @@ Learners:
   ``ftrl_proximal`` (``beta = 1``, ``l2 = 0``); we also report the fraction of zero weights.
 
 Sizes: ``full`` -- all three datasets, the whole grids, hyperparameters chosen on the mean over the
-5 permutations. ``default`` -- MNIST subset and digits, grids thinned (ADA: ``{2e-3, ..., 2}``;
-SON: every other decade), still chosen on the mean over the permutations. ``quick`` -- digits on a
+5 permutations. ``default`` -- MNIST subset and digits, the SON grid thinned to every other
+decade, still chosen on the mean over the permutations. ``quick`` -- digits on a
 600-example subsample, 2 permutations, tiny grids.
 """
 
@@ -80,7 +80,7 @@ def _config(size: str) -> dict:
         "datasets": ["mnist", "digits"],
         "max_examples": None,
         "permutations": 5,
-        "ada_grid": ada[1:5],
+        "ada_grid": ada,
         "son_grid": son[::2],
         "lr_grid": lr,
         "l1_grid": [1e-5, 1e-3],
@@ -238,7 +238,7 @@ def run(*, quick: bool, full: bool, seed: int, out: pathlib.Path) -> dict:
         alg_keys = jax.random.split(jax.random.fold_in(key, 2), cfg["permutations"])
         res, points, seconds = common.run_grid(alg, run_fn, keys=alg_keys, orders=orders)
         mistakes = res["mistake"].sum(-1)  # (G, P)
-        losses = res["loss"].sum(-1)
+        losses = res["loss"].astype(np.float64).sum(-1)
         mean_mistakes = mistakes.mean(1)
         mean_loss = losses.mean(1)
         bad = ~np.isfinite(mean_loss)
