@@ -143,6 +143,22 @@ def _nnx_losses(model, optimizer, steps):
     return [float(_nnx_step(model, optimizer, x, y)) for _ in range(steps)]
 
 
+def test_conv_kernel_labels():
+    """The partition sends exactly the conv kernels to the sketch, in NNX and Linen trees."""
+    _, nnx_params = nnx.split(NnxCNN(nnx.Rngs(0)), nnx.Param)
+    linen_params = LinenCNN().init(jax.random.key(0), _data()[0])["params"]
+    want = {
+        "conv": {"kernel": "sketched", "bias": "diag"},
+        "dense": {"kernel": "diag", "bias": "diag"},
+    }
+    assert nnx.to_pure_dict(conv_kernel_labels(nnx_params)) == want
+    assert jax.tree.map(lambda x: x, dict(conv_kernel_labels(linen_params))) == want
+    # ... and the conv kernel's state is a sketch of its flattened 3 * 3 * 1 * 4 entries.
+    state = nnx_tx("ada_fd_conv_ada_diag_rest").init(nnx_params)
+    sketch = state.inner_states["sketched"].inner_state.metric_state["conv"]["kernel"]
+    assert sketch.rows.shape == (6, 36)
+
+
 @pytest.mark.parametrize("name", sorted(TRANSFORMS))
 def test_nnx_optimizer_trains(name):
     losses = _nnx_losses(*_nnx_optimizer(name, seed=0), steps=8)
