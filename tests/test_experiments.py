@@ -65,6 +65,10 @@ def regret(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def son_condition(tmp_path_factory):
+    import sketchopt as so
+
+    if not all(callable(getattr(so, n, None)) for n in ("fd_son", "oja_son", "rfd_son")):
+        pytest.skip("the SON family (sketchopt.son) has not landed yet")
     return _run("son_condition", tmp_path_factory)
 
 
