@@ -9,7 +9,6 @@ from sketchopt import metrics as metrics
 from sketchopt import regularizers as regularizers
 from sketchopt import sketches as sketches
 from sketchopt.baselines import *  # noqa: F403
-from sketchopt.radagrad import *  # noqa: F403
 from sketchopt.son import *  # noqa: F403
 from sketchopt.transforms import *  # noqa: F403
 

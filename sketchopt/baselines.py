@@ -8,7 +8,10 @@ The formulas are those of the slides *Online Learning/Optimization: algorithms a
 * :func:`fobos_l1` -- forward-backward splitting with L1, slides Alg. 4 (Duchi & Singer 2009);
 * :func:`rda_l1` -- regularized dual averaging with L1, slides Alg. 5 (Xiao 2009);
 * :func:`ftrl_proximal` -- FTRL-Proximal with L1 & L2 and per-coordinate learning rates,
-  slides Alg. 6 (McMahan 2011; McMahan et al. 2013).
+  slides Alg. 6 (McMahan 2011; McMahan et al. 2013);
+
+and, at the end of the module, the random-projection approximations of ADA-FULL that the Ada-FD
+paper compares against: :func:`radagrad` (its eq. 4) and :func:`ada_lr` (eq. 3).
 
 Conventions shared by all five:
 
@@ -47,8 +50,19 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
+from sketchopt import metrics as _metrics
+from sketchopt import sketches as _sketches
+from sketchopt import transforms as _transforms
+from sketchopt._operators import LowRankOperator
+
 __all__ = [
+    "AdaLRMetricState",
     "FTRLProximalState",
+    "RadagradMetricState",
+    "ada_lr",
+    "ada_lr_metric",
+    "radagrad",
+    "radagrad_metric",
     "RDAState",
     "TruncatedGradientState",
     "fobos_l1",
@@ -468,3 +482,183 @@ def ftrl_proximal(
         )
 
     return optax.GradientTransformationExtraArgs(init_fn, update_fn)
+
+
+# ------------------------------------------------------------------------------------------------
+# RADAGRAD and ADA-LR: random-projection approximations of ADA-FULL.
+#
+# "Random-projection approximations of ADA-FULL: RADAGRAD and ADA-LR (Krummenacher et al. 2016).
+#
+# The baselines the Ada-FD paper compares against (its eq. 3 and 4). Both project the gradient
+# outer products with a subsampled randomized Fourier-type transform ``Pi`` (``tau x d``):
+# ``Pi g = sqrt(d / tau) * P C (D g)`` with ``D`` random signs, ``C`` the orthonormal DCT-II (a real
+# Fourier transform, ``O(d log d)`` through the FFT) and ``P`` ``tau`` coordinates sampled without
+# replacement. ``Pi`` is never stored: the state keeps the signs (int8) and the sampled indices.
+#
+# * :func:`radagrad` (eq. 4): ``G~_t = G~_{t-1} + g_t (Pi g_t)^T`` (``d x tau``); with
+#   ``G~_t = V Sigma W^T`` (the paper's ``qr_update`` followed by the SVD of ``B = G~^T Q``, which
+#   yields exactly the left singular vectors and singular values of ``G~_t``)
+#   ``x_{t+1} = x_t - eta V (Sigma^{1/2} + delta I)^{-1} V^T g_t - eta (g_t - V V^T g_t)``.
+#   We keep ``G~_t`` and its small Gram matrix ``G~^T G~`` (updated in ``O(tau d)`` from the one
+#   pass ``G~^T g``) and re-orthonormalize through the ``tau x tau`` eigendecomposition of that Gram
+#   matrix: the same ``V`` and ``Sigma`` as the rank-one QR update, at the same ``O(tau d)`` cost.
+#   In metric form ``H_t = I + V^T diag(Sigma^{1/2} + delta - 1) V`` and the step is
+#   :func:`sketchopt.mirror_descent` with it.
+# * :func:`ada_lr` (eq. 3): keeps ``G_t`` (``d x d``), projects ``G~ = G Pi^T``, orthonormalizes
+#   ``Q R = G~``, takes the SVD of ``B = Q^T G = U Sigma V^T`` and steps
+#   ``x_{t+1} = x_t - eta V (Sigma^{1/2} + delta I)^{-1} V^T g_t`` (``O(tau d^2)``; no step outside
+#   the sketched subspace, as in the paper).
+
+_HIGHEST = jax.lax.Precision.HIGHEST
+
+
+def _projection_init(key, dim, sketch_size):
+    """Random signs (int8) and ``min(tau, d)`` sampled coordinates of the randomized DCT."""
+    k_signs, k_idx = jax.random.split(key)
+    signs = jax.random.rademacher(k_signs, (dim,), jnp.int8)
+    idx = jax.random.permutation(k_idx, dim)[: min(sketch_size, dim)]
+    return signs, idx.astype(jnp.int32)
+
+
+def _project(x, signs, idx, sketch_size):
+    """``Pi x = sqrt(d / tau) P DCT(D x)`` along the last axis (zero-padded to ``tau`` rows)."""
+    d = x.shape[-1]
+    if d == 0:
+        return jnp.zeros(x.shape[:-1] + (sketch_size,), x.dtype)
+    y = jax.scipy.fft.dct(x * signs.astype(x.dtype), type=2, norm="ortho", axis=-1)
+    y = jnp.take(y, idx, axis=-1) * jnp.asarray(np.sqrt(d / sketch_size), x.dtype)
+    pad = sketch_size - idx.shape[0]
+    if pad:
+        y = jnp.concatenate([y, jnp.zeros(y.shape[:-1] + (pad,), y.dtype)], axis=-1)
+    return y
+
+
+class RadagradMetricState(NamedTuple):
+    """``rows = G~_t^T / 4**scale_exp`` (``tau x d``), ``gram = rows rows^T``, the projection."""
+
+    rows: jax.Array
+    gram: jax.Array
+    scale_exp: jax.Array
+    signs: jax.Array
+    indices: jax.Array
+
+
+def radagrad_metric(sketch_size: int, delta: float, key) -> _metrics.Metric:
+    """RADAGRAD's metric ``H_t = I + V^T diag(Sigma^{1/2} + delta - 1) V`` (Ada-FD eq. 4)."""
+    tau = _sketches._check_size(sketch_size)
+    _metrics.check_delta(delta)
+
+    def init(dim, dtype=jnp.float32):
+        dtype = _metrics.state_dtype(dtype)
+        signs, idx = _projection_init(key, dim, tau)
+        return RadagradMetricState(
+            rows=jnp.zeros((tau, dim), dtype),
+            gram=jnp.zeros((tau, tau), dtype),
+            scale_exp=jnp.zeros((), jnp.int32),
+            signs=signs,
+            indices=idx,
+        )
+
+    def operator(state):
+        kappa, u = _sketches._eigh_desc(state.gram)
+        inv = jnp.where(kappa > 0, 1 / jnp.sqrt(jnp.where(kappa > 0, kappa, 1)), 0)
+        coef = (u * inv).T  # V = coef @ rows: the left singular vectors of G~ as rows
+        # Singular values of G~ = 4**e sqrt(kappa); their square roots 2**e kappa**(1/4).
+        root_sigma = jnp.ldexp(jnp.sqrt(jnp.sqrt(kappa)), state.scale_exp)
+        weights = jnp.where(kappa > 0, root_sigma + delta - 1, 0).astype(kappa.dtype)
+        return LowRankOperator(jnp.ones((), kappa.dtype), state.rows, coef, weights)
+
+    def update(state, g, valid=True):
+        dtype = state.rows.dtype
+        # G~ ~ |g|^2: keep rows = G~^T / 4**e with e following the largest |g| seen, so that a
+        # 1e30 gradient in float32 neither overflows the rows nor (as |g|^4) the Gram matrix.
+        e_g = _sketches._exponent(jnp.max(jnp.abs(g), initial=0))
+        exp = jnp.where(valid, jnp.maximum(state.scale_exp, e_g), state.scale_exp)
+        shift = state.scale_exp - exp
+        rows = jnp.ldexp(state.rows, 2 * shift)
+        gram = jnp.ldexp(state.gram, 4 * shift)
+        gs = jnp.ldexp(g, -exp).astype(dtype)
+        gt = _project(gs, state.signs, state.indices, tau)  # Pi g / 2**e
+        p = jnp.matmul(rows, gs, precision=_HIGHEST)  # G~^T g / 8**e (before the update)
+        sq = jnp.sum(jnp.square(gs))
+        gram = gram + jnp.outer(p, gt) + jnp.outer(gt, p) + sq * jnp.outer(gt, gt)
+        rows = rows + jnp.outer(gt, gs)
+        state = state._replace(rows=rows, gram=gram, scale_exp=exp)
+        return state, operator(state), None
+
+    return _metrics.Metric(init, update, operator, "radagrad")
+
+
+def radagrad(learning_rate, sketch_size: int, delta: float, key):
+    """RADAGRAD (Krummenacher et al. 2016; Ada-FD paper eq. 4) with a randomized DCT projection.
+
+    ``x_{t+1} = x_t - eta V (Sigma^{1/2} + delta I)^{-1} V^T g_t - eta (g_t - V V^T g_t)`` where
+    ``V Sigma W^T`` is the SVD of ``G~_t = sum_s g_s (Pi g_s)^T``. ``key`` draws ``Pi`` (each leaf
+    uses the same key; ``vmap`` over keys is supported). Heuristic: no regret guarantee.
+    """
+    return _transforms.mirror_descent(learning_rate, radagrad_metric(sketch_size, delta, key))
+
+
+class AdaLRMetricState(NamedTuple):
+    """``gram = G_t / 4**scale_exp`` (``d x d``) and the projection."""
+
+    gram: jax.Array
+    scale_exp: jax.Array
+    signs: jax.Array
+    indices: jax.Array
+
+
+def ada_lr_metric(sketch_size: int, delta: float, key) -> _metrics.Metric:
+    """ADA-LR's metric (Ada-FD eq. 3): ``H_t^{-1} = V (Sigma^{1/2} + delta I)^{-1} V^T``."""
+    tau = _sketches._check_size(sketch_size)
+    _metrics.check_delta(delta)
+
+    def init(dim, dtype=jnp.float32):
+        dtype = _metrics.state_dtype(dtype)
+        signs, idx = _projection_init(key, dim, tau)
+        return AdaLRMetricState(jnp.zeros((dim, dim), dtype), jnp.zeros((), jnp.int32), signs, idx)
+
+    def operator(state):
+        gram = state.gram
+        g_tilde = _project(gram, state.signs, state.indices, tau)  # rows of G Pi^T: d x tau
+        q, _ = jnp.linalg.qr(g_tilde)  # d x k
+        b = jnp.matmul(q.T, gram, precision=_HIGHEST)  # Q^T G: k x d
+        _, sigma, vt = jnp.linalg.svd(b, full_matrices=False)
+        sigma = jnp.where(sigma > sigma[0] * b.shape[0] * jnp.finfo(b.dtype).eps, sigma, 0)
+        root = jnp.ldexp(jnp.sqrt(sigma), state.scale_exp)
+        return _AdaLROperator(vt, root, jnp.asarray(delta, gram.dtype))
+
+    def update(state, g, valid=True):
+        exp = _sketches._rescale_exponent(
+            state.scale_exp,
+            jnp.max(jnp.abs(g), initial=0),
+            jnp.max(jnp.diagonal(state.gram), initial=0),
+        )
+        exp = jnp.where(valid, exp, state.scale_exp)
+        gram = jnp.ldexp(state.gram, 2 * (state.scale_exp - exp))
+        gs = jnp.ldexp(g, -exp)
+        state = state._replace(gram=gram + jnp.outer(gs, gs), scale_exp=exp)
+        return state, operator(state), None
+
+    return _metrics.Metric(init, update, operator, "ada_lr")
+
+
+class _AdaLROperator(NamedTuple):
+    """``H^{-1} y = V (root + delta)^{-1} V^T y`` on the sketched subspace only (eq. 3)."""
+
+    vt: jax.Array  # (k, d) orthonormal rows
+    root: jax.Array  # (k,)
+    delta: jax.Array
+
+    def solve(self, y):
+        return jnp.matmul(self.vt.T, jnp.matmul(self.vt, y) / (self.root + self.delta))
+
+
+def ada_lr(learning_rate, sketch_size: int, delta: float, key):
+    """ADA-LR (Krummenacher et al. 2016; Ada-FD paper eq. 3) with a randomized DCT projection.
+
+    Keeps the full ``G_t`` (``O(d^2)`` memory, ``O(tau d^2)`` per step): the randomized low-rank
+    SVD of ``G_t`` gives ``V, Sigma`` and ``x_{t+1} = x_t - eta V (Sigma^{1/2} + delta I)^{-1} V^T
+    g_t``. Without a regularizer only.
+    """
+    return _transforms.mirror_descent(learning_rate, ada_lr_metric(sketch_size, delta, key))

@@ -1,3 +1,0 @@
-"""Placeholder: filled in by its owner."""
-
-__all__: list[str] = []

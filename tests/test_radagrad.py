@@ -1,0 +1,164 @@
+"""RADAGRAD and ADA-LR (sketchopt.baselines) against float64 NumPy references.
+
+The references follow the Ada-FD paper's eq. (3) and (4) literally (QR and SVD every step).
+"""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+
+import sketchopt as so
+from sketchopt import baselines as rg
+
+
+def _stream(d=8, T=40, seed=0):
+    rng = np.random.default_rng(seed)
+    x = rng.normal(size=(T, d)) * np.linspace(2.0, 0.2, d)
+    w_star = rng.normal(size=d)
+    return x, x @ w_star
+
+
+def _run(tx, x, y):
+    """Online absolute-loss regression; returns the iterates."""
+    w = jnp.zeros(x.shape[1], x.dtype)
+    state = tx.init(w)
+    update = jax.jit(tx.update)
+    out = []
+    for t in range(len(x)):
+        g = jnp.sign(w @ x[t] - y[t]) * x[t]
+        u, state = update(g, state, w)
+        w = optax.apply_updates(w, u)
+        out.append(np.asarray(w))
+    return np.array(out), state
+
+
+def _projection_matrix(key, d, tau):
+    # Under x64, as the runs below: the random streams of permutation depend on the mode.
+    with jax.enable_x64(True):
+        signs, idx = rg._projection_init(key, d, tau)
+        eye = jnp.eye(d, dtype=jnp.float64)
+        return np.asarray(rg._project(eye, signs, idx, tau)).T  # Pi: tau x d
+
+
+def _radagrad_reference(x, y, eta, tau, delta, pi):
+    """Eq. (4) literally: G~ += g (Pi g)^T, QR, SVD of B = G~^T Q, V = Q W."""
+    d = x.shape[1]
+    w = np.zeros(d)
+    g_tilde = np.zeros((d, tau))
+    out = []
+    for t in range(len(x)):
+        g = np.sign(w @ x[t] - y[t]) * x[t]
+        g_tilde += np.outer(g, pi @ g)
+        q, _ = np.linalg.qr(g_tilde)
+        _, sigma, wt = np.linalg.svd(g_tilde.T @ q)
+        v = q @ wt.T
+        keep = sigma > sigma[0] * 1e-10
+        v, sigma = v[:, keep], sigma[keep]
+        vg = v.T @ g
+        w = w - eta * v @ (vg / (np.sqrt(sigma) + delta)) - eta * (g - v @ vg)
+        out.append(w.copy())
+    return np.array(out)
+
+
+def _ada_lr_reference(x, y, eta, tau, delta, pi):
+    """Eq. (3) literally: G += g g^T, G~ = G Pi^T, QR, SVD of Q^T G."""
+    d = x.shape[1]
+    w = np.zeros(d)
+    gram = np.zeros((d, d))
+    out = []
+    for t in range(len(x)):
+        g = np.sign(w @ x[t] - y[t]) * x[t]
+        gram += np.outer(g, g)
+        q, _ = np.linalg.qr(gram @ pi.T)
+        _, sigma, vt = np.linalg.svd(q.T @ gram, full_matrices=False)
+        keep = sigma > sigma[0] * 1e-10
+        v, sigma = vt[keep].T, sigma[keep]
+        w = w - eta * v @ ((v.T @ g) / (np.sqrt(sigma) + delta))
+        out.append(w.copy())
+    return np.array(out)
+
+
+@pytest.mark.parametrize("tau", [3, 8])
+def test_radagrad_matches_reference(tau):
+    x, y = _stream()
+    key = jax.random.PRNGKey(3)
+    pi = _projection_matrix(key, x.shape[1], tau)
+    ref = _radagrad_reference(x, y, 0.3, tau, 0.5, pi)
+    with jax.enable_x64(True):
+        ours, _ = _run(so.radagrad(0.3, tau, 0.5, key), jnp.asarray(x), jnp.asarray(y))
+    np.testing.assert_allclose(ours, ref, rtol=1e-8, atol=1e-8)
+
+
+@pytest.mark.parametrize("tau", [3, 8])
+def test_ada_lr_matches_reference(tau):
+    x, y = _stream()
+    key = jax.random.PRNGKey(4)
+    pi = _projection_matrix(key, x.shape[1], tau)
+    ref = _ada_lr_reference(x, y, 0.3, tau, 0.5, pi)
+    with jax.enable_x64(True):
+        ours, _ = _run(so.ada_lr(0.3, tau, 0.5, key), jnp.asarray(x), jnp.asarray(y))
+    np.testing.assert_allclose(ours, ref, rtol=1e-8, atol=1e-8)
+
+
+def test_projection_is_an_isometry_when_it_keeps_every_coordinate():
+    pi = _projection_matrix(jax.random.PRNGKey(0), 16, 16)
+    np.testing.assert_allclose(pi @ pi.T, np.eye(16), atol=1e-12)
+
+
+@pytest.mark.parametrize("make", [so.radagrad, so.ada_lr])
+def test_approaches_ada_full_as_the_sketch_grows(make):
+    x, y = _stream(d=10, T=60, seed=1)
+    with jax.enable_x64(True):
+        x, y = jnp.asarray(x), jnp.asarray(y)
+        full, _ = _run(so.ada_full(0.3, 0.5), x, y)
+        errors = []
+        for tau in (2, 5, 10):
+            ours, _ = _run(make(0.3, tau, 0.5, jax.random.PRNGKey(2)), x, y)
+            errors.append(np.abs(ours - full).max())
+    assert errors[-1] < 1e-10  # tau = d: the projection is orthogonal and nothing is lost
+    assert errors[0] > errors[-1]
+
+
+def test_extreme_and_bad_gradients_keep_the_state_finite():
+    tx = so.radagrad(0.1, 4, 1.0, jax.random.PRNGKey(0))
+    p = jnp.zeros(300)
+    state = tx.init(p)
+    update = jax.jit(tx.update)
+    for scale in (1e30, 1e-30, 0.0, 1.0):
+        u, state = update(jnp.full(300, scale) * jnp.linspace(-1, 1, 300), state, p)
+        assert bool(jnp.all(jnp.isfinite(u)))
+        assert all(bool(jnp.all(jnp.isfinite(leaf))) for leaf in jax.tree.leaves(state))
+    before = state
+    u, state = update(jnp.full(300, jnp.nan), state, p)
+    assert int(state.nonfinite_count) == 1
+    assert not np.any(np.asarray(u))
+    for a, b in zip(
+        jax.tree.leaves(before.metric_state), jax.tree.leaves(state.metric_state), strict=True
+    ):
+        np.testing.assert_array_equal(a, b)
+
+
+def test_vmap_over_keys_equals_separate_runs():
+    keys = jax.random.split(jax.random.PRNGKey(0), 3)
+    p = jnp.zeros(20)
+    g = jnp.linspace(-1.0, 1.0, 20)
+
+    def one(key):
+        tx = so.radagrad(0.1, 4, 1.0, key)
+        state = tx.init(p)
+        u, state = tx.update(g, state, p)
+        u, state = tx.update(g[::-1], state, p)
+        return u
+
+    batched = jax.vmap(one)(keys)
+    for i, key in enumerate(keys):
+        np.testing.assert_allclose(batched[i], one(key), rtol=1e-5, atol=1e-6)
+
+
+def test_validation():
+    with pytest.raises(ValueError, match="sketch_size"):
+        so.radagrad(0.1, 0, 1.0, jax.random.PRNGKey(0))
+    with pytest.raises(ValueError, match="delta"):
+        so.ada_lr(0.1, 3, 0.0, jax.random.PRNGKey(0))
