@@ -608,7 +608,7 @@ def random_projection(sketch_size: int, key: jax.Array) -> Sketch:
             rows=jnp.zeros((m, dim), dtype),
             gram=jnp.zeros((m, m), dtype),
             scale_exp=jnp.zeros((), jnp.int32),
-            key=jnp.asarray(key),
+            key=jnp.array(key),  # a copy: donating the state must not delete this sketch's key
             count=jnp.zeros((), jnp.int32),
             nonfinite_count=jnp.zeros((), jnp.int32),
         )

@@ -710,6 +710,19 @@ def test_vmap_and_update_many_equal_separate_updates(name):
     assert jax.tree.map(lambda x: x.dtype, state) == jax.tree.map(lambda x: x.dtype, init)
 
 
+@pytest.mark.parametrize("name", ["fd", "rp"])
+def test_state_can_be_donated(name):
+    """A state from ``init`` can be donated to a jitted update (DESIGN.md, "Speed") without
+    invalidating the sketch: a second ``init`` afterwards still works."""
+    dim, tau = CONFIGS["generic"]
+    sketch = make(name, tau)
+    step = jax.jit(sketch.update, donate_argnums=0)
+    row = jnp.asarray(fixed_streams("generic")[0, 0], jnp.float32)
+    first = step(sketch.init(dim), row)
+    second = step(sketch.init(dim), row)  # would fail if init handed out a donated buffer
+    assert_same_sketch(first, second, 0)
+
+
 # ----------------------------------------------------------------------------------------------
 # Bad input.
 
