@@ -16,10 +16,10 @@ venv: $(STAMP)
 run: $(STAMP)
 	$(VENV)/bin/python experiments/run.py all --out results
 
-# The whole test suite (lint included), as CI runs it.
+# The whole test suite (lint included, notebooks executed), as CI runs it.
 test: $(STAMP)
 	$(VENV)/bin/ruff check .
-	$(VENV)/bin/python -m pytest -n 2 -q
+	$(VENV)/bin/python -m pytest -n 2 -q --nbmake tests notebooks
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .

@@ -246,7 +246,7 @@ def run(*, quick: bool = False, full: bool = False, seed: int = 0, out: pathlib.
             )
     if cfg["f64"] is not None:
         dim, tau = cfg["f64"]
-        with jax.experimental.enable_x64():
+        with jax.enable_x64(True):
             for name, obj, kind in _learners(tau, dim, 0):
                 if name in ("optax.adagrad", "ada_fd", "ada_fd(fast=True)", "ada_diag"):
                     seconds, floats = _time_step(obj, kind, dim, jnp.float64, cfg["repeats"], 1)
