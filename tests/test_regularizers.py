@@ -1,0 +1,626 @@
+"""Tests of :mod:`sketchopt.regularizers`: closed forms, the low-rank inner solver, JAX transforms.
+
+References are written independently in float64 NumPy: a restarted accelerated proximal gradient
+(FISTA) solver with bisection-based Euclidean proxes, and ``scipy.optimize.minimize`` for l1.
+Every jitted function is compiled once per (regularizer, operator kind, shape) and applied to a
+batch of random problems through ``jax.vmap`` to keep the module fast.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from scipy.optimize import minimize
+
+from sketchopt import regularizers as R
+from sketchopt._operators import DiagonalOperator, LowRankOperator
+
+NAMES = ["l1", "l2_squared", "l2", "linf", "l1_ball", "mixed_l1_l2", "mixed_l1_linf"]
+HOMOGENEOUS = [n for n in NAMES if n != "l1_ball"]
+STRENGTH = 0.7
+
+x64 = functools.partial(jax.enable_x64, True)
+
+
+def make(name, strength=STRENGTH, **kw):
+    return getattr(R, name)(strength, **kw)
+
+
+def shape_for(name):
+    return (2, 4) if name.startswith("mixed") else (8,)
+
+
+# --------------------------------------------------------------------------------------------------
+# float64 NumPy references
+
+
+def _groups(name, shape):
+    d = int(np.prod(shape))
+    if name.startswith("mixed") and len(shape) == 2:
+        return [np.arange(r * shape[1], (r + 1) * shape[1]) for r in range(shape[0])]
+    return [np.arange(d)]
+
+
+def np_phi(name, s, x, shape):
+    if name == "l1":
+        return s * np.abs(x).sum()
+    if name == "l2_squared":
+        return 0.5 * s * x @ x
+    if name == "l1_ball":
+        return 0.0 if np.abs(x).sum() <= s * (1 + 1e-9) + 1e-12 else np.inf
+    tot = 0.0
+    for g in _groups(name, shape):
+        if name in ("l2", "mixed_l1_l2"):
+            tot += np.linalg.norm(x[g])
+        else:
+            tot += np.abs(x[g]).max(initial=0.0)
+    return s * tot
+
+
+def np_proj_l1(v, r):
+    """Projection onto the l1 ball by bisection on the threshold (independent of Fig. 3)."""
+    a = np.abs(v)
+    if a.sum() <= r:
+        return v.copy()
+    lo, hi = 0.0, a.max()
+    for _ in range(200):
+        mid = 0.5 * (lo + hi)
+        if np.maximum(a - mid, 0).sum() > r:
+            lo = mid
+        else:
+            hi = mid
+    return np.sign(v) * np.maximum(a - hi, 0)
+
+
+def np_prox_euclid(name, s, v, t, shape):
+    if name == "l1":
+        return np.sign(v) * np.maximum(np.abs(v) - t * s, 0)
+    if name == "l2_squared":
+        return v / (1 + t * s)
+    if name == "l1_ball":
+        return np_proj_l1(v, s)
+    x = np.zeros_like(v)
+    for g in _groups(name, shape):
+        if name in ("l2", "mixed_l1_l2"):
+            n = np.linalg.norm(v[g])
+            x[g] = v[g] * max(0.0, 1 - t * s / n) if n > 0 else 0
+        else:  # Moreau: prox of t s ||.||_inf = id - projection onto the l1 ball of radius t s
+            x[g] = v[g] - np_proj_l1(v[g], t * s)
+    return x
+
+
+def np_reference(name, s, u, c, hm, shape, iters=200_000):
+    """argmin <u,x> + c phi(x) + 1/2 x'Hx by FISTA with gradient restart, to ~1e-13."""
+    lip = np.linalg.eigvalsh(hm).max()
+    x = y = np.zeros_like(u)
+    tk = 1.0
+    for _ in range(iters):
+        x_new = np_prox_euclid(name, s, y - (u + hm @ y) / lip, c / lip, shape)
+        if (y - x_new) @ (x_new - x) > 0:  # restart
+            tk = 1.0
+            y = x
+            continue
+        t_new = 0.5 * (1 + np.sqrt(1 + 4 * tk * tk))
+        y = x_new + (tk - 1) / t_new * (x_new - x)
+        done = np.linalg.norm(x_new - x) <= 1e-14 * (1 + np.linalg.norm(x_new))
+        x, tk = x_new, t_new
+        if done:
+            break
+    return x
+
+
+def np_objective(name, s, u, c, hm, shape, x):
+    phi = np_phi(name, s, x, shape)
+    return u @ x + 0.5 * x @ hm @ x + (phi if name == "l1_ball" else c * phi)
+
+
+def scipy_l1(s, u, c, hm):
+    """l1 with scipy: smooth bound-constrained split x = p - n, p, n >= 0 (L-BFGS-B)."""
+    d = u.size
+
+    def fg(z):
+        x = z[:d] - z[d:]
+        g = u + hm @ x
+        val = u @ x + 0.5 * x @ hm @ x + c * s * z.sum()
+        return val, np.concatenate([g + c * s, -g + c * s])
+
+    res = minimize(
+        fg,
+        np.zeros(2 * d),
+        jac=True,
+        method="L-BFGS-B",
+        bounds=[(0, None)] * 2 * d,
+        options={"ftol": 1e-16, "gtol": 1e-13, "maxiter": 10_000},
+    )
+    return res.x[:d] - res.x[d:]
+
+
+# --------------------------------------------------------------------------------------------------
+# random problems
+
+
+def random_lowrank(rng, d, k, cond, *, n_extra=1, zero_row=True, scalar=0.5):
+    """``H = scalar I + V^T diag(w) V`` with ``V = coef @ basis`` (k orthonormal rows + a zero row).
+
+    ``basis`` is a random invertible mix of orthonormal rows so that ``coef`` is not trivial.
+    Returns numpy (scalar, basis, coef, weights, dense H).
+    """
+    n = k + n_extra
+    q, _ = np.linalg.qr(rng.normal(size=(d, n)))
+    vfull = q.T  # (n, d) orthonormal rows
+    a = rng.normal(size=(n, n)) + 3 * np.eye(n)
+    basis = a @ vfull
+    coef = np.linalg.inv(a)[:k]  # coef @ basis = first k rows of vfull
+    weights = scalar * (cond - 1) * np.geomspace(1.0, 1e-2, k)
+    rng.shuffle(weights)
+    if zero_row:
+        coef = np.vstack([coef, np.zeros((1, n))])
+        weights = np.append(weights, 3.0)  # weight on an exactly-zero row: no effect
+    v = coef @ basis
+    hm = scalar * np.eye(d) + v.T @ (weights[:, None] * v)
+    return scalar, basis, coef, weights, hm
+
+
+def stack_ops(ops, dtype):
+    fields = [jnp.asarray(np.stack(f), dtype) for f in zip(*ops, strict=True)]
+    return LowRankOperator(*fields, scale_exp=jnp.zeros(len(ops), jnp.int32))
+
+
+@functools.cache
+def batched_prox(reg, shape, kind):
+    """jit(vmap(prox)) over (u, c, op) -- exercises vmap over batched operators too."""
+
+    def one(u, c, op, x0):
+        return reg.prox_with_info(u, c, op, shape=shape, x0=x0)
+
+    if kind == "cold":
+        return jax.jit(jax.vmap(lambda u, c, op: one(u, c, op, None)))
+    return jax.jit(jax.vmap(one))
+
+
+def diag_problems(rng, d, m):
+    u = rng.normal(size=(m, d)) * 2
+    h = np.exp(rng.normal(size=(m, d)))
+    c = rng.uniform(0.2, 2.0, size=m)
+    c[0] = 0.0  # the unregularized minimizer is part of every batch
+    return u, h, c
+
+
+def lr_op(fields, dtype):
+    """A single LowRankOperator from numpy fields (call inside ``x64()`` for float64)."""
+    s, basis, coef, w = fields[:4]
+    return LowRankOperator(
+        jnp.asarray(s, dtype),
+        jnp.asarray(basis, dtype),
+        jnp.asarray(coef, dtype),
+        jnp.asarray(w, dtype),
+    )
+
+
+# --------------------------------------------------------------------------------------------------
+# closed forms (diagonal H) versus float64 references
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_diagonal_closed_forms_match_reference(name):
+    rng = np.random.default_rng(0)
+    shape = shape_for(name)
+    d = int(np.prod(shape))
+    u, h, c = diag_problems(rng, d, 7)
+    # last problem: ADA-DIAG with delta = 0, h_i = 0 (and then u_i = 0) -> x_i = 0, never NaN
+    h[-1, ::3] = 0.0
+    u[-1, ::3] = 0.0
+    reg = make(name)
+    with x64():
+        f = batched_prox(reg, shape, "cold")
+        xs, info = f(jnp.asarray(u), jnp.asarray(c), DiagonalOperator(jnp.asarray(h)))
+        xs = np.asarray(xs)
+    assert xs.dtype == np.float64 and np.all(np.isfinite(xs))
+    assert np.all(np.asarray(info.iterations) == 0)
+    assert np.all(xs[-1, ::3] == 0.0)
+    for i in range(len(c) - 1):
+        hm = np.diag(h[i])
+        ref = np_reference(name, STRENGTH, u[i], c[i], hm, shape)
+        np.testing.assert_allclose(xs[i], ref, atol=1e-9, rtol=1e-9, err_msg=f"problem {i}")
+        f_mine = np_objective(name, STRENGTH, u[i], c[i], hm, shape, xs[i])
+        f_ref = np_objective(name, STRENGTH, u[i], c[i], hm, shape, ref)
+        assert f_mine <= f_ref + 1e-12 * (1 + abs(f_ref))
+    if name != "l1_ball":  # c = 0: the unregularized minimizer -H^{-1} u
+        np.testing.assert_allclose(xs[0], -u[0] / h[0], rtol=1e-14)
+
+
+def test_diagonal_l1_exact_zeros_and_scipy():
+    rng = np.random.default_rng(1)
+    d = 8
+    u = rng.normal(size=d)
+    u[:3] = [0.5, -0.7, 0.69999]  # |u_i| <= c * strength = 0.7 for these
+    h = np.exp(rng.normal(size=d))
+    with x64():
+        op = DiagonalOperator(jnp.asarray(h))
+        x = np.asarray(R.l1(STRENGTH).prox(jnp.asarray(u), 1.0, op, shape=(d,)))
+        # eq. 24 of Duchi et al. with u = eta g - H x_t, c = eta.
+        eta, xt, g = 0.3, rng.normal(size=d), rng.normal(size=d)
+        x24 = R.l1(STRENGTH).prox(jnp.asarray(eta * g - h * xt), eta, op, shape=(d,))
+    zero = np.abs(u) <= STRENGTH
+    assert np.all(x[zero] == 0.0)
+    assert np.all(x[~zero] != 0.0)
+    np.testing.assert_allclose(x, scipy_l1(STRENGTH, u, 1.0, np.diag(h)), atol=1e-8)
+    z = xt - eta * g / h
+    np.testing.assert_allclose(
+        x24, np.sign(z) * np.maximum(np.abs(z) - STRENGTH * eta / h, 0), rtol=1e-13, atol=1e-15
+    )
+
+
+def test_diagonal_l2_squared_is_eq25():
+    """phi = s/2 ||x||^2 is the paper's convention: its sec. 6.2 objective gives eq. 25."""
+    rng = np.random.default_rng(2)
+    d, eta, delta = 6, 0.4, 0.1
+    st, xt, g = np.exp(rng.normal(size=d)), rng.normal(size=d), rng.normal(size=d)
+    # sec. 6.2: eta<g,x> + eta*s/2||x||^2 + delta/2||x||^2 + 1/2<x - x_t, diag(s_t)(x - x_t)>
+    # = <eta g - s_t x_t, x> + eta * phi(x) + 1/2 <x, (delta I + diag(s_t)) x> + const.
+    with x64():
+        x = R.l2_squared(STRENGTH).prox(
+            jnp.asarray(eta * g - st * xt),
+            eta,
+            DiagonalOperator(jnp.asarray(delta + st)),
+            shape=(d,),
+        )
+    eq25 = (st * xt - eta * g) / (eta * STRENGTH + delta + st)
+    np.testing.assert_allclose(x, eq25, rtol=1e-13)
+
+
+# --------------------------------------------------------------------------------------------------
+# the low-rank inner solver
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_lowrank_matches_reference(name):
+    """Random k << d problems (kappa 10..1e3) against FISTA in float64; c = 0 and u = 0 included."""
+    rng = np.random.default_rng(3)
+    shape = shape_for(name)
+    d, k = int(np.prod(shape)), 2
+    conds = [10, 100, 1e3, 30, 300, 50]
+    problems = [random_lowrank(rng, d, k, cond=cd) for cd in conds]
+    u = rng.normal(size=(len(conds), d)) * 2
+    u[-1] = 0.0
+    c = rng.uniform(0.3, 2.0, size=len(conds))
+    c[0] = 0.0
+    reg = make(name, tol=1e-10)
+    with x64():
+        xs, info = batched_prox(reg, shape, "cold")(
+            jnp.asarray(u), jnp.asarray(c), stack_ops([p[:4] for p in problems], jnp.float64)
+        )
+        xs, res, its = np.asarray(xs), np.asarray(info.residual), np.asarray(info.iterations)
+    assert xs.dtype == np.float64
+    assert np.all(res <= 1e-10), res
+    assert np.all(its <= 30), its
+    assert np.all(xs[-1] == 0.0)
+    n_zero = 0
+    for i in range(len(conds) - 1):
+        hm = problems[i][4]
+        ref = np_reference(name, STRENGTH, u[i], c[i], hm, shape)
+        np.testing.assert_allclose(xs[i], ref, atol=1e-8, rtol=1e-8, err_msg=f"problem {i}")
+        f_mine = np_objective(name, STRENGTH, u[i], c[i], hm, shape, xs[i])
+        f_ref = np_objective(name, STRENGTH, u[i], c[i], hm, shape, ref)
+        assert f_mine <= f_ref + 1e-11 * (1 + abs(f_ref))
+        if name == "l1":  # exact zeros wherever optimality says so (|u + Hx|_i < c * strength)
+            g = u[i] + hm @ xs[i]
+            clearly_zero = np.abs(g) < c[i] * STRENGTH * (1 - 1e-6)
+            assert np.all(xs[i][clearly_zero] == 0.0)
+            n_zero += clearly_zero.sum()
+        if name == "l1_ball":
+            assert np.abs(xs[i]).sum() <= STRENGTH * (1 + 1e-12)
+    if name == "l1":
+        assert n_zero >= 5
+    if name != "l1_ball":
+        np.testing.assert_allclose(
+            xs[0], -np.linalg.solve(problems[0][4], u[0]), rtol=1e-10, atol=1e-12
+        )
+
+
+def _kkt_hinv(name, s, u, c, hm, x, tol=1e-9):
+    """Independent optimality check: an element of the subdifferential, in the H^{-1} norm."""
+    g = u + hm @ x
+    e = np.zeros_like(x)
+    if name == "l1":
+        nz = x != 0
+        e[nz] = g[nz] + c * s * np.sign(x[nz])
+        e[~nz] = np.sign(g[~nz]) * np.maximum(np.abs(g[~nz]) - c * s, 0)
+    else:  # linf
+        if np.abs(x).max() == 0:
+            e = g * max(0.0, 1 - c * s / np.abs(g).sum())
+        else:
+            top = np.abs(x) >= np.abs(x).max() * (1 - tol)
+            e[~top] = g[~top]
+            # on the maximal coordinates -g must be c * s * (a convex combination of sign(x))
+            gt = -g[top] * np.sign(x[top])
+            e[top] = np.where(gt < 0, g[top], 0)
+            e[top] += (np.sum(np.maximum(gt, 0)) - c * s) / top.sum() * np.sign(x[top])
+    hinv = np.linalg.inv(hm)
+    return np.sqrt(e @ hinv @ e) / max(np.sqrt(u @ hinv @ u), np.sqrt(x @ hm @ x))
+
+
+@pytest.mark.parametrize("name", ["l1", "linf"])
+def test_lowrank_badly_conditioned(name):
+    """lambda_max / lambda_min = 1e6: Newton still converges in a handful of iterations."""
+    rng = np.random.default_rng(4)
+    d, k = 60, 5
+    problems = [random_lowrank(rng, d, k, cond=1e6, scalar=sc) for sc in (1.0, 1e-3, 1e2)]
+    ops = [p[:4] for p in problems]
+    u = rng.normal(size=(3, d)) * np.array([1.0, 1e-2, 1e3])[:, None]
+    c = np.array([1.0, 1e-2, 1e3]) * 0.5
+    with x64():
+        xs, info = batched_prox(make(name, tol=1e-9), (d,), "cold")(
+            jnp.asarray(u), jnp.asarray(c), stack_ops(ops, jnp.float64)
+        )
+        xs, res, its = np.asarray(xs), np.asarray(info.residual), np.asarray(info.iterations)
+    assert np.all(res <= 1e-9), res
+    assert np.all(its <= 20), its
+    for i in range(3):
+        assert _kkt_hinv(name, STRENGTH, u[i], c[i], problems[i][4], xs[i]) < 1e-7
+    if name == "l1":  # float32 on the same problems: finite, and as accurate as float32 allows
+        x32, info32 = batched_prox(make(name), (d,), "cold")(
+            jnp.asarray(u, jnp.float32), jnp.asarray(c, jnp.float32), stack_ops(ops, jnp.float32)
+        )
+        assert x32.dtype == jnp.float32 and np.all(np.isfinite(x32))
+        assert np.all(np.asarray(info32.iterations) <= 20), info32
+        for i in range(3):
+            err = np.linalg.norm(np.asarray(x32[i], np.float64) - xs[i])
+            assert err <= 1e-4 * np.linalg.norm(xs[i])
+
+
+def test_lowrank_strength_zero_gives_unregularized():
+    rng = np.random.default_rng(6)
+    d = 8
+    op = lr_op(random_lowrank(rng, d, 3, cond=1e4), jnp.float32)
+    u = jnp.asarray(rng.normal(size=d), jnp.float32)
+    x = jax.jit(lambda u: R.l1(0.0).prox(u, 2.0, op, shape=(d,)))(u)
+    np.testing.assert_array_equal(x, -op.solve(u))
+
+
+def test_warm_start_reduces_iterations():
+    rng = np.random.default_rng(8)
+    d, k = 200, 6
+    fields = random_lowrank(rng, d, k, cond=1e4)
+    u = rng.normal(size=d)
+    u2 = u + 1e-3 * rng.normal(size=d)
+    reg = R.l1(STRENGTH, tol=1e-10)
+    with x64():
+        op = lr_op(fields, jnp.float64)
+        f = jax.jit(lambda u, x0: reg.prox_with_info(u, 1.0, op, shape=(d,), x0=x0))
+        x_cold, info_cold = f(jnp.asarray(u), jnp.zeros(d))
+        # the previous solution as warm start for a slightly perturbed problem
+        x_warm, info_warm = f(jnp.asarray(u2), x_cold)
+        x_cold2, info_cold2 = f(jnp.asarray(u2), jnp.zeros(d))
+        _, info_exact = f(jnp.asarray(u), x_cold)
+    assert int(info_warm.iterations) < int(info_cold2.iterations)
+    assert int(info_exact.iterations) <= 1
+    assert float(info_warm.residual) <= 1e-10
+    np.testing.assert_allclose(x_warm, x_cold2, atol=1e-9)
+
+
+def test_lowrank_scale_exp_huge_sketch_float32():
+    """V = 2**-e coef @ basis with a basis of 1e30-sized rows (float32): same answer as unscaled."""
+    rng = np.random.default_rng(14)
+    d = 24
+    op = lr_op(random_lowrank(rng, d, 3, cond=1e3), jnp.float32)
+    op_big = op._replace(basis=jnp.ldexp(op.basis, 100), scale_exp=100)
+    both = jax.tree.map(lambda a, b: jnp.stack([jnp.asarray(a), jnp.asarray(b)]), op, op_big)
+    u = jnp.tile(jnp.asarray(rng.normal(size=d), jnp.float32), (2, 1))
+    for name in ("l2", "mixed_l1_linf"):  # the exact path and the Newton matrix (both terms)
+        xs, _ = batched_prox(make(name), (4, 6), "cold")(u, jnp.ones(2, jnp.float32), both)
+        assert np.all(np.isfinite(xs)), name
+        np.testing.assert_allclose(xs[1], xs[0], rtol=1e-4, atol=1e-5, err_msg=name)
+
+
+def test_admm_solver_agrees_with_newton():
+    rng = np.random.default_rng(9)
+    d = 30
+    fields = random_lowrank(rng, d, 3, cond=50)
+    u = rng.normal(size=d)
+    with x64():
+        op = lr_op(fields, jnp.float64)
+        reg_n = R.l1(STRENGTH, tol=1e-10, solver="newton")
+        reg_a = R.l1(STRENGTH, tol=1e-10, solver="admm")
+        fn = jax.jit(lambda u, x0: reg_n.prox_with_info(u, 1.0, op, shape=(d,), x0=x0))
+        fa = jax.jit(lambda u, x0: reg_a.prox_with_info(u, 1.0, op, shape=(d,), x0=x0))
+        xn, _ = fn(jnp.asarray(u), jnp.zeros(d))
+        xa, info = fa(jnp.asarray(u), jnp.zeros(d))
+        _, info_w = fa(jnp.asarray(u), xn)
+    assert float(info.residual) <= 1e-10
+    assert int(info_w.iterations) < int(info.iterations)
+    np.testing.assert_allclose(xa, xn, atol=1e-8)
+    np.testing.assert_allclose(xn, np_reference("l1", STRENGTH, u, 1.0, fields[4], (d,)), atol=1e-8)
+
+
+def test_lowrank_full_eigenbasis_like_ada_full():
+    """ADA-FULL hands over V = the full d x d eigenbasis (k = n = d)."""
+    rng = np.random.default_rng(10)
+    d = 12
+    q, _ = np.linalg.qr(rng.normal(size=(d, d)))
+    w = np.geomspace(1e2, 1e-2, d)
+    hm = 0.1 * np.eye(d) + q @ np.diag(w) @ q.T
+    u = rng.normal(size=d) * 3
+    for name in ("l1", "l2"):
+        with x64():
+            op = LowRankOperator(jnp.asarray(0.1), jnp.asarray(q.T), jnp.eye(d), jnp.asarray(w))
+            reg = make(name, tol=1e-11)
+            x = np.asarray(
+                jax.jit(lambda u, reg=reg, op=op: reg.prox(u, 1.0, op, shape=(d,)))(jnp.asarray(u))
+            )
+        ref = np_reference(name, STRENGTH, u, 1.0, hm, (d,))
+        np.testing.assert_allclose(x, ref, atol=1e-8, rtol=1e-8, err_msg=name)
+
+
+# --------------------------------------------------------------------------------------------------
+# Euclidean proxes and values
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_prox_euclidean(name):
+    rng = np.random.default_rng(11)
+    shape = shape_for(name)
+    v = rng.normal(size=shape) * 2
+    t = 0.6
+    with x64():
+        x = np.asarray(make(name).prox_euclidean(jnp.asarray(v), t, shape=shape))
+    assert x.shape == shape
+    ref = np_prox_euclid(name, STRENGTH, v.ravel(), t, shape).reshape(shape)
+    np.testing.assert_allclose(x, ref, atol=1e-12)
+
+
+def test_prox_euclidean_special_cases():
+    v = jnp.array([3.0, -1.0, 0.5, -0.2])
+    np.testing.assert_allclose(R.l1(1.0).prox_euclidean(v, 0.5, shape=(4,)), [2.5, -0.5, 0.0, 0.0])
+    np.testing.assert_allclose(R.l2(1.0).prox_euclidean(v, 10.0, shape=(4,)), 0.0)
+    p = R.l1_ball(2.0).prox_euclidean(v, 1.0, shape=(4,))
+    np.testing.assert_allclose(p, [2.0, 0.0, 0.0, 0.0], atol=1e-6)
+    # Moreau: prox_{t ||.||_inf}(v) + P_{l1 ball(t)}(v) = v
+    q = R.linf(1.0).prox_euclidean(v, 2.0, shape=(4,))
+    np.testing.assert_allclose(q + p, v, atol=1e-6)
+    np.testing.assert_allclose(R.linf(1.0).prox_euclidean(v, 10.0, shape=(4,)), 0.0)
+    # mixed norms work row by row; a flat v with a 2-D shape is returned flat
+    m = R.mixed_l1_l2(1.0).prox_euclidean(jnp.array([[3.0, 4.0], [0.3, 0.4]]), 1.0, shape=(2, 2))
+    np.testing.assert_allclose(m, [[2.4, 3.2], [0.0, 0.0]], atol=1e-6)
+    assert R.mixed_l1_l2(1.0).prox_euclidean(jnp.ones(6), 1.0, shape=(2, 3)).shape == (6,)
+
+
+def test_values():
+    x = jnp.array([[3.0, -4.0], [0.0, 1.0]])
+    np.testing.assert_allclose(R.l1(2.0).value(x), 16.0)
+    np.testing.assert_allclose(R.l2_squared(2.0).value(x), 26.0)
+    np.testing.assert_allclose(R.l2(2.0).value(x), 2 * np.sqrt(26.0), rtol=1e-6)
+    np.testing.assert_allclose(R.linf(2.0).value(x), 8.0)
+    np.testing.assert_allclose(R.mixed_l1_l2(2.0).value(x), 12.0)
+    np.testing.assert_allclose(R.mixed_l1_linf(2.0).value(x), 10.0)
+    # not 2-D: one row
+    np.testing.assert_allclose(R.mixed_l1_l2(2.0).value(x.ravel()), 2 * np.sqrt(26.0), rtol=1e-6)
+    np.testing.assert_allclose(R.mixed_l1_linf(2.0).value(x.ravel()), 8.0)
+    assert R.l1_ball(8.0).value(x) == 0.0
+    assert R.l1_ball(7.9).value(x) == np.inf
+    for name in NAMES:
+        assert make(name).value(jnp.zeros((0,))) == 0.0
+        if name not in ("l2_squared", "l1_ball"):  # (1e30)^2 overflows float32 by definition
+            assert np.isfinite(make(name).value(jnp.full((3,), 1e30, jnp.float32)))
+
+
+# --------------------------------------------------------------------------------------------------
+# JAX transforms, robustness, API
+
+
+def test_jit_vmap_over_u_and_c_with_shared_operator():
+    rng = np.random.default_rng(12)
+    d = 16
+    op = lr_op(random_lowrank(rng, d, 3, cond=100), jnp.float32)
+    u = jnp.asarray(rng.normal(size=(4, d)), jnp.float32)
+    c = jnp.asarray([0.0, 0.5, 1.0, 2.0], jnp.float32)
+    reg = R.l1(STRENGTH)
+    xs = jax.jit(jax.vmap(lambda u, c: reg.prox(u, c, op, shape=(4, 4))))(u, c)
+    assert xs.shape == (4, d) and xs.dtype == jnp.float32
+    single = jax.jit(lambda u, c: reg.prox(u, c, op, shape=(4, 4)))
+    for i in range(4):
+        np.testing.assert_allclose(xs[i], single(u[i], c[i]), atol=1e-5)
+
+
+def _degenerate_ops(rng, d):
+    """A well-posed low-rank operator and an all-zero sketch (batched), and two diagonals."""
+    n = min(d, 2)
+    basis = np.linalg.qr(rng.normal(size=(d, n)))[0].T if d else np.zeros((n, 0))
+    lowrank = LowRankOperator(
+        jnp.asarray([0.5, 1e-3], jnp.float32),
+        jnp.asarray(np.stack([basis, np.zeros_like(basis)]), jnp.float32),
+        jnp.asarray(np.stack([np.eye(n), np.zeros((n, n))]), jnp.float32),
+        jnp.asarray([np.full(n, 1e3), np.zeros(n)], jnp.float32),
+        jnp.zeros(2, jnp.int32),
+    )
+    diag = DiagonalOperator(jnp.asarray([np.zeros(d), np.full(d, 1e-3)], jnp.float32))
+    return lowrank, diag
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_no_nan_on_degenerate_inputs(name):
+    """Zero u, zero operators, size-0 and scalar leaves, 1e30 magnitudes: finite outputs."""
+    reg = make(name)
+    rng = np.random.default_rng(13)
+    us_all = np.stack([np.zeros(6), np.full(6, 1e30), np.full(6, -1e-30), rng.normal(size=6)])
+    cs = jnp.asarray([0.0, 1.0, 1e30, 1.0], jnp.float32)
+    for shape in [(0,), (), (2, 3)]:
+        d = int(np.prod(shape))
+        lowrank, diag = _degenerate_ops(rng, d)
+        # every (operator, u, c) combination as one flat batch
+        ops = [lowrank, diag] if (d == 6 or name == "l1") else [diag]
+        for op in ops:
+            ob = jax.tree.map(lambda a: jnp.repeat(a, 4, axis=0), op)
+            ub = jnp.asarray(np.tile(us_all[:, :d], (2, 1)), jnp.float32)
+            if isinstance(op, DiagonalOperator):
+                ub = ub * (ob.diag > 0)  # the contract: u = 0 where h = 0
+            f = jax.jit(jax.vmap(lambda u, c, op, shape=shape: reg.prox(u, c, op, shape=shape)))
+            xs = f(ub, jnp.tile(cs, 2), ob)
+            assert xs.shape == (8, d) and xs.dtype == jnp.float32
+            assert np.all(np.isfinite(xs)), (shape, type(op).__name__)
+            if isinstance(op, DiagonalOperator):
+                assert np.all(xs[:4] == 0.0)
+        assert np.all(np.isfinite(reg.prox_euclidean(jnp.zeros(shape), 0.0, shape=shape)))
+
+
+def test_dtype_follows_u():
+    op = DiagonalOperator(jnp.ones(3))
+    u = jnp.ones(3, jnp.bfloat16)
+    assert R.l1(0.1).prox(u, 1.0, op, shape=(3,)).dtype == jnp.bfloat16
+    with x64():
+        u64 = jnp.ones(3, jnp.float64)
+        lr = LowRankOperator(
+            jnp.float32(1.0),
+            jnp.eye(3, dtype=jnp.float32)[:1],
+            jnp.ones((1, 1), jnp.float32),
+            jnp.ones(1, jnp.float32),
+        )
+        assert R.l2_squared(0.1).prox(u64, 1.0, lr, shape=(3,)).dtype == jnp.float64
+
+
+@pytest.mark.parametrize(
+    "ctor, args, kwargs, match",
+    [
+        (R.l1, (-1.0,), {}, "strength"),
+        (R.l2, (float("nan"),), {}, "strength"),
+        (R.linf, (float("inf"),), {}, "strength"),
+        (R.l2_squared, (True,), {}, "strength"),
+        (R.mixed_l1_l2, ("a",), {}, "strength"),
+        (R.l1_ball, (-2.0,), {}, "radius"),
+        (R.l1, (1.0,), {"tol": 0.0}, "tol"),
+        (R.l1, (1.0,), {"tol": 1.0}, "tol"),
+        (R.l1, (1.0,), {"max_iter": 0}, "max_iter"),
+        (R.l1, (1.0,), {"max_iter": 2.5}, "max_iter"),
+        (R.mixed_l1_linf, (1.0,), {"solver": "lbfgs"}, "solver"),
+    ],
+)
+def test_validation(ctor, args, kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        ctor(*args, **kwargs)
+
+
+def test_immutable_hashable_and_api():
+    reg = R.l1(0.5, tol=1e-7, max_iter=10)
+    assert reg == R.l1(0.5, tol=1e-7, max_iter=10)
+    hash(reg)
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        reg.strength = 1.0
+    assert R.l1_ball(3.0).radius == 3.0
+    assert set(R.__all__) >= {
+        "l1",
+        "l2_squared",
+        "l2",
+        "linf",
+        "l1_ball",
+        "mixed_l1_l2",
+        "mixed_l1_linf",
+    }
+    with pytest.raises(TypeError):
+        reg.prox(jnp.ones(2), 1.0, jnp.eye(2), shape=(2,))
+    with pytest.raises(ValueError, match="entries"):
+        reg.prox(jnp.ones(3), 1.0, DiagonalOperator(jnp.ones(3)), shape=(2,))
