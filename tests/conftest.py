@@ -8,7 +8,13 @@ derandomized example sequence, and at most 30 examples per test unless a test as
 
 import os
 
-from hypothesis import HealthCheck, settings
+# JAX's CPU eigh/qr go through LAPACK; a multi-threaded BLAS pool spins on a busy 2-core machine
+# (a 100x100 eigh took ~80x longer), and pytest-xdist already uses both cores. Set before any
+# test module imports jax.
+for _var in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):
+    os.environ.setdefault(_var, "1")
+
+from hypothesis import HealthCheck, settings  # noqa: E402
 
 settings.register_profile(
     "ci",
