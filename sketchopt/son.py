@@ -1,3 +1,987 @@
-"""Placeholder: filled in by its owner."""
+r"""Sketched Online Newton (SON) and the Online Newton Step, as Optax gradient transformations.
 
-__all__: list[str] = []
+SON (Luo, Agarwal, Cesa-Bianchi & Langford 2016, ``shared/papers/004``) is the Online Newton Step
+with its ``d x d`` matrix replaced by a sketch. At round ``t`` with gradient ``g_t``:
+
+* the *to-sketch vector* ``ghat_t = sqrt(sigma_t + eta_t) g_t`` enters the sketch ``S`` (Alg. 1
+  line 7-8), so that ``A_t = alpha I + S^T S`` approximates ``alpha I + sum_s ghat_s ghat_s^T``;
+* the update is the Newton step ``u_{t+1} = w_t - A_t^{-1} g_t`` (Alg. 1 line 9); as an Optax
+  transformation it returns the delta ``-A_t^{-1} g_t``;
+* before predicting on the next example ``x_{t+1}`` the weights are projected in the ``A_t``-norm
+  onto ``{w : |w^T x_{t+1}| <= C}`` (eq. 1, Lemma 1): :func:`project_bounded_prediction`.
+
+Transforms (all ``optax.GradientTransformationExtraArgs``):
+
+* :func:`fd_son` -- FD-SON: frequent directions (SON Alg. 2; ``fast=True``: doubling buffer);
+* :func:`rfd_son` -- RFD-SON (RFD paper, ``shared/papers/002``, Alg. 3; ``fast=True``: Alg. 6):
+  ``A_t = B^T B + alpha_t I`` with RFD's adaptive ``alpha_t``; ``alpha0 = 0`` is RFD0-SON, which
+  uses the Moore-Penrose pseudo-inverse while ``alpha_t = 0`` (RFD paper, appendix A);
+* :func:`oja_son` -- Oja-SON (SON Alg. 3);
+* :func:`rp_son` -- RP-SON: Gaussian random projections, ``(alpha I + S S^T)^{-1}`` maintained by
+  the paper's two rank-one Woodbury updates (SON sec. 3);
+* :func:`ons` -- the full-matrix Online Newton Step (``O(d^2)`` per step, Sherman-Morrison), the
+  baseline the sketched ones approximate (with ``sketch_size > d`` FD-SON equals it).
+
+A full SON run (Alg. 1) with a linear model::
+
+    tx = sketchopt.fd_son(alpha=1.0, sketch_size=10)
+    state = tx.init(w)
+    for x, y in stream:
+        w = sketchopt.project_bounded_prediction(state, w, x, bound=C)   # Alg. 1 line 5
+        prediction = w @ x                                               # line 6
+        g = jax.grad(loss)(w, x, y)                                      # line 7
+        updates, state = tx.update(g, state)                             # lines 8-9
+        w = optax.apply_updates(w, updates)
+
+Conventions (shared with :mod:`sketchopt.transforms`):
+
+* ``eta`` and ``curvature`` (the paper's ``eta_t`` and ``sigma_t``) are floats or Optax schedules
+  of the step count (``count = t - 1``). Defaults: ``eta_t = 1/sqrt(t)`` (SON, general convex
+  losses: ``O(1/sqrt(t))``), and ``eta_t = 1/t`` for :func:`rfd_son` (RFD paper, its
+  hyperparameter-free RFD0-SON). With ``curvature = sigma > 0`` (exp-concave losses, e.g. the
+  squared loss with ``sigma = 1/(8 C^2)``) the papers take ``eta = 0``.
+* Every leaf of the parameter pytree gets its own sketch (block-diagonal ``A``); a leaf of any
+  shape is its flattened vector. ``optax.flatten(tx)`` gives one sketch over all parameters. The
+  bounded-prediction projection couples the leaves through the single constraint ``|w^T x| <= C``.
+* A leaf whose gradient (or anything computed from it) is not finite is skipped: its state is left
+  exactly as it was, its update is zero, and ``nonfinite_count`` counts it.
+* States are at least float32 (bf16 parameters keep a float32 sketch) and float64 when the
+  parameters are. Quadratic quantities never leave the sketches' power-of-two scaled units
+  unprotected: ``A^{-1} g`` is assembled from mantissa/exponent pairs, so gradients of norm
+  ``1e30`` or ``1e-30`` in float32 give finite (and, where representable, accurate) updates.
+
+Diagonal rescaling (SON sec. 5.2, ``diagonal_rescaling=True``): SON is run in the coordinates
+``z = D_t^{1/2} w`` where ``D_t = 0.1 I + diag(sum_{s<t} g_s g_s^T)`` (the paper's footnote gives
+``D_1 = 0.1 I``; we keep the ``0.1`` as a floor ever after, so coordinates that never saw a
+gradient stay well defined). In ``z``-coordinates the example is ``D_t^{-1/2} x_t`` and the gradient
+``D_t^{-1/2} g_t``; the sketch receives ``ghat_t = sqrt(sigma_t + eta_t) D_t^{-1/2} g_t`` and
+``A_t = alpha I + S^T S`` is built from these rescaled gradients. Mapped back to the parameters:
+
+    w_{t+1} = w_t - D_t^{-1/2} A_t^{-1} D_t^{-1/2} g_t,
+
+i.e. the metric in parameter space is ``D_t^{1/2} A_t D_t^{1/2}``. Directions outside the sketch get
+the step ``-(1/alpha) D_t^{-1} g_t`` (a per-coordinate, scale-invariant step as in Ross et al.'s
+normalized updates) instead of the plain gradient step ``-(1/alpha) g_t``. The projection uses the
+same metric: it projects ``D_t^{1/2} w`` in the ``A_t``-norm with the example
+``D_t^{-1/2} x`` and maps the move back with ``D_t^{-1/2}``. ``D_t`` is updated with ``g_t^2`` after the step, so the state
+always holds the ``D`` of the next round.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any, NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+
+from sketchopt import metrics as _metrics
+from sketchopt import sketches as _sketches
+from sketchopt import transforms as _transforms
+
+__all__ = [
+    "ONSLeafState",
+    "RandomProjectionNewtonState",
+    "SONState",
+    "SketchedNewtonState",
+    "fd_son",
+    "ons",
+    "oja_son",
+    "project_bounded_prediction",
+    "rfd_son",
+    "rp_son",
+]
+
+ScalarOrSchedule = float | jax.Array | Callable[[jax.Array], jax.Array]
+
+# D_1 = 0.1 I (SON sec. 5.2, footnote 6).
+_DIAGONAL_INIT = 0.1
+# Exponent of "no scale": zero mantissas carry it, so that they vanish in every ldexp.
+_NO_EXP = -(2**20)
+_BIG_EXP = 2**20
+
+
+# ----------------------------------------------------------------------------------------------
+# States.
+
+
+class SONState(NamedTuple):
+    """State of every transform of this module.
+
+    ``leaf_state`` has the structure of the parameters with one per-leaf state
+    (:class:`SketchedNewtonState`, :class:`RandomProjectionNewtonState` or :class:`ONSLeafState`)
+    at each leaf; ``count`` is the number of ``update`` calls, ``nonfinite_count`` the number of
+    leaf updates skipped for non-finite input. :func:`project_bounded_prediction` finds this state
+    anywhere inside an optimizer state.
+    """
+
+    count: jax.Array
+    leaf_state: Any
+    nonfinite_count: jax.Array
+
+
+class SketchedNewtonState(NamedTuple):
+    """Per-leaf state of FD-, RFD- and Oja-SON.
+
+    ``sketch`` is the sketch state of :mod:`sketchopt.sketches`; ``A = alpha I + C`` with ``C`` the
+    sketched covariance (its own ``alpha`` included: RFD's adaptive ridge). ``alpha`` is the fixed
+    ridge used at the last update (0 for :func:`rfd_son`). ``diag_sqrt`` is ``D^{1/2}`` for the
+    diagonal rescaling (shape ``(0,)`` when it is off).
+    """
+
+    sketch: Any
+    alpha: jax.Array
+    diag_sqrt: jax.Array
+
+
+class RandomProjectionNewtonState(NamedTuple):
+    """Per-leaf state of RP-SON: the random-projection sketch and ``inverse`` =
+    ``4**e (alpha I + S S^T)^{-1}`` (``e`` the sketch's ``scale_exp``), the paper's ``H_t`` in the
+    sketch's scaled units, maintained by two rank-one Woodbury updates per step."""
+
+    sketch: _sketches.RandomProjectionState
+    inverse: jax.Array
+    alpha: jax.Array
+    diag_sqrt: jax.Array
+
+
+class ONSLeafState(NamedTuple):
+    """Per-leaf state of :func:`ons`: ``inverse = A_t^{-1}`` (``d x d``, Sherman-Morrison) and,
+    for its safeguard, ``gram = (A_t - alpha I) / 4**scale_exp``."""
+
+    inverse: jax.Array
+    gram: jax.Array
+    scale_exp: jax.Array
+    alpha: jax.Array
+    diag_sqrt: jax.Array
+
+
+_LEAF_STATES = (SketchedNewtonState, RandomProjectionNewtonState, ONSLeafState)
+
+
+# ----------------------------------------------------------------------------------------------
+# Validation and small helpers.
+
+
+def _check_scalar(name, value, *, positive=False, allow_callable=True):
+    """Validate a finite scalar ``>= 0`` (``> 0`` with ``positive``); skip traced values."""
+    if allow_callable and callable(value):
+        return value
+    if not _metrics._is_concrete(value):
+        return value
+    try:
+        number = float(value)
+    except (TypeError, ValueError):
+        raise ValueError(f"{name} must be a finite number, got {value!r}") from None
+    bound = "> 0" if positive else ">= 0"
+    if (
+        isinstance(value, bool)
+        or not np.isfinite(number)
+        or number < 0
+        or (positive and not number)
+    ):
+        raise ValueError(f"{name} must be a finite number {bound}, got {value!r}")
+    return value
+
+
+def _check_flag(name, value):
+    if not isinstance(value, (bool, np.bool_)):
+        raise ValueError(f"{name} must be a bool, got {value!r}")
+    return bool(value)
+
+
+def _check_key(key):
+    if key is None:
+        raise ValueError("key must be a JAX PRNG key, got None")
+    return key
+
+
+def _at(value, count, dtype):
+    """A hyperparameter at step ``count`` (schedules get the 0-based count, as in Optax)."""
+    value = value(count) if callable(value) else value
+    return jnp.asarray(value, dtype)
+
+
+def _inverse_sqrt_time(count):
+    """``eta_t = 1/sqrt(t)`` with ``t = count + 1`` (SON, general convex losses)."""
+    return 1.0 / jnp.sqrt(jnp.asarray(count) + 1.0)  # the default float (float64 under x64)
+
+
+def _inverse_time(count):
+    """``eta_t = 1/t`` with ``t = count + 1`` (RFD paper, RFD-SON)."""
+    return 1.0 / (jnp.asarray(count) + 1.0)
+
+
+def _mq(x):
+    """``x >= 0`` as ``(m, q)`` with ``x = m 2**q``, ``m in [1/2, 1)`` (0: ``(0, -inf)``)."""
+    m, q = jnp.frexp(x)
+    return m, jnp.where(x > 0, q, _NO_EXP).astype(jnp.int32)
+
+
+def _mq_add(a, b):
+    """Sum of two non-negative numbers in mantissa/exponent form (mantissa in ``[1/2, 2)``)."""
+    (ma, qa), (mb, qb) = a, b
+    q = jnp.maximum(qa, qb)
+    return jnp.ldexp(ma, qa - q) + jnp.ldexp(mb, qb - q), q
+
+
+def _all_finite(tree):
+    leaves = [
+        jnp.all(jnp.isfinite(x))
+        for x in jax.tree.leaves(tree)
+        if jnp.issubdtype(jnp.asarray(x).dtype, jnp.inexact)
+    ]
+    return jnp.all(jnp.stack(leaves)) if leaves else jnp.asarray(True)
+
+
+# ----------------------------------------------------------------------------------------------
+# A^+ y for A = alpha I + V^T diag(lam) V + alpha_sketch I (FD, RFD, Oja).
+
+
+def _lowrank_terms(lr: _sketches.LowRank, alpha):
+    """Mantissa/exponent of the total ridge and of the per-direction ``ridge + lam``."""
+    e = lr.scale_exp
+    am, aq = _mq(lr.alpha)
+    ridge = _mq_add(_mq(alpha.astype(lr.alpha.dtype)), (am, aq + 2 * e))
+    lm, lq = _mq(lr.eigenvalues)
+    denom = _mq_add(ridge, (lm, lq + 2 * e))
+    return ridge, denom, lr.eigenvalues > 0
+
+
+def _norm(v):
+    """Euclidean norm without overflow or underflow (scaled by the largest entry)."""
+    top = jnp.max(jnp.abs(v), initial=0)
+    safe = jnp.where(top > 0, top, 1)
+    return top * jnp.sqrt(jnp.sum(jnp.square(v / safe)))
+
+
+def _denoise(r, y, n):
+    """``r = y - P y`` with its round-off removed: soft-threshold ``|r|`` by ``4 n eps |y|``.
+
+    ``P`` (a projector onto ``n`` sketch rows) is exact only to about ``n eps``, so a vector
+    inside the sketch leaves a residual of that relative size in arbitrary directions. Divided by
+    a ridge much smaller than the sketch's eigenvalues (e.g. gradients of norm 1e30 against
+    ``alpha = 1``) that noise would dominate ``A^{-1} y`` by orders of magnitude (and grow with
+    the gradient scale); components below the noise floor are not resolvable in this precision
+    anyway. Genuine residuals lose only a relative ``4 n eps``.
+    """
+    eps = jnp.finfo(r.dtype).eps
+    thr = 4 * max(n, 1) * eps * _norm(y)
+    nr = _norm(r)
+    return r * jnp.where(nr > thr, 1 - thr / jnp.where(nr > 0, nr, 1), 0)
+
+
+def _lift(lr: _sketches.LowRank, a):
+    """``V^T a`` with ``a`` normalized first: ``LowRank.lift`` scales by ``2**-scale_exp``
+    inside, which would flush a small ``a`` (e.g. ``1e-31`` against rows of norm ``1e30``)."""
+    ea = _sketches._exponent(jnp.max(jnp.abs(a), initial=0))
+    s = jnp.where(ea == _sketches._NO_EXPONENT, 0, -ea)
+    return jnp.ldexp(lr.lift(jnp.ldexp(a, s)), -s)
+
+
+def _lowrank_pinv(lr: _sketches.LowRank, alpha, y, vy=None, *, want_null=False):
+    """``A^+ y = 2**k * zhat`` for ``A = alpha I + V^T diag(lam) V + alpha_sketch I``.
+
+    ``A^+ = V^T diag(1/(ridge + lam)) V + (I - P)/ridge`` with ``P`` the projector on the
+    directions with ``lam > 0`` (the second term is dropped when ``ridge = 0``: the Moore-Penrose
+    pseudo-inverse, RFD paper appendix A). All scales enter as powers of two, so ``zhat`` is
+    bounded by about ``2 |y|`` and ``k`` carries the magnitude; one pass for ``V y`` (skipped when
+    ``vy`` is given) and two lifts. The residual ``(I - P) y`` is cleaned of round-off
+    (:func:`_denoise`). With ``want_null`` also returns it when the ridge is 0 (zeros otherwise):
+    the component of ``y`` in the null space of ``A``.
+    """
+    (rm, rq), (dm, dq), mask = _lowrank_terms(lr, alpha)
+    has_ridge = rm > 0
+    qmin = jnp.minimum(
+        jnp.min(jnp.where(mask, dq, _BIG_EXP), initial=_BIG_EXP),
+        jnp.where(has_ridge, rq, _BIG_EXP),
+    )
+    active = jnp.any(mask) | has_ridge
+    k = jnp.where(active, -qmin, _NO_EXP).astype(jnp.int32)
+    if vy is None:
+        vy = lr.project(y)
+    vy = jnp.where(mask, vy, 0)
+    residual = _denoise(y - _lift(lr, vy), y, lr.basis.shape[0])
+    # Exponent shifts below are <= 0, so every coefficient is at most 2 |V y|.
+    coef = jnp.where(mask, jnp.ldexp(vy / jnp.where(mask, dm, 1), qmin - dq), 0)
+    ridge_factor = jnp.where(
+        has_ridge, jnp.ldexp(1 / jnp.where(has_ridge, rm, 1), jnp.where(active, qmin - rq, 0)), 0
+    )
+    zhat = jnp.where(active, _lift(lr, coef) + ridge_factor * residual, 0)
+    if not want_null:
+        return zhat, k, None
+    return zhat, k, jnp.where(has_ridge, 0, residual)
+
+
+# ----------------------------------------------------------------------------------------------
+# The transforms.
+
+
+def _son_transform(init_leaf, step_leaf, *, eta, curvature, diagonal_rescaling):
+    """Shared driver: per-leaf state, schedules, diagonal rescaling, non-finite skipping.
+
+    ``init_leaf(index, dim, dtype) -> leaf state``; ``step_leaf(ls, gz, ghat, c, valid) ->
+    (ls, A^+ gz)`` absorbs the to-sketch vector ``ghat = sqrt(c) gz`` and solves with the new
+    ``A``. With ``valid`` false it receives zeros and must return its state bit-identical (the
+    skip is a selection, not a ``lax.cond``, as in :mod:`sketchopt.transforms`).
+    """
+
+    def init_fn(params):
+        leaves, treedef = jax.tree.flatten(params)
+        states = []
+        for i, p in enumerate(leaves):
+            dim = int(np.size(p))
+            dtype = _transforms._leaf_dtype(p)
+            ls = init_leaf(i, dim, dtype)
+            size = dim if diagonal_rescaling else 0
+            diag = jnp.full((size,), np.sqrt(_DIAGONAL_INIT), dtype)
+            states.append(ls._replace(diag_sqrt=diag))
+        # Two distinct buffers: a donated state must not hold the same array twice.
+        return SONState(
+            jnp.zeros((), jnp.int32), treedef.unflatten(states), jnp.zeros((), jnp.int32)
+        )
+
+    def update_fn(updates, state, params=None):
+        del params  # the Newton step does not need them; the projection is a separate call
+        count = state.count
+
+        def leaf(g, ls):
+            _transforms._check_gradient_leaf(g)
+            dtype = ls.alpha.dtype
+            c = _at(eta, count, dtype) + _at(curvature, count, dtype)
+            gf, finite = _transforms._sanitize(_transforms._flat(g, dtype))
+            gz = gf / ls.diag_sqrt if diagonal_rescaling else gf
+            ghat = jnp.sqrt(c) * gz
+            # A finite gradient can still give a non-finite to-sketch vector (absurd eta/sigma).
+            valid = finite & jnp.all(jnp.isfinite(ghat))
+            gz = jnp.where(valid, gz, 0)
+            ghat = jnp.where(valid, ghat, 0)
+            new, sol = step_leaf(ls, gz, ghat, c, valid)
+            if diagonal_rescaling:  # D^{-1/2} A^{-1} D^{-1/2} g; hypot(D, 0) == D exactly
+                sol = sol / ls.diag_sqrt
+                new = new._replace(diag_sqrt=jnp.hypot(ls.diag_sqrt, jnp.where(valid, gf, 0)))
+            out = (-sol).reshape(jnp.shape(g)).astype(jnp.asarray(g).dtype)
+            good = valid & jnp.all(jnp.isfinite(out))
+            return jnp.where(good, out, jnp.zeros_like(out)), new, good
+
+        new_updates, leaf_state, good = _transforms._map_leaves(leaf, updates, state.leaf_state)
+        return new_updates, SONState(
+            optax.safe_increment(count),
+            leaf_state,
+            state.nonfinite_count + _transforms._count_skipped(good),
+        )
+
+    return optax.GradientTransformationExtraArgs(init_fn, update_fn)
+
+
+def _sketched_son(make_sketch, alpha, *, eta, curvature, diagonal_rescaling, init_alpha=None):
+    """FD/RFD/Oja-SON: ``make_sketch(leaf_index)`` gives the sketch of a leaf."""
+    sketch0 = make_sketch(0)
+
+    def init_leaf(i, dim, dtype):
+        sk_state = make_sketch(i).init(dim, dtype)
+        if init_alpha is not None:  # RFD's alpha^(0), stored in the sketch's scaled units (e = 0)
+            sk_state = sk_state._replace(alpha=jnp.asarray(init_alpha, sk_state.alpha.dtype))
+        return SketchedNewtonState(sk_state, jnp.asarray(alpha, dtype), jnp.zeros((0,), dtype))
+
+    def step_leaf(ls, gz, ghat, c, valid):
+        a = jnp.where(valid, jnp.asarray(alpha, ls.alpha.dtype), ls.alpha)
+        root = jnp.sqrt(c)
+        sk_state, product = sketch0.absorb(ls.sketch, ghat, valid)
+        lr = _sketches.low_rank(sk_state)
+        # V g from the sketch's own B g (DESIGN "fuse work"); one more pass only when c = 0.
+        vg = jax.lax.cond(
+            root > 0,
+            lambda: lr.project_product(product) / root,
+            lambda: lr.project(gz),
+        )
+        zhat, k, _ = _lowrank_pinv(lr, a, gz, vg)
+        return ls._replace(sketch=sk_state, alpha=a), jnp.ldexp(zhat, k)
+
+    return _son_transform(
+        init_leaf, step_leaf, eta=eta, curvature=curvature, diagonal_rescaling=diagonal_rescaling
+    )
+
+
+def fd_son(
+    alpha: float,
+    sketch_size: int,
+    *,
+    eta: ScalarOrSchedule | None = None,
+    curvature: ScalarOrSchedule = 0.0,
+    fast: bool = False,
+    diagonal_rescaling: bool = False,
+) -> optax.GradientTransformationExtraArgs:
+    """FD-SON: SON Alg. 1 with the frequent-directions sketch (Alg. 2).
+
+    ``A_t = alpha I + S_t^T S_t`` where ``S`` (``sketch_size = m`` rows including the slot of the
+    incoming row) is the FD sketch of the to-sketch vectors ``sqrt(curvature_t + eta_t) g_t``;
+    the update is ``-A_t^{-1} g_t`` (Woodbury through the sketch, ``O(m d)``). With
+    ``sketch_size > d`` FD never shrinks and FD-SON equals :func:`ons`.
+
+    Args:
+      alpha: the ridge ``alpha >= 0``; ``1/alpha`` is the step size of the directions outside the
+        sketch. ``alpha = 0`` uses the Moore-Penrose pseudo-inverse (SON Appendix D), i.e. no step
+        outside the sketch.
+      sketch_size: ``m >= 1``.
+      eta: ``eta_t`` (float or schedule of the 0-based count); default ``1/sqrt(t)``.
+      curvature: ``sigma_t >= 0`` of Assumption 2 (exp-concavity), float or schedule.
+      fast: the doubling buffer (``2 m`` rows, rotated every ``m`` steps; RFD paper Alg. 4).
+      diagonal_rescaling: SON sec. 5.2, see the module docstring.
+    """
+    _check_scalar("alpha", alpha, allow_callable=False)
+    tau = _sketches._check_size(sketch_size)
+    eta = _inverse_sqrt_time if eta is None else _check_scalar("eta", eta)
+    _check_scalar("curvature", curvature)
+    fast = _check_flag("fast", fast)
+    diagonal_rescaling = _check_flag("diagonal_rescaling", diagonal_rescaling)
+    sketch = _sketches.frequent_directions(tau, fast=fast)
+    return _sketched_son(
+        lambda i: sketch,
+        alpha,
+        eta=eta,
+        curvature=curvature,
+        diagonal_rescaling=diagonal_rescaling,
+    )
+
+
+def rfd_son(
+    sketch_size: int,
+    *,
+    alpha0: float = 0.0,
+    eta: ScalarOrSchedule | None = None,
+    curvature: ScalarOrSchedule = 0.0,
+    fast: bool = False,
+    diagonal_rescaling: bool = False,
+) -> optax.GradientTransformationExtraArgs:
+    """RFD-SON: RFD paper Alg. 3 (Alg. 6, the doubling buffer, with ``fast=True``).
+
+    ``A_t = B_t^T B_t + alpha_t I`` with the robust-frequent-directions sketch of the to-sketch
+    vectors: ``alpha_t = alpha0 + 1/2 * (sum of the shrinkage (sigma_m^{(s)})^2 so far)``, non-
+    decreasing. The update is ``-A_t^+ g_t``. While ``alpha_t = 0`` (``alpha0 = 0``, RFD0-SON,
+    before the first non-zero shrink) ``A_t^+`` is the Moore-Penrose pseudo-inverse
+    ``V Sigma^{-2} V^T`` (RFD paper, appendix A), and :func:`project_bounded_prediction` chooses
+    between the appendix's two candidate points.
+
+    Args:
+      sketch_size: ``m >= 1`` rows including the slot of the incoming row.
+      alpha0: ``alpha^{(0)} >= 0``; 0 gives the hyperparameter-free RFD0-SON.
+      eta: ``eta_t``; default ``1/t`` (the RFD paper's choice).
+      curvature: ``mu_t = sigma_t >= 0`` (Assumption 2), float or schedule.
+      fast: Alg. 6 (``2 m``-row buffer shrunk only when full).
+      diagonal_rescaling: SON sec. 5.2, see the module docstring.
+    """
+    tau = _sketches._check_size(sketch_size)
+    _check_scalar("alpha0", alpha0, allow_callable=False)
+    eta = _inverse_time if eta is None else _check_scalar("eta", eta)
+    _check_scalar("curvature", curvature)
+    fast = _check_flag("fast", fast)
+    diagonal_rescaling = _check_flag("diagonal_rescaling", diagonal_rescaling)
+    # alpha0 is set in init (not passed to the sketch) so that it may be traced (vmap over it).
+    sketch = _sketches.robust_frequent_directions(tau, fast=fast)
+    return _sketched_son(
+        lambda i: sketch,
+        0.0,
+        eta=eta,
+        curvature=curvature,
+        diagonal_rescaling=diagonal_rescaling,
+        init_alpha=alpha0,
+    )
+
+
+def oja_son(
+    alpha: float,
+    sketch_size: int,
+    *,
+    eta: ScalarOrSchedule | None = None,
+    curvature: ScalarOrSchedule = 0.0,
+    oja_learning_rate: float | Callable[[jax.Array], jax.Array] | None = None,
+    key: jax.Array | None = None,
+    diagonal_rescaling: bool = False,
+) -> optax.GradientTransformationExtraArgs:
+    """Oja-SON: SON Alg. 1 with Oja's sketch (Alg. 3, eq. 4).
+
+    ``A_t = alpha I + V_t^T (t Lambda_t) V_t`` with Oja's running eigenvectors ``V_t`` (``m x d``,
+    orthonormal) and eigenvalues ``Lambda_t`` of the to-sketch vectors; update ``-A_t^{-1} g_t``.
+
+    Args:
+      alpha: ``alpha >= 0`` (0: pseudo-inverse on the directions with a positive eigenvalue).
+      sketch_size: the number ``m >= 1`` of directions.
+      eta, curvature: as :func:`fd_son`.
+      oja_learning_rate: Oja's ``Gamma_t`` (float in ``(0, 1]`` or schedule of ``t = 1, 2, ...``);
+        default ``1/t`` as in the paper's experiments.
+      key: PRNG key for the random orthonormal initial directions (default ``PRNGKey(0)``); each
+        leaf folds in its index.
+      diagonal_rescaling: SON sec. 5.2 (the variant of the paper's real-data experiments).
+    """
+    _check_scalar("alpha", alpha, allow_callable=False)
+    m = _sketches._check_size(sketch_size)
+    eta = _inverse_sqrt_time if eta is None else _check_scalar("eta", eta)
+    _check_scalar("curvature", curvature)
+    diagonal_rescaling = _check_flag("diagonal_rescaling", diagonal_rescaling)
+    key = jax.random.PRNGKey(0) if key is None else key
+    _sketches.oja(m, learning_rate=oja_learning_rate, key=key)  # validates the learning rate
+
+    def make(i):
+        return _sketches.oja(
+            m, learning_rate=oja_learning_rate, key=jax.random.fold_in(key, i) if i else key
+        )
+
+    return _sketched_son(
+        make, alpha, eta=eta, curvature=curvature, diagonal_rescaling=diagonal_rescaling
+    )
+
+
+# ----------------------------------------------------------------------------------------------
+# RP-SON.
+
+
+def _rp_direction(key, m, dtype):
+    """The ``r_t ~ N(0, I/m)`` that ``sketches.random_projection`` draws from ``key`` this step."""
+    _, sub = jax.random.split(key)
+    return jax.random.normal(sub, (m,), dtype) * jnp.asarray(1 / np.sqrt(m), dtype)
+
+
+def _rp_floor(dtype):
+    """Smallest scaled ridge kept for RP-SON: ``eps**2`` relative to ``|S|^2`` (below it the
+    paper's form ``(1/alpha)(y - S^T H S y)`` has no correct digit left in this precision)."""
+    return jnp.asarray(jnp.finfo(dtype).eps, dtype) ** 2
+
+
+def _rp_ridge(alpha, e, dtype):
+    """``(alpha_s, ridge_mq)``: the ridge in the sketch's scaled units (floored, see
+    :func:`_rp_floor`) and the true ridge it stands for, as mantissa/exponent."""
+    alpha = jnp.asarray(alpha, dtype)
+    scaled = jnp.ldexp(alpha, -2 * e)
+    floor = _rp_floor(dtype)
+    floored = scaled < floor
+    fm, fq = _mq(floor)
+    am, aq = _mq(alpha)
+    ridge = (jnp.where(floored, fm, am), jnp.where(floored, fq + 2 * e, aq))
+    return jnp.where(floored, floor, scaled), ridge
+
+
+def _rp_inverse(gram, alpha_s):
+    """``(alpha_s I + gram)^{-1}`` from an eigendecomposition (the refresh of the Woodbury path)."""
+    mu, u = jnp.linalg.eigh(0.5 * (gram + gram.T))
+    mu = jnp.maximum(mu, 0)
+    return (u / (alpha_s + mu)) @ u.T
+
+
+def _rank_two_update(h, r, q):
+    """``(M + r q^T + q r^T)^{-1}`` from ``h = M^{-1}`` by two rank-one Sherman-Morrison steps.
+
+    ``r q^T + q r^T = a a^T - b b^T`` with ``a, b = (q/c +- c r)/sqrt(2)``, ``c^2 = |q|/|r|``
+    (balanced so that neither term is much larger than the update). Returns the new inverse and
+    whether the second (downdating) denominator stayed safely positive.
+    """
+    dtype = h.dtype
+    nq = jnp.sqrt(jnp.sum(jnp.square(q)))
+    nr = jnp.sqrt(jnp.sum(jnp.square(r)))
+    c = jnp.sqrt(jnp.where((nq > 0) & (nr > 0), nq / jnp.where(nr > 0, nr, 1), 1))
+    a = (q / c + c * r) * np.sqrt(0.5)
+    b = (q / c - c * r) * np.sqrt(0.5)
+    ha = h @ a
+    h = h - jnp.outer(ha, ha / (1 + a @ ha))
+    hb = h @ b
+    den = 1 - b @ hb
+    safe = den > jnp.sqrt(jnp.finfo(dtype).eps)
+    h = h + jnp.outer(hb, hb / jnp.where(safe, den, 1))
+    return 0.5 * (h + h.T), safe
+
+
+def _rp_paper_regime(ls: RandomProjectionNewtonState):
+    """Whether the paper's form ``(1/alpha)(y - S^T H S y)`` is accurate in this precision.
+
+    Its round-off grows like ``eps * kappa^2`` with ``kappa = (alpha + |S|^2) / alpha`` (the
+    cancellation is divided by ``alpha``); it is used while ``kappa <= eps**(-1/3)``, beyond that
+    the solve goes through the eigendecomposition of the tracked ``m x m`` Gram matrix.
+    """
+    dtype = ls.inverse.dtype
+    alpha_s = jnp.ldexp(ls.alpha, -2 * ls.sketch.scale_exp)
+    limit = jnp.finfo(dtype).eps ** (-1.0 / 3.0)
+    return alpha_s * limit >= alpha_s + jnp.trace(ls.sketch.gram)
+
+
+def _rp_pinv(ls: RandomProjectionNewtonState, y, product=None, root=None):
+    """``A^{-1} y = 2**k * zhat`` for RP-SON's ``A = alpha I + S^T S``.
+
+    In the well-conditioned regime (:func:`_rp_paper_regime`) with the paper's
+    ``A^{-1} = (1/alpha)(I - S^T H S)`` and the maintained ``H``; otherwise like FD-SON through
+    the eigendecomposition of ``S S^T`` (:func:`sketchopt.sketches.low_rank`), which stays
+    accurate for any ``alpha`` and gradient scale. ``product`` (``S ghat / 4**e`` from the sketch
+    update, ``ghat = root * y``) saves the pass ``S y``.
+    """
+    sk = ls.sketch
+    e = sk.scale_exp
+    hi = jax.lax.Precision.HIGHEST
+
+    def s_times_y():  # S y / 2**e
+        if product is None:
+            return jnp.matmul(sk.rows, jnp.ldexp(y, -e), precision=hi)
+        return jax.lax.cond(
+            root > 0,
+            lambda: jnp.ldexp(product, e) / root,
+            lambda: jnp.matmul(sk.rows, jnp.ldexp(y, -e), precision=hi),
+        )
+
+    def paper():
+        _, (rm, rq) = _rp_ridge(ls.alpha, e, ls.inverse.dtype)
+        z = ls.inverse @ s_times_y()
+        back = jnp.matmul(jnp.ldexp(z, -e), sk.rows, precision=hi)
+        return (y - back) / rm, -rq
+
+    def eigen():
+        lr = _sketches.low_rank(sk)
+        zhat, k, _ = _lowrank_pinv(lr, ls.alpha, y, lr.coef @ s_times_y())
+        return zhat, k
+
+    return jax.lax.cond(_rp_paper_regime(ls), paper, eigen)
+
+
+def rp_son(
+    alpha: float,
+    sketch_size: int,
+    key: jax.Array,
+    *,
+    eta: ScalarOrSchedule | None = None,
+    curvature: ScalarOrSchedule = 0.0,
+    diagonal_rescaling: bool = False,
+) -> optax.GradientTransformationExtraArgs:
+    """RP-SON: SON with the Gaussian random-projection sketch (SON sec. 3, Appendix E).
+
+    ``S_t = S_{t-1} + r_t ghat_t^T`` with ``r_t ~ N(0, I/m)`` (so ``E[S^T S] = sum ghat ghat^T``;
+    :func:`sketchopt.sketches.random_projection`), ``A_t = alpha I + S_t^T S_t`` and the update
+    ``-A_t^{-1} g_t = -(1/alpha)(g_t - S^T H_t S g_t)`` with ``H_t = (alpha I + S S^T)^{-1}``.
+    ``H_t`` is kept in the state and updated as in the paper: ``H_t^{-1} = H_{t-1}^{-1} + q r^T +
+    r q^T`` (``q = S_{t-1} ghat + |ghat|^2 r / 2``) is two rank-one Sherman-Morrison steps, so a
+    step
+    costs two ``O(m d)`` passes plus ``O(m^2)``. As a numerical safeguard ``H`` is recomputed from
+    the sketch's tracked Gram matrix (``O(m^3)``, amortized ``O(m^2)``) every ``m`` steps, when
+    ``alpha`` was changed (e.g. by ``inject_hyperparams``) and whenever a downdate denominator is
+    not safely positive. The paper's form cancels digits when ``alpha << |S|^2``: in float32 keep
+    ``alpha`` above about ``1e-6`` times the squared gradient scale, or use float64.
+
+    Args:
+      alpha: ``alpha > 0``.
+      sketch_size: ``m >= 1`` random directions.
+      key: PRNG key of the projections (each leaf folds in its index); may be traced (``vmap``
+        over keys).
+      eta, curvature, diagonal_rescaling: as :func:`fd_son`.
+    """
+    _check_scalar("alpha", alpha, positive=True, allow_callable=False)
+    m = _sketches._check_size(sketch_size)
+    key = _check_key(key)
+    eta = _inverse_sqrt_time if eta is None else _check_scalar("eta", eta)
+    _check_scalar("curvature", curvature)
+    diagonal_rescaling = _check_flag("diagonal_rescaling", diagonal_rescaling)
+    sketch0 = _sketches.random_projection(m, key)
+
+    def init_leaf(i, dim, dtype):
+        leaf_key = jax.random.fold_in(key, i) if i else key
+        sk_state = _sketches.random_projection(m, leaf_key).init(dim, dtype)
+        a = jnp.asarray(alpha, dtype)
+        inverse = jnp.eye(m, dtype=dtype) / a
+        return RandomProjectionNewtonState(sk_state, inverse, a, jnp.zeros((0,), dtype))
+
+    def step_leaf(ls, gz, ghat, c, valid):
+        dtype = ls.alpha.dtype
+        a = jnp.asarray(alpha, dtype)
+        sk0 = ls.sketch
+        root = jnp.sqrt(c)
+        sk1, product = sketch0.absorb(sk0, ghat, valid)  # product = S_t ghat / 4**e1
+        e0, e1 = sk0.scale_exp, sk1.scale_exp
+        r = _rp_direction(sk0.key, m, dtype)
+        sq = jnp.sum(jnp.square(jnp.ldexp(ghat, -e1)))
+        q = product - 0.5 * sq * r  # (S_{t-1} ghat + |ghat|^2 r / 2) / 4**e1
+        h = jnp.ldexp(ls.inverse, 2 * (e1 - e0))  # the same H in the new scaled units
+        alpha_s, _ = _rp_ridge(a, e1, dtype)
+        h_new, safe = _rank_two_update(h, r, q)
+        h_new = jnp.where(sq > 0, h_new, h)
+        refresh = (
+            ~safe
+            | ~jnp.all(jnp.isfinite(h_new))
+            | (a != ls.alpha)
+            | (jnp.ldexp(a, -2 * e1) < _rp_floor(dtype))
+            | (sk1.count % m == 0)
+        )
+        h_new = jax.lax.cond(refresh, lambda: _rp_inverse(sk1.gram, alpha_s), lambda: h_new)
+        h_new = jnp.where(valid, h_new, ls.inverse)
+        new = ls._replace(sketch=sk1, inverse=h_new, alpha=jnp.where(valid, a, ls.alpha))
+        # S gz from the sketch's own product S_t ghat (one pass saved).
+        zhat, k = _rp_pinv(new, gz, product, root)
+        return new, jnp.ldexp(zhat, k)
+
+    return _son_transform(
+        init_leaf, step_leaf, eta=eta, curvature=curvature, diagonal_rescaling=diagonal_rescaling
+    )
+
+
+# ----------------------------------------------------------------------------------------------
+# ONS.
+
+
+def ons(
+    alpha: float,
+    *,
+    eta: ScalarOrSchedule | None = None,
+    curvature: ScalarOrSchedule = 0.0,
+    diagonal_rescaling: bool = False,
+) -> optax.GradientTransformationExtraArgs:
+    """Full-matrix Online Newton Step with SON's matrix (SON eq. 2): the baseline of the sketches.
+
+    ``A_t = alpha I + sum_{s<=t} (sigma_s + eta_s) g_s g_s^T`` and the update ``-A_t^{-1} g_t``.
+    ``A_t^{-1}`` is kept (``d x d`` per leaf) by Sherman-Morrison, ``O(d^2)`` per step; the solve
+    with the new gradient uses ``A_t^{-1} g = A_{t-1}^{-1} g / (1 + c g^T A_{t-1}^{-1} g)``, which
+    stays accurate for huge gradients. Safeguard: the (scaled) matrix ``A_t - alpha I`` is kept as
+    well, and when a downdate breaks down numerically (``A^{-1}`` would need a condition number
+    beyond the precision, e.g. gradients of norm 1e30 against ``alpha = 1`` in float32) the
+    inverse is recomputed from it by an eigendecomposition (``O(d^3)``, rare). ``alpha > 0``
+    enters only ``A_0 = alpha I`` (changing it later, e.g. through ``inject_hyperparams``, has no
+    effect). ``eta``, ``curvature`` and ``diagonal_rescaling`` as :func:`fd_son`.
+    """
+    _check_scalar("alpha", alpha, positive=True, allow_callable=False)
+    eta = _inverse_sqrt_time if eta is None else _check_scalar("eta", eta)
+    _check_scalar("curvature", curvature)
+    diagonal_rescaling = _check_flag("diagonal_rescaling", diagonal_rescaling)
+
+    def init_leaf(i, dim, dtype):
+        a = jnp.asarray(alpha, dtype)
+        return ONSLeafState(
+            inverse=jnp.eye(dim, dtype=dtype) / a,
+            gram=jnp.zeros((dim, dim), dtype),
+            scale_exp=jnp.zeros((), jnp.int32),
+            alpha=a,
+            diag_sqrt=jnp.zeros((0,), dtype),
+        )
+
+    def recompute(gram, e, a):
+        """``(alpha I + 4**e gram)^{-1}`` by an eigendecomposition (never singular: alpha > 0)."""
+        mu, u = jnp.linalg.eigh(0.5 * (gram + gram.T))
+        lam = jnp.ldexp(jnp.maximum(mu, 0), 2 * e)  # may overflow to inf: 1/inf = 0 is right
+        return (u / (a + lam)) @ u.T
+
+    def step_leaf(ls, gz, ghat, c, valid):
+        hi = jax.lax.Precision.HIGHEST
+        m_inv = ls.inverse
+        e = _sketches._exponent(jnp.max(jnp.abs(gz), initial=0))
+        ys = jnp.ldexp(gz, -jnp.where(e == _sketches._NO_EXPONENT, 0, e))
+        v = jnp.matmul(m_inv, ys, precision=hi)
+        p = jnp.maximum(ys @ v, 0)
+        # A_t^{-1} g = 2**e v / (1 + c 4**e p) and the Sherman-Morrison factor c 4**e / (...),
+        # written so that no power of two overflows whatever the sign of e.
+        big = e > 0
+        one = jnp.ones((), m_inv.dtype)
+        den = jnp.where(big, jnp.ldexp(one, -2 * e) + c * p, 1 + c * jnp.ldexp(p, 2 * e))
+        # den == 0 only if A_{t-1}^{-1} g underflowed to 0 (then so does the step).
+        safe = jnp.where(den > 0, den, 1)
+        fac = jnp.where(den > 0, jnp.where(big, c, c * jnp.ldexp(one, 2 * e)) / safe, 0)
+        sol = jnp.where(den > 0, jnp.where(big, jnp.ldexp(v, -e), jnp.ldexp(v, e)) / safe, 0)
+        m_new = m_inv - jnp.outer(v, v * fac)
+        m_new = 0.5 * (m_new + m_new.T)
+        # The scaled A - alpha I (as metrics.full keeps G), for the safeguard.
+        e_old = ls.scale_exp
+        e_new = _sketches._rescale_exponent(
+            e_old, jnp.max(jnp.abs(ghat), initial=0), jnp.max(jnp.diagonal(ls.gram), initial=0)
+        )
+        e_new = jnp.where(valid, e_new, e_old)
+        hs = jnp.ldexp(ghat, -e_new)
+        gram = jnp.ldexp(ls.gram, 2 * (e_old - e_new)) + jnp.outer(hs, hs)
+        # Breakdown: the downdate cancelled below the precision (A^{-1} no longer PSD/finite).
+        broken = (
+            ~jnp.all(jnp.isfinite(m_new))
+            | jnp.any(jnp.diagonal(m_new) < 0)
+            | (ys @ jnp.matmul(m_new, ys, precision=hi) < 0)
+        )
+        m_new = jax.lax.cond(
+            broken & valid, lambda: recompute(gram, e_new, ls.alpha), lambda: m_new
+        )
+        new = ls._replace(
+            inverse=jnp.where(valid, m_new, m_inv),
+            gram=jnp.where(valid, gram, ls.gram),
+            scale_exp=e_new,
+        )
+        return new, sol
+
+    return _son_transform(
+        init_leaf, step_leaf, eta=eta, curvature=curvature, diagonal_rescaling=diagonal_rescaling
+    )
+
+
+# ----------------------------------------------------------------------------------------------
+# The bounded-prediction projection (SON eq. 1, Lemma 1; RFD paper appendix A).
+
+
+class _LeafTerms(NamedTuple):
+    zhat: jax.Array  # A^+ xhat = 2**k zhat
+    k: jax.Array
+    null: jax.Array  # component of xhat in the null space of A (0 if A is invertible)
+    null_cost: jax.Array  # null^T A null = null_cost * 2**null_cost_exp
+    null_cost_exp: jax.Array
+
+
+def _leaf_terms(ls, x):
+    """The per-leaf pieces of Lemma 1 for the normalized example ``x`` (``|x| <= 1``)."""
+    dtype = x.dtype
+    zero = jnp.zeros((), dtype)
+    if isinstance(ls, SketchedNewtonState):
+        lr = _sketches.low_rank(ls.sketch)
+        zhat, k, null = _lowrank_pinv(lr, ls.alpha, x, want_null=True)
+        vn = lr.project(null)
+        cost = jnp.sum(jnp.where(lr.eigenvalues > 0, lr.eigenvalues * jnp.square(vn), 0))
+        return _LeafTerms(zhat, k, null, cost.astype(dtype), 2 * lr.scale_exp)
+    if isinstance(ls, RandomProjectionNewtonState):
+        zhat, k = _rp_pinv(ls, x)
+        return _LeafTerms(zhat, k, jnp.zeros_like(x), zero, jnp.int32(0))
+    if isinstance(ls, ONSLeafState):
+        zhat = jnp.matmul(ls.inverse, x, precision=jax.lax.Precision.HIGHEST)
+        return _LeafTerms(zhat, jnp.int32(0), jnp.zeros_like(x), zero, jnp.int32(0))
+    raise TypeError(f"not a SON leaf state: {type(ls).__name__}")
+
+
+def _leaf_dim(ls):
+    if isinstance(ls, ONSLeafState):
+        return ls.inverse.shape[-1]
+    return (
+        ls.sketch.rows.shape[-1] if hasattr(ls.sketch, "rows") else ls.sketch.directions.shape[-1]
+    )
+
+
+def _find_son_state(opt_state) -> SONState:
+    found = []
+
+    def visit(node):
+        if isinstance(node, SONState):
+            found.append(node)
+            return True
+        return False
+
+    jax.tree_util.tree_flatten(opt_state, is_leaf=visit)
+    if not found:
+        raise ValueError(
+            "project_bounded_prediction: no SON state (sketchopt.SONState) found in opt_state; "
+            "pass the state of fd_son/rfd_son/oja_son/rp_son/ons (possibly inside optax.chain, "
+            "inject_hyperparams, flatten or MultiSteps)"
+        )
+    if len(found) > 1:
+        raise ValueError(
+            f"project_bounded_prediction: found {len(found)} SON states in opt_state; the "
+            "projection needs a single SON transform over all parameters (optax.multi_transform "
+            "/ partition with several SON transforms is not supported)"
+        )
+    return found[0]
+
+
+def project_bounded_prediction(opt_state, params, features, bound):
+    r"""SON's projection (eq. 1, Lemma 1): ``argmin_{|w^T x| <= C} ||w - u||_{A_t}``.
+
+    In closed form, ``w = u - tau_C(u^T x) / (x^T A^{-1} x) * A^{-1} x`` with ``tau_C(y) =
+    sign(y) max(|y| - C, 0)``; ``A^{-1} x`` goes through the sketch in ``O(m d)`` (SON Alg. 1
+    line 5). Call it with the current optimizer state (which holds ``A_{t-1}``) before predicting
+    on ``x_t``; the gradient is then taken at the returned point and passed to ``update``.
+
+    When ``A`` is singular (RFD0-SON while ``alpha_t = 0``, or ``alpha = 0`` for FD/Oja-SON) this
+    is the RFD paper's appendix-A rule with the pseudo-inverse: of the two candidates
+    ``w1 = u - tau/(x^T A^+ x) A^+ x`` and ``w2 = u - tau/|x_perp|^2 x_perp`` (``x_perp`` the part
+    of ``x`` in the null space of ``A``, a move that costs nothing in the ``A``-seminorm) it returns
+    the one closer to ``u`` in that seminorm (``w2`` unless ``x_perp`` is numerically 0).
+    With diagonal rescaling the metric is ``D^{1/2} A D^{1/2}`` (module docstring).
+
+    Args:
+      opt_state: an optimizer state containing exactly one :class:`SONState`: the state of a SON
+        transform itself, or nested in ``optax.chain``, ``optax.inject_hyperparams`` /
+        :func:`sketchopt.inject_hyperparams`, ``optax.MultiSteps`` or ``optax.flatten`` (the
+        flattened case is detected and the parameters flattened the same way). Several SON
+        states (``optax.multi_transform``) are not supported.
+      params: the weights ``u`` (any pytree).
+      features: the example ``x`` with the structure of ``params`` (for a linear model
+        ``w^T x``, the feature vector itself); the constraint is ``|sum_leaves <w, x>| <= C``.
+      bound: ``C >= 0``.
+
+    Returns:
+      The projected parameters (same structure and dtypes as ``params``).
+    """
+    if params is None:
+        raise ValueError("project_bounded_prediction needs the current params, got None")
+    _check_scalar("bound", bound, allow_callable=False)
+    son = _find_son_state(opt_state)
+    leaf_states = jax.tree.leaves(son.leaf_state, is_leaf=lambda n: isinstance(n, _LEAF_STATES))
+    p_leaves, p_def = jax.tree.flatten(params)
+    x_leaves = p_def.flatten_up_to(features)
+    dims = [_leaf_dim(ls) for ls in leaf_states]
+    sizes = [int(np.size(p)) for p in p_leaves]
+    flattened = False
+    if dims != sizes:
+        if len(leaf_states) == 1 and dims[0] == sum(sizes):
+            flattened = True  # optax.flatten: one sketch over the concatenated parameters
+        else:
+            raise ValueError(
+                f"project_bounded_prediction: the SON state covers leaves of sizes {dims}, but "
+                f"params has leaves of sizes {sizes}"
+            )
+
+    dtypes = [ls.alpha.dtype for ls in leaf_states]
+    if flattened:
+        us = [jnp.concatenate([jnp.ravel(p).astype(dtypes[0]) for p in p_leaves])]
+        xs = [jnp.concatenate([jnp.ravel(x).astype(dtypes[0]) for x in x_leaves])]
+    else:
+        us = [jnp.ravel(p).astype(dt) for p, dt in zip(p_leaves, dtypes, strict=True)]
+        xs = [jnp.ravel(x).astype(dt) for x, dt in zip(x_leaves, dtypes, strict=True)]
+
+    # The prediction u^T x and tau_C of it, in true units.
+    pred = sum((jnp.sum(u * x) for u, x in zip(us, xs, strict=True)), jnp.zeros((), dtypes[0]))
+    excess = jnp.maximum(jnp.abs(pred) - bound, 0)
+    tau = jnp.sign(pred) * excess
+
+    # z-coordinates of the diagonal rescaling: x~ = D^{-1/2} x; then normalize by a power of two.
+    xt = [
+        x / ls.diag_sqrt if ls.diag_sqrt.size else x for x, ls in zip(xs, leaf_states, strict=True)
+    ]
+    kx = jnp.max(
+        jnp.stack([_sketches._exponent(jnp.max(jnp.abs(x), initial=0)) for x in xt]), initial=0
+    )
+    kx = jnp.where(kx == _sketches._NO_EXPONENT, 0, kx)
+    xh = [jnp.ldexp(x, -kx) for x in xt]
+
+    terms = [_leaf_terms(ls, x) for ls, x in zip(leaf_states, xh, strict=True)]
+    # A leaf whose A^+ x vanishes must not set the common scale.
+    ks = [jnp.where(jnp.any(t.zhat != 0), t.k, _NO_EXP) for t in terms]
+    big_k = jnp.max(jnp.stack(ks))
+    terms = [t._replace(k=k) for t, k in zip(terms, ks, strict=True)]
+    ztil = [jnp.ldexp(t.zhat, t.k - big_k) for t in terms]  # 2**-K A^+ xhat
+    s1 = sum(jnp.sum(x * z) for x, z in zip(xh, ztil, strict=True))  # 2**-K xhat^T A^+ xhat
+    nn = sum(jnp.sum(jnp.square(t.null)) for t in terms)  # |xhat_perp|^2
+    null_cost = sum(jnp.ldexp(t.null_cost, t.null_cost_exp + big_k) for t in terms)
+    # cost(w2) < cost(w1)  <=>  ||x_perp||_A^2 (x^T A^+ x) < |x_perp|^4  (tau^2 cancels).
+    use_null = (nn > 0) & ((s1 <= 0) | (s1 * null_cost < jnp.square(nn)))
+    ok_range = s1 > 0
+
+    moves = []
+    for x_leaf, t, z in zip(xh, terms, ztil, strict=True):
+        del x_leaf
+        via_null = jnp.ldexp(t.null / jnp.where(nn > 0, nn, 1), -kx)
+        via_range = jnp.ldexp(z / jnp.where(ok_range, s1, 1), -kx)
+        step = jnp.where(use_null, via_null, jnp.where(ok_range, via_range, 0))
+        moves.append(-tau * step)
+    moves = [
+        m / ls.diag_sqrt if ls.diag_sqrt.size else m
+        for m, ls in zip(moves, leaf_states, strict=True)
+    ]
+    new = [u + m for u, m in zip(us, moves, strict=True)]
+
+    if flattened:
+        flat = new[0]
+        out, start = [], 0
+        for p in p_leaves:
+            size = int(np.size(p))
+            piece = flat[start : start + size]
+            out.append(piece.reshape(jnp.shape(p)).astype(jnp.asarray(p).dtype))
+            start += size
+    else:
+        out = [
+            n.reshape(jnp.shape(p)).astype(jnp.asarray(p).dtype)
+            for n, p in zip(new, p_leaves, strict=True)
+        ]
+    return p_def.unflatten(out)
