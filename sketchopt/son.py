@@ -63,8 +63,8 @@ i.e. the metric in parameter space is ``D_t^{1/2} A_t D_t^{1/2}``. Directions ou
 the step ``-(1/alpha) D_t^{-1} g_t`` (a per-coordinate, scale-invariant step as in Ross et al.'s
 normalized updates) instead of the plain gradient step ``-(1/alpha) g_t``. The projection uses the
 same metric: it projects ``D_t^{1/2} w`` in the ``A_t``-norm with the example
-``D_t^{-1/2} x`` and maps the move back with ``D_t^{-1/2}``. ``D_t`` is updated with ``g_t^2`` after the step, so the state
-always holds the ``D`` of the next round.
+``D_t^{-1/2} x`` and maps the move back with ``D_t^{-1/2}``. ``D_t`` is updated with ``g_t^2``
+after the step, so the state always holds the ``D`` of the next round.
 """
 
 from __future__ import annotations
