@@ -637,35 +637,49 @@ EXTRA_STYLE = {  # labels that experiments.common.STYLE does not know
 
 
 def make_figure(results, cfg: Config, steps_per_epoch: int):
+    """Training loss and test accuracy (mean ± std over seeds), and the final losses per seed."""
     plt = common.pyplot()
-    fig, (ax_loss, ax_acc) = plt.subplots(1, 2, figsize=(10, 3.8))
-    for r in results.values():
+    fig, (ax_loss, ax_acc, ax_final) = plt.subplots(
+        1, 3, figsize=(14, 4), gridspec_kw={"width_ratios": [1.2, 1, 0.8]}
+    )
+    late = []  # the loss axis zooms in on epochs >= 1, where the optimizers differ
+    labels = []
+    for i, r in enumerate(results.values()):
         style = common.style(r["label"])
         style.pop("marker", None)
         style = style or EXTRA_STYLE.get(r["label"], {})
         label = r["label"] + ("" if r["ada_diag_on_other_parameters"] is None else " (conv)")
-        c = r["curves"]["train_loss"]
+        labels.append(label)
+        c = {k: np.asarray(v, np.float64) for k, v in r["curves"]["train_loss"].items()}
         x = (np.arange(len(c["mean"])) + 1) * cfg.log_every / steps_per_epoch
         (line,) = ax_loss.plot(x, c["mean"], label=label, **style)
-        ax_loss.fill_between(
-            x, c["mean"] - c["std"], c["mean"] + c["std"], color=line.get_color(), alpha=0.2
-        )
-        a = r["curves"]["test_accuracy"]
+        color = line.get_color()
+        ax_loss.fill_between(x, c["mean"] - c["std"], c["mean"] + c["std"], color=color, alpha=0.15)
+        late.append(c["mean"][x >= 1])
+        a = {k: 100 * np.asarray(v, np.float64) for k, v in r["curves"]["test_accuracy"].items()}
         xe = np.arange(1, len(a["mean"]) + 1)
-        mean, std = 100 * np.asarray(a["mean"]), 100 * np.asarray(a["std"])
-        ax_acc.plot(xe, mean, label=label, **style)
-        ax_acc.fill_between(xe, mean - std, mean + std, color=line.get_color(), alpha=0.2)
+        ax_acc.plot(xe, a["mean"], label=label, **style)
+        ax_acc.fill_between(xe, a["mean"] - a["std"], a["mean"] + a["std"], color=color, alpha=0.15)
+        final = np.asarray(r["final"]["final_train_loss"]["per_seed"], np.float64)
+        ax_final.plot(np.full(len(final), i), final, "o", color=color, alpha=0.6, ms=5)
+        ax_final.plot([i - 0.3, i + 0.3], [np.mean(final)] * 2, color=color, lw=2)
+    late = np.concatenate([v[np.isfinite(v)] for v in late] or [np.ones(1)])
+    if late.size and cfg.epochs >= 2:
+        ax_loss.set_ylim(0.85 * late.min(), 1.15 * late.max())
+        ax_loss.set_xlim(left=0.9)
     ax_loss.set_yscale("log")
     ax_loss.set_xlabel("epoch")
     ax_loss.set_ylabel("training loss (mini-batch mean)")
+    ax_loss.legend()
     ax_acc.set_xlabel("epoch")
     ax_acc.set_ylabel("test accuracy (%)")
-    ax_loss.legend()
+    ax_final.set_xticks(range(len(labels)), labels, rotation=45, ha="right", fontsize=8)
+    ax_final.set_ylabel("final training loss (per seed, bar = mean)")
     n = len(next(iter(results.values()))["final"]["final_train_loss"]["per_seed"])
     fig.suptitle(
-        f"CNN on MNIST subset ({cfg.image_size}x{cfg.image_size}, {cfg.n_train} train), "
-        f"mean ± std over {n} seeds. (conv): that learner on the conv kernels "
-        f"(sketch size {SKETCH_SIZE}), ADA-DIAG on the rest",
+        f"CNN on the MNIST subset ({cfg.image_size}x{cfg.image_size}, {cfg.n_train} train, "
+        f"batch {BATCH_SIZE}), mean ± std over {n} paired seeds. (conv): that learner on the "
+        f"conv kernels (sketch size {SKETCH_SIZE}), ADA-DIAG on the rest",
         fontsize=10,
     )
     fig.tight_layout()
