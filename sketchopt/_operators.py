@@ -18,6 +18,8 @@ from typing import NamedTuple
 
 import jax.numpy as jnp
 
+from sketchopt import sketches as _sketches
+
 _HIGHEST = "highest"
 
 
@@ -63,7 +65,7 @@ class LowRankOperator(NamedTuple):
     def project(self, x):
         """``V x`` (k,), one pass over ``basis``."""
         x = jnp.ldexp(x, -jnp.asarray(self.scale_exp, jnp.int32))
-        return self.coef @ jnp.matmul(self.basis, x, precision=_HIGHEST)
+        return self.coef @ _sketches._dot_d(self.basis, x)
 
     def lift(self, a):
         """``V^T a`` (d,), one pass over ``basis``."""

@@ -147,7 +147,9 @@ def full(delta: float) -> Metric:
         d = state.gram.shape[0]
         # Round-off eigenvalues of a rank-deficient G_t (~eps * ||G_t||) are zeroed as for the
         # sketches: their square roots (~sqrt(eps) * ||G_t||^{1/2}) would be spurious curvature.
-        mu, u = _sketches._eigh_desc(state.gram)
+        # The d x d eigendecomposition needs all of G_t on every device (under an explicit
+        # mesh this must be said; automatic sharding gathers it by itself).
+        mu, u = _sketches._eigh_desc(_sketches._replicate(state.gram))
         sqrt_g = jnp.ldexp(jnp.sqrt(mu), state.scale_exp)
         eye = jnp.eye(d, dtype=state.gram.dtype)
         # The eigenbasis is complete, so the smallest root (0 while G_t is rank deficient) can sit
@@ -158,12 +160,13 @@ def full(delta: float) -> Metric:
         return LowRankOperator(scalar, u.T, eye, sqrt_g - floor)
 
     def update(state, g, valid=True):
-        diag = jnp.diagonal(state.gram)
+        g, gram = _sketches._replicate(g), _sketches._replicate(state.gram)  # see operator
+        diag = jnp.diagonal(gram)
         exp = _sketches._rescale_exponent(
             state.scale_exp, jnp.max(jnp.abs(g), initial=0), jnp.max(diag, initial=0)
         )
         exp = jnp.where(valid, exp, state.scale_exp)
-        gram = jnp.ldexp(state.gram, 2 * (state.scale_exp - exp))
+        gram = jnp.ldexp(gram, 2 * (state.scale_exp - exp))
         gs = jnp.ldexp(g, -exp)
         state = FullMetricState(gram + jnp.outer(gs, gs), exp)
         return state, operator(state), None

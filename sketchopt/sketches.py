@@ -163,7 +163,7 @@ class LowRank(NamedTuple):
 
     def project(self, x):
         """``V x`` (the input is pre-scaled so that ``basis @ x`` cannot overflow)."""
-        return self.coef @ jnp.matmul(self.basis, jnp.ldexp(x, -self.scale_exp), precision=_HIGHEST)
+        return self.coef @ _dot_d(self.basis, jnp.ldexp(x, -self.scale_exp))
 
     def project_product(self, product):
         """``V g`` from ``product = basis @ g / 4**scale_exp`` (as returned by a sketch update)."""
@@ -232,6 +232,49 @@ def _rescale_exponent(old_exp, row_max, gram_diag_max):
     return jnp.where(new == _NO_EXPONENT, old_exp, new).astype(jnp.int32)
 
 
+def _explicit_mesh():
+    """Whether the current mesh (``jax.set_mesh``) has an axis in explicit-sharding mode."""
+    mesh = jax.sharding.get_abstract_mesh()
+    return not mesh.empty and bool(mesh.explicit_axes)
+
+
+def _dot_d(a, b):
+    """``a @ b`` contracting the long axis ``d`` (possibly sharded) into a small result.
+
+    Every such product here is sketch-sized (``n`` or ``n x n``), so it is asked for replicated:
+    each device contracts its slice of ``d`` and only the small result is all-reduced. Under an
+    explicit-sharding mesh JAX requires that output sharding to be spelled out.
+    """
+    if _explicit_mesh():
+        return jnp.matmul(a, b, precision=_HIGHEST, out_sharding=jax.sharding.PartitionSpec())
+    return jnp.matmul(a, b, precision=_HIGHEST)
+
+
+def _replicate(x):
+    """``x`` resharded to replicated under an explicit mesh (a no-op otherwise)."""
+    if not _explicit_mesh():
+        return x
+    if all(entry is None for entry in jax.typeof(x).sharding.spec):
+        return x
+    return jax.sharding.reshard(x, jax.sharding.PartitionSpec())
+
+
+def _like_last_axis(x, ref):
+    """``x`` resharded, under an explicit mesh, to the sharding of ``ref``'s last axis (``d``).
+
+    A no-op otherwise (and when the shardings already agree): with automatic sharding the
+    compiler propagates the shardings of the state and the gradient by itself.
+    """
+    if not _explicit_mesh():
+        return x
+    spec = tuple(jax.typeof(ref).sharding.spec)
+    last = spec[ref.ndim - 1] if 0 < ref.ndim <= len(spec) else None
+    target = jax.sharding.PartitionSpec(*([None] * (x.ndim - 1) + [last]))
+    if tuple(jax.typeof(x).sharding.spec) == tuple(target):
+        return x
+    return jax.sharding.reshard(x, target)
+
+
 def _eigh_desc(gram):
     """Eigendecomposition of a small symmetric PSD matrix, descending, with round-off zeroed."""
     n = gram.shape[0]
@@ -288,6 +331,20 @@ def _rotate_rows(rot, rows):
         tail = jnp.matmul(rot, rows[:, start:], precision=_HIGHEST)
         rows = jax.lax.dynamic_update_slice_in_dim(rows, tail, start, axis=1)
     return rows
+
+
+# The FD family tracks B B^T through rotations instead of recomputing it (DESIGN.md, "Speed"). Each
+# rotation leaves an eps-sized mismatch between the tracked Gram matrix and the rows, and over
+# 1e5 float32 steps it added up to a 1e-3 loss of orthonormality of the directions; recomputing
+# the Gram matrix exactly from the rows every _GRAM_REFRESH shrinks (one n x n x d product, an
+# amortized 1/32 of a rotation) keeps it near 1e-6. Under vmap the lax.cond becomes a select.
+_GRAM_REFRESH = 32
+
+
+def _exact_gram(rows, scale_exp):
+    """``B B^T / 4**scale_exp``, the rows scaled first so that nothing overflows."""
+    scaled = jnp.ldexp(rows, -scale_exp)
+    return _dot_d(scaled, scaled.T)
 
 
 def _make_sketch(init, absorb, sketch_size, name):
@@ -369,9 +426,16 @@ def _fd_family(
         ratio = jnp.where(mu > 0, shrunk / jnp.where(mu > 0, mu, 1), 0)
         rot = (u * jnp.sqrt(ratio)).T  # B' = diag(sqrt((mu - delta)/mu)) U^T B
         rot = jnp.where(valid, rot, jnp.eye(n, dtype=rot.dtype))
+        rows = _rotate_rows(rot, state.rows)
+        gram = jnp.where(valid, jnp.diag(shrunk), state.gram)
+        # Every _GRAM_REFRESH shrinks, replace the tracked Gram matrix by the exact one of the
+        # rotated rows, so round-off cannot accumulate in it (see _GRAM_REFRESH).
+        index = (state.count - n) // (n - tau + 1)  # 0 for the first shrink with a full buffer
+        refresh = valid & (index % _GRAM_REFRESH == _GRAM_REFRESH - 1)
+        gram = jax.lax.cond(refresh, lambda: _exact_gram(rows, state.scale_exp), lambda: gram)
         new = state._replace(
-            rows=_rotate_rows(rot, state.rows),
-            gram=jnp.where(valid, jnp.diag(shrunk), state.gram),
+            rows=rows,
+            gram=gram,
             fill=jnp.where(valid, tau - 1, state.fill).astype(jnp.int32),
             alpha=jnp.where(valid, state.alpha + alpha_fraction * delta, state.alpha),
             compensation=jnp.where(
@@ -382,7 +446,7 @@ def _fd_family(
 
     def absorb(state, row, valid):
         """Append ``row`` at position ``fill`` and update the Gram matrix's row and column."""
-        row = row.astype(state.rows.dtype)
+        row = _like_last_axis(row.astype(state.rows.dtype), state.rows)
         diag = jnp.diagonal(state.gram)
         # alpha and compensation live under the same scale as the Gram matrix: cover them too, or
         # a large alpha0 followed by tiny rows would be scaled up to overflow.
@@ -399,7 +463,7 @@ def _fd_family(
         # squared norm at position j (the slot was zero). In this order the in-place insertion
         # and the later in-place rotation never race with the read, so XLA copies nothing.
         rows = jax.lax.dynamic_update_slice(state.rows, row[None, :], (j, jnp.int32(0)))
-        prod = jnp.ldexp(jnp.matmul(rows, scaled_row, precision=_HIGHEST), -exp)
+        prod = jnp.ldexp(_dot_d(rows, scaled_row), -exp)
         gram = gram.at[j, :].set(prod).at[:, j].set(prod)
         step = valid.astype(jnp.int32)
         state = state._replace(
@@ -507,6 +571,34 @@ def _orthonormalize_rows(a):
     return q
 
 
+def _oja_orthonormalize(v, keep, c, u):
+    """Gram-Schmidt of the rows of ``a = diag(keep) V + c u^T`` without a QR of size ``d``.
+
+    ``V`` (``m x d``) has orthonormal or zero rows and ``|u| = 1``. With ``u = V^T p + rho w``
+    (``w`` a unit vector orthogonal to the rows of ``V``; the projection is repeated once: "twice
+    is enough"), ``a = M W`` for ``W = [V; w^T]`` and the small ``M = [diag(keep) + c p^T,
+    rho c]``. The QR ``M^T = Q R`` (``R`` with a positive diagonal) gives ``a = R^T (Q^T W)``, so
+    the orthonormalized rows are ``Q^T W``: one ``m x m`` rotation of ``V`` plus a rank-one term,
+    as for the FD sketches, and only ``m``-sized products cross the (possibly sharded) axis
+    ``d``. Zero rows of ``V`` (``m > d``) stay exactly zero. Also returns ``V_new u``.
+    """
+    m = v.shape[0]
+    p = _dot_d(v, u)
+    w = u - jnp.matmul(p, v, precision=_HIGHEST)
+    p2 = _dot_d(v, w)
+    w = w - jnp.matmul(p2, v, precision=_HIGHEST)
+    p = p + p2
+    rho = jnp.sqrt(jnp.sum(jnp.square(w)))
+    has_w = rho > 0
+    w = w / jnp.where(has_w, rho, 1)
+    rho = jnp.where(has_w, rho, 0)
+    mt = jnp.concatenate([(jnp.diag(keep) + jnp.outer(c, p)).T, (c * rho)[None, :]])
+    q, r = jnp.linalg.qr(mt)  # (m + 1, m), (m, m)
+    q = q * jnp.where(jnp.diagonal(r) < 0, -1, 1).astype(q.dtype)
+    new = jnp.matmul(q[:m].T, v, precision=_HIGHEST) + jnp.outer(q[m], w)
+    return new, q[:m].T @ p + q[m] * rho
+
+
 def oja(
     sketch_size: int,
     *,
@@ -553,7 +645,7 @@ def oja(
 
     def absorb(state, row, valid):
         v = state.directions
-        row = row.astype(v.dtype)
+        row = _like_last_axis(row.astype(v.dtype), v)
         exp = _rescale_exponent(
             state.scale_exp,
             jnp.max(jnp.abs(row), initial=0),
@@ -561,7 +653,7 @@ def oja(
         )
         lam = jnp.ldexp(state.eigenvalues, 2 * (state.scale_exp - exp))
         scaled_row = jnp.ldexp(row, -exp)
-        proj = jnp.matmul(v, scaled_row, precision=_HIGHEST)  # V g / 2**exp
+        proj = _dot_d(v, scaled_row)  # V g / 2**exp
         t = state.count + 1
         g = jnp.asarray(gamma(t.astype(v.dtype)), v.dtype)
         lam = (1 - g) * lam + g * jnp.square(proj)
@@ -578,11 +670,10 @@ def oja(
         keep = jax.nn.sigmoid(-log_f)  # 1 / (1 + |f| |g|)
         take = jax.nn.sigmoid(log_f)  # |f| |g| / (1 + |f| |g|)
         unit_row = scaled_row / jnp.where(gnorm > 0, gnorm, 1)
-        a = keep[:, None] * v + (jnp.sign(proj) * take)[:, None] * unit_row[None, :]
-        directions = _orthonormalize_rows(a)
+        directions, v_unit = _oja_orthonormalize(v, keep, jnp.sign(proj) * take, unit_row)
         new = state._replace(directions=directions, eigenvalues=lam, scale_exp=exp, count=t)
         new = jax.tree.map(lambda a, b: jnp.where(valid, a, b), new, state)
-        prod = jnp.ldexp(jnp.matmul(new.directions, scaled_row, precision=_HIGHEST), -exp)
+        prod = jnp.ldexp(gnorm * v_unit, -exp)  # V_t g / 4**exp, without another pass
         return new, jnp.where(valid, prod, 0)
 
     return _make_sketch(init, absorb, m, "oja")
@@ -615,7 +706,7 @@ def random_projection(sketch_size: int, key: jax.Array) -> Sketch:
 
     def absorb(state, row, valid):
         # A zero row changes nothing below (S + r 0^T = S, q = 0) but the key and the scale.
-        row = row.astype(state.rows.dtype)
+        row = _like_last_axis(row.astype(state.rows.dtype), state.rows)
         diag = jnp.diagonal(state.gram)
         exp = _rescale_exponent(
             state.scale_exp, jnp.max(jnp.abs(row), initial=0), jnp.max(diag, initial=0)
@@ -627,7 +718,7 @@ def random_projection(sketch_size: int, key: jax.Array) -> Sketch:
         dtype = state.rows.dtype
         r = jax.random.normal(sub, (m,), dtype) * jnp.asarray(1 / np.sqrt(m), dtype)
         scaled_row = jnp.ldexp(row, -exp)
-        prod = jnp.ldexp(jnp.matmul(state.rows, scaled_row, precision=_HIGHEST), -exp)
+        prod = jnp.ldexp(_dot_d(state.rows, scaled_row), -exp)
         sq = jnp.sum(jnp.square(scaled_row))
         q = prod + 0.5 * sq * r
         gram = gram + jnp.outer(r, q) + jnp.outer(q, r)
