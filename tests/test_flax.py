@@ -232,14 +232,19 @@ CHECKPOINTED = ["ada_fd_conv_ada_diag_rest", "ada_fd_robust_fast", "ada_fd_dual_
     n for n in ("radagrad_conv_ada_diag_rest",) if n in TRANSFORMS
 ]
 if "fd_son_conv_ada_diag_rest" in TRANSFORMS:
+    # orbax refuses to save zero-size arrays; some versions of fd_son kept a zero-size
+    # ``diag_sqrt`` placeholder in their state when diagonal rescaling is off.
+    _zero_size = any(
+        leaf.size == 0 for leaf in jax.tree.leaves(so.fd_son(1.0, 2).init(jnp.zeros(3)))
+    )
     CHECKPOINTED.append(
         pytest.param(
             "fd_son_conv_ada_diag_rest",
             marks=pytest.mark.xfail(
+                _zero_size,
                 strict=True,
                 raises=ValueError,
-                reason="fd_son's state keeps a zero-size diag_sqrt placeholder without "
-                "diagonal_rescaling, and orbax refuses to save zero-size arrays",
+                reason="fd_son's state holds a zero-size array: orbax cannot save it",
             ),
         )
     )
