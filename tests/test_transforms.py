@@ -46,6 +46,9 @@ class RefDiag:
     def solve(self, delta, y):
         return y / (delta + np.sqrt(self.sumsq))
 
+    def matrix(self, delta):
+        return np.diag(delta + np.sqrt(self.sumsq))
+
 
 class RefFull:
     """ADA-FULL: ``H = delta I + G^{1/2}``, ``G^{1/2} = V^T diag(s) V`` from ``svd([g_1; ...])``."""
@@ -60,6 +63,10 @@ class RefFull:
         _, s, vt = np.linalg.svd(self.rows, full_matrices=True)  # complete eigenbasis of G
         lam = delta + np.pad(s, (0, self.d - s.size))
         return vt.T @ ((vt @ y) / lam)
+
+    def matrix(self, delta):
+        _, s, vt = np.linalg.svd(self.rows, full_matrices=True)
+        return (vt.T * (delta + np.pad(s, (0, self.d - s.size)))) @ vt
 
 
 class RefFD:
@@ -101,6 +108,105 @@ class RefFD:
         root = np.sqrt(self.alpha)
         c, w = delta + root, np.sqrt(s**2 + self.alpha) - root
         return (y - vt.T @ (w / (c + w) * (vt @ y))) / c
+
+    def matrix(self, delta):
+        """``delta I + (S^T S + alpha I)^{1/2}`` from the sketch's SVD."""
+        root = np.sqrt(self.alpha)
+        if self.rows.shape[0] == 0:
+            return (delta + root) * np.eye(self.d)
+        _, s, vt = np.linalg.svd(self.rows, full_matrices=False)
+        w = np.sqrt(s**2 + self.alpha) - root
+        return (delta + root) * np.eye(self.d) + (vt.T * w) @ vt
+
+
+# Regularizers phi and their proximal steps ``argmin_x <u, x> + c phi(x) + 1/2 <x, H x>``.
+
+
+def _rows_view(x, shape):
+    """Rows of a 2-D leaf; any other leaf is one row (the mixed norms of Duchi et al. sec. 6.6)."""
+    return x.reshape(shape if len(shape) == 2 else (1, -1))
+
+
+def project_l1_ball(v, radius):
+    """Euclidean projection onto ``{||x||_1 <= radius}`` (sort-based, Duchi et al. 2008)."""
+    if np.sum(np.abs(v)) <= radius:
+        return v.copy()
+    a = np.sort(np.abs(v))[::-1]
+    cums = np.cumsum(a) - radius
+    k = np.nonzero(a - cums / np.arange(1, a.size + 1) > 0)[0][-1]
+    theta = cums[k] / (k + 1)
+    return np.sign(v) * np.maximum(np.abs(v) - theta, 0)
+
+
+def _prox_l2(v, t):
+    n = np.linalg.norm(v)
+    return v * max(0.0, 1 - t / n) if n > 0 else v * 0
+
+
+def _prox_linf(v, t):
+    return v - project_l1_ball(v, t)  # Moreau: the dual norm's ball
+
+
+class RefReg:
+    """A regularizer by its value and Euclidean prox ``prox_{t phi}`` (from the definitions)."""
+
+    def __init__(self, name, strength):
+        self.name, self.s = name, strength
+
+    def value(self, x, shape):
+        s, rows = self.s, _rows_view(x, shape)
+        return {
+            "l1": lambda: s * np.sum(np.abs(x)),
+            "l2_squared": lambda: s / 2 * np.sum(x**2),
+            "l2": lambda: s * np.linalg.norm(x),
+            "linf": lambda: s * np.max(np.abs(x), initial=0),
+            "l1_ball": lambda: 0.0 if np.sum(np.abs(x)) <= s * (1 + 1e-12) else np.inf,
+            "mixed_l1_l2": lambda: s * np.sum(np.linalg.norm(rows, axis=1)),
+            "mixed_l1_linf": lambda: s * np.sum(np.max(np.abs(rows), axis=1)),
+        }[self.name]()
+
+    def euclid(self, v, t, shape):
+        ts = t * self.s
+        if self.name == "l1":
+            return np.sign(v) * np.maximum(np.abs(v) - ts, 0)
+        if self.name == "l2_squared":
+            return v / (1 + ts)
+        if self.name == "l2":
+            return _prox_l2(v, ts)
+        if self.name == "linf":
+            return _prox_linf(v, ts)
+        if self.name == "l1_ball":
+            return project_l1_ball(v, self.s)
+        rows = _rows_view(v, shape)
+        row_prox = _prox_l2 if self.name == "mixed_l1_l2" else _prox_linf
+        return np.concatenate([row_prox(r, ts) for r in rows])
+
+    def prox(self, u, c, h, shape):
+        """``argmin_x <u, x> + c phi(x) + 1/2 <x, H x>`` by restarted FISTA run to machine
+        precision (the problem is ``lambda_min(H)``-strongly convex, so it converges
+        linearly); the closed forms of Duchi et al. eq. 22/24/25 for a diagonal ``H``."""
+        if self.name == "l1" and np.count_nonzero(h - np.diag(np.diag(h))) == 0:
+            hd = np.diag(h)  # eq. (22) / (24): x_i = -sign(u_i) [|u_i| - c s]_+ / H_ii
+            return -np.sign(u) * np.maximum(np.abs(u) - c * self.s, 0) / hd
+        if self.name == "l2_squared":  # eq. (25) generalized: (H + c s I) x = -u
+            return np.linalg.solve(h + c * self.s * np.eye(u.size), -u)
+        step = 1 / np.linalg.eigvalsh(h)[-1]
+        x = y = self.euclid(np.linalg.solve(h, -u), c * step, shape)
+        momentum, res = 1.0, np.inf
+        for _ in range(20000):
+            x_new = self.euclid(y - step * (u + h @ y), c * step, shape)
+            res = np.linalg.norm(x_new - x)
+            if (x_new - x) @ (y - x_new) > 0:  # restart (O'Donoghue & Candes)
+                momentum, y = 1.0, x_new
+            else:
+                m_new = (1 + np.sqrt(1 + 4 * momentum**2)) / 2
+                y = x_new + (momentum - 1) / m_new * (x_new - x)
+                momentum = m_new
+            x = x_new
+            if res <= 1e-15 * max(1.0, np.linalg.norm(x)):
+                break
+        assert res <= 1e-13 * max(1.0, np.linalg.norm(x)), res
+        return x
 
 
 REFERENCES = {
@@ -215,7 +321,9 @@ def run_tx(tx, x0, z, y, dtype=None, repeat=1, hook=None):
     return np.asarray(traj, np.float64), state
 
 
-def reference_run(kind, rule, x0, z, y, lr, delta, tau=3, *, clip=None, flat=False, per_leaf=None):
+def reference_run(
+    kind, rule, x0, z, y, lr, delta, tau=3, *, clip=None, flat=False, per_leaf=None, reg=None
+):
     """Float64 reference run, block-diagonal over the leaves ``b`` and ``w`` (one block over the
     whole vector with ``flat=True``); ``lr(count)`` with ``count = t - 1``. ``clip`` scales each
     gradient to global norm at most ``clip`` first. ``per_leaf`` maps a leaf to its own
@@ -226,7 +334,7 @@ def reference_run(kind, rule, x0, z, y, lr, delta, tau=3, *, clip=None, flat=Fal
     refs = {k: make_ref(specs[k][0], v.size, tau) for k, v in blocks.items()}
     anchor = {k: v.copy() for k, v in blocks.items()}
     gsum = {k: np.zeros_like(v) for k, v in blocks.items()}
-    traj = []
+    traj, problems, last_prox = [], [], {}
     for t in range(len(y)):
         x = np.concatenate(list(blocks.values()))
         g = lsq_grad(x, z[t], y[t])
@@ -237,12 +345,24 @@ def reference_run(kind, rule, x0, z, y, lr, delta, tau=3, *, clip=None, flat=Fal
             _, lr_k, delta_k = specs[k]
             eta = lr_k(t)
             refs[k].update(g[k])
-            if rule == "md":
+            if reg is not None:  # Duchi et al. sec. 6, eq. (21)
+                h = refs[k].matrix(delta_k)
+                if rule == "md":
+                    u, c = eta * g[k] - h @ blocks[k], eta
+                else:
+                    gsum[k] = gsum[k] + g[k]
+                    u, c = eta * gsum[k] - h @ anchor[k], eta * (t + 1)
+                blocks[k] = reg.prox(u, c, h, SHAPES[k])
+                last_prox[k] = (u, c, h)
+            elif rule == "md":
                 blocks[k] = blocks[k] - eta * refs[k].solve(delta_k, g[k])
             else:
                 gsum[k] = gsum[k] + g[k]
                 blocks[k] = anchor[k] - eta * refs[k].solve(delta_k, gsum[k])
         traj.append(np.concatenate(list(blocks.values())))
+        problems.append(dict(last_prox))
+    if reg is not None:
+        return np.array(traj), problems
     return np.array(traj), refs
 
 
@@ -272,8 +392,7 @@ def test_matches_float64_reference_step_by_step(kind, rule):
         assert max(refs["w"].shrinkage) > 1e-2 and max(refs["b"].shrinkage) > 1e-2
 
 
-@pytest.mark.parametrize("rule", RULES)
-@pytest.mark.parametrize("kind", ["fd", "full"])
+@pytest.mark.parametrize("kind, rule", [("fd", "md"), ("full", "da")])
 def test_matches_reference_with_a_schedule(kind, rule):
     steps = 30
 
@@ -287,7 +406,7 @@ def test_matches_reference_with_a_schedule(kind, rule):
     assert relerr(traj, want) < 1e-9
 
 
-@pytest.mark.parametrize("rule", RULES)
+@pytest.mark.parametrize("rule", ["da"])
 def test_matches_reference_in_float32(rule):
     steps = 30
     z, y = make_stream(steps, seed=3)
@@ -316,67 +435,62 @@ def test_dual_averaging_is_anchored_at_the_initial_params():
 # Exactness: ADA-FD with tau > d is ADA-FULL.
 
 
-@pytest.mark.parametrize(
-    "rule, variant",
-    [("md", {}), ("da", {}), ("md", {"robust": True}), ("da", {"robust": True, "fast": True})],
-)
+@pytest.mark.parametrize("rule, variant", [("md", {}), ("da", {"robust": True, "fast": True})])
 def test_ada_fd_with_tau_above_d_equals_ada_full(rule, variant):
+    """Against the ADA-FULL reference (and ADA-FULL itself matches it, see above)."""
     steps, lr, delta = 30, 0.1, 0.5
     z, y = make_stream(steps, seed=4)
     fd = so.ada_fd if rule == "md" else so.ada_fd_dual_averaging
-    full = so.ada_full if rule == "md" else so.ada_full_dual_averaging
     with x64(True):
         traj_fd, state = run_tx(fd(lr, DIM + 1, delta, **variant), X0, z, y, jnp.float64)
-        traj_full, _ = run_tx(full(lr, delta), X0, z, y, jnp.float64)
+    traj_full, _ = reference_run("full", rule, X0, z, y, lambda c: lr, delta)
     assert relerr(traj_fd, traj_full) < 1e-9
     if variant.get("robust"):  # no shrinkage ever happens, so alpha stays 0
         for leaf_state in state.metric_state.values():
             assert float(leaf_state.alpha) == 0.0
 
 
-@pytest.mark.parametrize("rule", RULES)
-def test_ada_fd_equals_ada_full_until_the_sketch_fills(rule):
+def test_ada_fd_equals_ada_full_until_the_sketch_fills():
     """FD is exact while fewer than ``tau`` rows have arrived (``tau - 1`` per step kept)."""
     tau, steps = 6, 5  # the 8-dim leaf w sees 5 < tau rows; b (3-dim) has tau > d
     z, y = make_stream(steps, seed=5)
-    fd = so.ada_fd if rule == "md" else so.ada_fd_dual_averaging
-    full = so.ada_full if rule == "md" else so.ada_full_dual_averaging
     with x64(True):
-        traj_fd, _ = run_tx(fd(0.1, tau, 0.5), X0, z, y, jnp.float64)
-        traj_full, _ = run_tx(full(0.1, 0.5), X0, z, y, jnp.float64)
+        traj_fd, _ = run_tx(so.ada_fd_dual_averaging(0.1, tau, 0.5), X0, z, y, jnp.float64)
+    traj_full, _ = reference_run("full", "da", X0, z, y, lambda c: 0.1, 0.5)
     assert relerr(traj_fd, traj_full) < 1e-9
 
 
-def test_aliases_are_the_generic_rules():
+def test_generic_rules_with_the_metrics_are_the_aliases():
+    """``mirror_descent``/``dual_averaging`` with a metric follow the references the aliases do."""
     z, y = make_stream(12, seed=6)
     fd3 = sketches.frequent_directions(3)
-    pairs = [
-        (so.ada_fd(0.1, 3, 0.5), so.mirror_descent(0.1, metrics.sketched(fd3, 0.5))),
-        (so.ada_diag_dual_averaging(0.1, 0.5), so.dual_averaging(0.1, metrics.diagonal(0.5))),
+    cases = [
+        ("fd", "md", so.mirror_descent(0.1, metrics.sketched(fd3, 0.5))),
+        ("diag", "da", so.dual_averaging(0.1, metrics.diagonal(0.5))),
     ]
-    for alias, generic in pairs:
-        np.testing.assert_array_equal(run_tx(alias, X0, z, y)[0], run_tx(generic, X0, z, y)[0])
+    for kind, rule, generic in cases:
+        with x64(True):
+            traj, _ = run_tx(generic, X0, z, y, jnp.float64)
+        want, _ = reference_run(kind, rule, X0, z, y, lambda c: 0.1, 0.5)
+        assert relerr(traj, want) < 1e-9
 
 
 @pytest.mark.parametrize(
-    "scale_by, alias",
+    "kind, scale_by",
     [
-        (lambda: so.scale_by_ada_fd(3, 0.5), lambda lr: so.ada_fd(lr, 3, 0.5)),
-        (
-            lambda: so.scale_by_ada_fd(3, 0.5, robust=True, fast=True),
-            lambda lr: so.ada_fd(lr, 3, 0.5, robust=True, fast=True),
-        ),
-        (lambda: so.scale_by_ada_full(0.5), lambda lr: so.ada_full(lr, 0.5)),
-        (lambda: so.scale_by_ada_diag(0.5), lambda lr: so.ada_diag(lr, 0.5)),
+        ("fast_rfd", lambda: so.scale_by_ada_fd(3, 0.5, robust=True, fast=True)),
+        ("full", lambda: so.scale_by_ada_full(0.5)),
+        ("diag", lambda: so.scale_by_ada_diag(0.5)),
     ],
 )
-def test_scale_by_preconditioner_with_learning_rate_is_the_alias(scale_by, alias):
+def test_scale_by_preconditioner_with_learning_rate_is_the_alias(kind, scale_by):
+    """``chain(scale_by_ada_*, scale_by_learning_rate(lr))`` is mirror descent with ``lr``."""
     z, y = make_stream(15, seed=7)
-    lr = 0.1
-    chained = optax.chain(scale_by(), optax.scale_by_learning_rate(lr))
-    traj_chain, state = run_tx(chained, X0, z, y)
-    traj_alias, _ = run_tx(alias(lr), X0, z, y)
-    np.testing.assert_allclose(traj_chain, traj_alias, rtol=1e-6, atol=1e-7)
+    with x64(True):
+        chained = optax.chain(scale_by(), optax.scale_by_learning_rate(0.1))
+        traj, state = run_tx(chained, X0, z, y, jnp.float64)
+    want, _ = reference_run(kind, "md", X0, z, y, lambda c: 0.1, 0.5)
+    assert relerr(traj, want) < 1e-9
     assert int(state[0].count) == 15
 
 
@@ -591,7 +705,9 @@ def test_rules_that_need_params_raise_without_them(name):
         tx.update(jnp.ones(3), state)
 
 
-@pytest.mark.parametrize("name", sorted(set(ALL) - NEEDS_PARAMS))
+@pytest.mark.parametrize(
+    "name", ["ada_fd_fast_robust", "ada_full", "s_adagrad", "scale_by_ada_diag"]
+)
 def test_unregularized_mirror_descent_needs_no_params(name):
     tx = ALL[name]()
     updates, _ = jax.jit(tx.update)(jnp.ones(3), tx.init(jnp.zeros(3)))
@@ -610,7 +726,7 @@ def test_integer_gradients_raise_a_clear_error_at_trace_time(name):
 # --------------------------------------------------------------------------------------------
 # Bad and odd inputs: non-finite leaves, zero gradients, scalar and empty leaves, bf16.
 
-ODD = ["ada_fd", "ada_fd_fast_robust", "ada_fd_dual_averaging", "ada_full", "ada_diag"]
+ODD = ["ada_fd", "ada_fd_fast_robust", "ada_fd_dual_averaging", "ada_full"]
 ODD += ["ada_diag_dual_averaging", "scale_by_ada_fd"]
 
 
@@ -628,12 +744,11 @@ def test_odd_inputs(name):
     without it."""
     tx = ALL[name]()
     rng = np.random.default_rng(20)
-    params = {
-        "a": jnp.asarray(rng.normal(size=4), jnp.float32),
-        "b": jnp.asarray([0.5, -0.2]),
-        "e": jnp.zeros((3, 0)),
-        "s": jnp.asarray(0.3),
-    }
+
+    def f32(tree):  # strong float32 leaves throughout, so the update compiles once
+        return {k: jnp.asarray(np.asarray(v, np.float32)) for k, v in tree.items()}
+
+    params = f32({"a": rng.normal(size=4), "b": [0.5, -0.2], "e": np.zeros((3, 0)), "s": 0.3})
     update = jax.jit(tx.update)
     state = tx.init(params)
     zeros = jax.tree.map(jnp.zeros_like, params)
@@ -641,16 +756,15 @@ def test_odd_inputs(name):
         u, state = update(zeros, state, params)
         chex.assert_trees_all_equal(u, zeros)
     for _ in range(3):  # some history
-        g = jax.tree.map(lambda p: jnp.asarray(rng.normal(size=p.shape), jnp.float32), params)
+        g = f32(jax.tree.map(lambda p: rng.normal(size=p.shape), params))
         u, state = update(g, state, params)
-        params = optax.apply_updates(params, u)
+        params = f32(optax.apply_updates(params, u))
     assert float(u["s"]) != 0.0 and float(jnp.min(jnp.abs(u["a"]))) > 0
     chex.assert_tree_all_finite((params, state))
     assert int(state.nonfinite_count) == 0
 
     for count, bad in enumerate((jnp.nan, jnp.inf, -jnp.inf), start=1):
-        g = {"a": jnp.asarray([1.0, bad, 0.0, 2.0]), "b": jnp.asarray([0.3, -1.0])}
-        g.update(e=jnp.zeros((3, 0)), s=jnp.asarray(bad))
+        g = f32({"a": [1.0, bad, 0.0, 2.0], "b": [0.3, -1.0], "e": np.zeros((3, 0)), "s": bad})
         u, new_state = update(g, state, params)
         for k in ("a", "s"):  # the skipped leaves
             np.testing.assert_array_equal(u[k], np.zeros_like(params[k]))
@@ -663,13 +777,13 @@ def test_odd_inputs(name):
         assert int(new_state.nonfinite_count) == 2 * count
         chex.assert_tree_all_finite((u, new_state))
         # the finite leaf proceeds exactly as with finite gradients on the other leaves
-        u_ok, s_ok = update({**g, "a": jnp.ones(4), "s": jnp.asarray(1.0)}, state, params)
+        u_ok, s_ok = update({**g, **f32({"a": np.ones(4), "s": 1.0})}, state, params)
         np.testing.assert_array_equal(u["b"], u_ok["b"])
         chex.assert_trees_all_equal(_restrict(new_state, ["b"])[:-1], _restrict(s_ok, ["b"])[:-1])
         state = new_state
 
 
-@pytest.mark.parametrize("name", ["ada_fd", "ada_fd_dual_averaging", "ada_full", "ada_diag"])
+@pytest.mark.parametrize("name", ["ada_fd_dual_averaging", "ada_full"])
 def test_huge_gradients_stay_finite(name):
     tx = ALL[name]()
     rng = np.random.default_rng(22)
@@ -681,7 +795,7 @@ def test_huge_gradients_stay_finite(name):
         chex.assert_tree_all_finite((u, state))
 
 
-@pytest.mark.parametrize("name", ["ada_fd", "ada_fd_dual_averaging", "ada_full", "ada_diag"])
+@pytest.mark.parametrize("name", ["ada_fd", "ada_diag_dual_averaging"])
 def test_bfloat16_params_keep_a_float32_state(name):
     """State in float32, updates in bf16 and equal to the float32 transform's on the same
     (bf16-representable) inputs up to bf16 rounding."""
@@ -722,13 +836,13 @@ def test_inside_chain_with_clipping_and_a_schedule(rule):
         chained = optax.chain(optax.clip_by_global_norm(1.0), make_tx("fd", rule, schedule, 0.5))
         traj, _ = run_tx(chained, X0, z, y, jnp.float64)
     assert relerr(traj, want) < 1e-9
-    schedule = optax.linear_schedule(0.2, 0.05, transition_steps=8)
-    chained = optax.chain(optax.clip_by_global_norm(1.0), make_tx("fd", rule, schedule, 0.5))
-    traj32, _ = run_tx(chained, X0, z, y)  # and in the default float32
-    assert relerr(traj32, want) < 1e-4
+    if rule == "md":  # and in the default float32
+        schedule = optax.linear_schedule(0.2, 0.05, transition_steps=8)
+        chained = optax.chain(optax.clip_by_global_norm(1.0), make_tx("fd", rule, schedule, 0.5))
+        assert relerr(run_tx(chained, X0, z, y)[0], want) < 1e-4
 
 
-@pytest.mark.parametrize("rule", RULES)
+@pytest.mark.parametrize("rule", ["da"])
 def test_optax_inject_hyperparams_with_static_sketch_size(rule):
     factory = so.ada_fd if rule == "md" else so.ada_fd_dual_averaging
     z, y = make_stream(12, seed=31)
@@ -750,10 +864,8 @@ def _lower_lr_from_step_5(state, t):
 @pytest.mark.parametrize(
     "kind, rule, factory, kwargs",
     [
-        ("fd", "md", so.ada_fd, dict(sketch_size=3, delta=0.5)),
         ("fast_rfd", "md", so.ada_fd, dict(sketch_size=3, delta=0.5, robust=True, fast=True)),
         ("fd", "da", so.ada_fd_dual_averaging, dict(sketch_size=3, delta=0.5)),
-        ("s_adagrad", "md", so.s_adagrad, dict(sketch_size=3, delta=0.5)),
         ("full", "md", so.ada_full, dict(delta=0.5)),
     ],
 )
@@ -771,7 +883,7 @@ def test_sketchopt_inject_hyperparams_changes_the_learning_rate_mid_run(
     assert "sketch_size" not in state.hyperparams
 
 
-@pytest.mark.parametrize("rule", RULES)
+@pytest.mark.parametrize("rule", ["da"])
 def test_flatten_is_one_metric_over_the_concatenated_vector(rule):
     z, y = make_stream(15, seed=33)
     with x64(True):
@@ -796,7 +908,7 @@ def test_partition_and_multi_transform_mix_metrics_per_leaf():
     np.testing.assert_array_equal(traj_part, traj_multi)
 
 
-@pytest.mark.parametrize("rule", RULES)
+@pytest.mark.parametrize("rule", ["da"])
 def test_multisteps_accumulates_then_steps(rule):
     """``MultiSteps(every_k=2)`` fed each gradient twice steps once with it (their mean)."""
     z, y = make_stream(10, seed=35)
@@ -810,7 +922,7 @@ def test_multisteps_accumulates_then_steps(rule):
     assert int(state.gradient_step) == 10
 
 
-@pytest.mark.parametrize("rule", RULES)
+@pytest.mark.parametrize("rule", ["md"])
 def test_apply_if_finite(rule):
     tx = optax.apply_if_finite(make_tx("fd", rule, 0.1, 0.5), max_consecutive_errors=3)
     bare = make_tx("fd", rule, 0.1, 0.5)
@@ -819,7 +931,8 @@ def test_apply_if_finite(rule):
     s, s_bare = tx.init(params), bare.init(params)
     g = to_tree(np.linspace(-1, 1, DIM))
     u, s = update(g, s, params)
-    u_bare, s_bare = bare.update(g, s_bare, params)
+    bare_update = jax.jit(bare.update)
+    u_bare, s_bare = bare_update(g, s_bare, params)
     chex.assert_trees_all_close(u, u_bare, rtol=1e-6)
     bad = {"b": g["b"].at[1].set(jnp.nan), "w": g["w"]}
     u, s2 = update(bad, s, params)
@@ -827,7 +940,7 @@ def test_apply_if_finite(rule):
     chex.assert_trees_all_equal(s2.inner_state, s.inner_state)
     assert int(s2.notfinite_count) == 1 and int(s2.total_notfinite) == 1
     u, s3 = update(g, s2, params)
-    chex.assert_trees_all_close(u, bare.update(g, s_bare, params)[0], rtol=1e-6)
+    chex.assert_trees_all_close(u, bare_update(g, s_bare, params)[0], rtol=1e-6)
     assert int(s3.notfinite_count) == 0
 
 
@@ -835,7 +948,7 @@ class JitVariantsTest(chex.TestCase):
     @chex.variants(with_jit=True, without_jit=True)
     def test_agrees_with_the_reference(self):
         z, y = make_stream(4, seed=36)
-        for rule in RULES:
+        for rule in ["da"]:
             tx = make_tx("fast_rfd", rule, 0.1, 0.5, tau=2)  # the 4-row buffer shrinks at step 4
             update = self.variant(tx.update)
             params = to_tree(X0)
@@ -848,7 +961,7 @@ class JitVariantsTest(chex.TestCase):
             assert relerr(np.asarray(flat_of(params)), want[-1]) < 1e-4
 
 
-@pytest.mark.parametrize("kind, rule", [("fd", "md"), ("fd", "da"), ("full", "md"), ("diag", "da")])
+@pytest.mark.parametrize("kind, rule", [("fd", "da"), ("full", "md")])
 def test_vmap_over_learning_rates_and_deltas(kind, rule):
     z, y = make_stream(10, seed=37)
     lrs = [0.05, 0.1, 0.3]
@@ -868,7 +981,7 @@ def test_vmap_over_learning_rates_and_deltas(kind, rule):
 # Checkpointing.
 
 
-@pytest.mark.parametrize("name", ["ada_fd_fast_robust", "ada_fd_dual_averaging", "ada_full"])
+@pytest.mark.parametrize("name", ["ada_fd_fast_robust", "ada_fd_dual_averaging"])
 def test_orbax_round_trip_continues_bit_identically(name, tmp_path):
     ocp = pytest.importorskip("orbax.checkpoint")
     tx = ALL[name]()
@@ -893,3 +1006,89 @@ def test_orbax_round_trip_continues_bit_identically(name, tmp_path):
     chex.assert_trees_all_equal(restored, state)
     chex.assert_trees_all_equal_dtypes(restored, state)
     chex.assert_trees_all_equal(steps(params, state, 5, 12), steps(params, restored, 5, 12))
+
+
+# --------------------------------------------------------------------------------------------
+# Composite steps with a regularizer (Duchi et al. sec. 6): references solve the prox problem.
+
+REG_NAMES = ["l1", "l2_squared", "l2", "linf", "l1_ball", "mixed_l1_l2", "mixed_l1_linf"]
+HAVE_REGULARIZERS = all(hasattr(so.regularizers, n) for n in REG_NAMES)
+needs_regularizers = pytest.mark.skipif(
+    not HAVE_REGULARIZERS, reason="sketchopt.regularizers is not available yet"
+)
+
+
+def make_reg(name, strength, **kw):
+    return getattr(so.regularizers, name)(strength, tol=1e-12, **kw)
+
+
+REG_CASES = [  # (regularizer, strength, metric, rule): closed forms, exact and inner solves
+    ("l1", 3.0, "diag", "md"),  # eq. (24)
+    ("l1", 3.0, "diag", "da"),  # eq. (22), anchored at x_1
+    ("l1", 0.6, "fd", "md"),
+    ("l1", 0.6, "full", "da"),
+    ("l2_squared", 0.5, "diag", "md"),  # eq. (25)
+    ("l2", 0.5, "fd", "da"),
+    ("linf", 0.5, "fast_rfd", "md"),
+    ("l1_ball", 1.5, "rfd", "da"),
+    ("mixed_l1_l2", 0.5, "full", "md"),
+    ("mixed_l1_linf", 0.5, "diag", "da"),
+]
+
+
+@needs_regularizers
+@pytest.mark.parametrize("name, strength, kind, rule", REG_CASES)
+def test_regularized_step_matches_float64_reference(name, strength, kind, rule):
+    steps, lr, delta = 15, 0.1, 0.5
+    z, y = make_stream(steps, seed=50)
+    tx = make_tx(kind, rule, lr, delta, regularizer=make_reg(name, strength))
+    with x64(True):
+        traj, _ = run_tx(tx, X0, z, y, jnp.float64)
+    ref_reg = RefReg(name, strength)
+    want, problems = reference_run(kind, rule, X0, z, y, lambda c: lr, delta, reg=ref_reg)
+    assert relerr(traj, want) < 1e-9, relerr(traj, want)
+    plain, _ = reference_run(kind, rule, X0, z, y, lambda c: lr, delta)
+    assert relerr(want, plain) > 1e-2  # the regularizer matters in this run
+    if name == "l1_ball":
+        for t in range(steps):
+            for x in split(traj[t]).values():
+                assert np.sum(np.abs(x)) <= strength * (1 + 1e-12)
+    if name == "l1":  # exact zeros exactly where the optimality conditions force them
+        zeros = 0
+        for t in range(steps):
+            got, ref_x = split(traj[t]), split(want[t])
+            for k, (u, c, h) in problems[t].items():
+                slack = np.abs(u + h @ ref_x[k]) - c * strength  # < 0: x_i = 0 strictly
+                forced = (ref_x[k] == 0) & (slack < -1e-8 * c * strength)
+                np.testing.assert_array_equal(got[k][forced], 0.0)
+                assert np.all(got[k][np.abs(ref_x[k]) > 1e-8] != 0)
+                zeros += int(np.sum(forced))
+        assert 0 < zeros < steps * DIM
+
+
+ZERO_CASES = [
+    ("l1", 0.0, {"solver": "admm"}, "fd", "da"),
+    ("l2_squared", 0.0, {}, "full", "md"),
+    ("mixed_l1_linf", 0.0, {}, "diag", "da"),
+    ("l1_ball", 1e6, {}, "fast_rfd", "md"),  # an inactive constraint
+]
+
+
+@needs_regularizers
+@pytest.mark.parametrize("name, strength, kw, kind, rule", ZERO_CASES)
+def test_zero_regularizer_equals_the_unregularized_rule(name, strength, kw, kind, rule):
+    steps, lr, delta = 15, 0.1, 0.5
+    z, y = make_stream(steps, seed=51)
+    tx = make_tx(kind, rule, lr, delta, regularizer=make_reg(name, strength, **kw))
+    with x64(True):
+        traj, _ = run_tx(tx, X0, z, y, jnp.float64)
+    want, _ = reference_run(kind, rule, X0, z, y, lambda c: lr, delta)
+    assert relerr(traj, want) < 1e-9
+
+
+@needs_regularizers
+def test_regularized_mirror_descent_needs_params():
+    tx = so.ada_fd(0.1, 3, 0.5, regularizer=so.regularizers.l1(0.1))
+    state = tx.init(jnp.zeros(3))
+    with pytest.raises(ValueError, match="params"):
+        tx.update(jnp.ones(3), state)
