@@ -170,9 +170,9 @@ class LowRank(NamedTuple):
         return self.coef @ jnp.ldexp(product, self.scale_exp)
 
     def lift(self, a):
-        """``V^T a``."""
+        """``V^T a`` (``a`` is scaled first: Oja's ``coef`` carries ``2**scale_exp`` itself)."""
         return jnp.matmul(
-            jnp.ldexp(self.coef.T @ a, -self.scale_exp), self.basis, precision=_HIGHEST
+            self.coef.T @ jnp.ldexp(a, -self.scale_exp), self.basis, precision=_HIGHEST
         )
 
     def directions(self):
@@ -428,11 +428,6 @@ def _fd_family(
         rot = jnp.where(valid, rot, jnp.eye(n, dtype=rot.dtype))
         rows = _rotate_rows(rot, state.rows)
         gram = jnp.where(valid, jnp.diag(shrunk), state.gram)
-        # Every _GRAM_REFRESH shrinks, replace the tracked Gram matrix by the exact one of the
-        # rotated rows, so round-off cannot accumulate in it (see _GRAM_REFRESH).
-        index = (state.count - n) // (n - tau + 1)  # 0 for the first shrink with a full buffer
-        refresh = valid & (index % _GRAM_REFRESH == _GRAM_REFRESH - 1)
-        gram = jax.lax.cond(refresh, lambda: _exact_gram(rows, state.scale_exp), lambda: gram)
         new = state._replace(
             rows=rows,
             gram=gram,
@@ -476,10 +471,24 @@ def _fd_family(
             count=state.count + step,
         )
         if not fast:
-            return shrink(state, prod, valid)
-        return jax.lax.cond(
-            state.fill == n, lambda s, p: shrink(s, p, True), lambda s, p: (s, p), state, prod
+            state, prod = shrink(state, prod, valid)
+            return refresh_gram(state, valid), prod
+        full = state.fill == n
+        state, prod = jax.lax.cond(
+            full, lambda s, p: shrink(s, p, True), lambda s, p: (s, p), state, prod
         )
+        return refresh_gram(state, full), prod
+
+    def refresh_gram(state, shrank):
+        """Every _GRAM_REFRESH shrinks, replace the tracked Gram matrix by the exact one of the
+        rotated rows, so round-off cannot accumulate in it (see _GRAM_REFRESH). Kept outside the
+        doubling buffer's ``lax.cond``: nested there, reading the rows made XLA copy them."""
+        index = (state.count - n) // (n - tau + 1)  # 0 for the first shrink with a full buffer
+        refresh = shrank & (index % _GRAM_REFRESH == _GRAM_REFRESH - 1)
+        gram = jax.lax.cond(
+            refresh, lambda: _exact_gram(state.rows, state.scale_exp), lambda: state.gram
+        )
+        return state._replace(gram=gram)
 
     return _make_sketch(init, absorb, tau, name)
 
