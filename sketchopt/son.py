@@ -22,6 +22,12 @@ Transforms (all ``optax.GradientTransformationExtraArgs``):
 * :func:`ons` -- the full-matrix Online Newton Step (``O(d^2)`` per step, Sherman-Morrison), the
   baseline the sketched ones approximate (with ``sketch_size > d`` FD-SON equals it).
 
+``alpha = 0`` is allowed for FD- and Oja-SON (the pseudo-inverse of SON Appendix D, no step outside
+the sketch) and is RFD0-SON's start; with a full-rank ``A`` (sketch larger than ``d``, after ``d``
+independent gradients) such runs are exactly invariant to ``x -> M x`` (SON sec. 2). While ``A`` is
+rank-deficient no variant is: ``(M G M^T)^+ M g`` and ``M^{-T} G^+ g`` differ by a null-space
+vector, as for ONS itself.
+
 A full SON run (Alg. 1) with a linear model::
 
     tx = sketchopt.fd_son(alpha=1.0, sketch_size=10)
@@ -43,8 +49,10 @@ Conventions (shared with :mod:`sketchopt.transforms`):
 * Every leaf of the parameter pytree gets its own sketch (block-diagonal ``A``); a leaf of any
   shape is its flattened vector. ``optax.flatten(tx)`` gives one sketch over all parameters. The
   bounded-prediction projection couples the leaves through the single constraint ``|w^T x| <= C``.
-* A leaf whose gradient (or anything computed from it) is not finite is skipped: its state is left
-  exactly as it was, its update is zero, and ``nonfinite_count`` counts it.
+* A leaf whose gradient (or its to-sketch vector) is not finite is skipped: its state is left
+  exactly as it was (a selection, not a ``lax.cond``, so a donated state is not copied), its
+  update is zero, and ``nonfinite_count`` counts it. A non-finite update, which the numerics
+  below should never produce, is zeroed and counted as well.
 * States are at least float32 (bf16 parameters keep a float32 sketch) and float64 when the
   parameters are. Quadratic quantities never leave the sketches' power-of-two scaled units
   unprotected: ``A^{-1} g`` is assembled from mantissa/exponent pairs, so gradients of norm
@@ -128,23 +136,25 @@ class SketchedNewtonState(NamedTuple):
     ``sketch`` is the sketch state of :mod:`sketchopt.sketches`; ``A = alpha I + C`` with ``C`` the
     sketched covariance (its own ``alpha`` included: RFD's adaptive ridge). ``alpha`` is the fixed
     ridge used at the last update (0 for :func:`rfd_son`). ``diag_sqrt`` is ``D^{1/2}`` for the
-    diagonal rescaling (shape ``(0,)`` when it is off).
+    diagonal rescaling (``None`` when it is off: no zero-size placeholder, so the state
+    checkpoints with orbax).
     """
 
     sketch: Any
     alpha: jax.Array
-    diag_sqrt: jax.Array
+    diag_sqrt: jax.Array | None
 
 
 class RandomProjectionNewtonState(NamedTuple):
     """Per-leaf state of RP-SON: the random-projection sketch and ``inverse`` =
     ``4**e (alpha I + S S^T)^{-1}`` (``e`` the sketch's ``scale_exp``), the paper's ``H_t`` in the
-    sketch's scaled units, maintained by two rank-one Woodbury updates per step."""
+    sketch's scaled units, maintained by two rank-one Woodbury updates per step; ``diag_sqrt`` as
+    in :class:`SketchedNewtonState`."""
 
     sketch: _sketches.RandomProjectionState
     inverse: jax.Array
     alpha: jax.Array
-    diag_sqrt: jax.Array
+    diag_sqrt: jax.Array | None
 
 
 class ONSLeafState(NamedTuple):
@@ -155,7 +165,7 @@ class ONSLeafState(NamedTuple):
     gram: jax.Array
     scale_exp: jax.Array
     alpha: jax.Array
-    diag_sqrt: jax.Array
+    diag_sqrt: jax.Array | None
 
 
 _LEAF_STATES = (SketchedNewtonState, RandomProjectionNewtonState, ONSLeafState)
@@ -225,15 +235,6 @@ def _mq_add(a, b):
     (ma, qa), (mb, qb) = a, b
     q = jnp.maximum(qa, qb)
     return jnp.ldexp(ma, qa - q) + jnp.ldexp(mb, qb - q), q
-
-
-def _all_finite(tree):
-    leaves = [
-        jnp.all(jnp.isfinite(x))
-        for x in jax.tree.leaves(tree)
-        if jnp.issubdtype(jnp.asarray(x).dtype, jnp.inexact)
-    ]
-    return jnp.all(jnp.stack(leaves)) if leaves else jnp.asarray(True)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -335,8 +336,7 @@ def _son_transform(init_leaf, step_leaf, *, eta, curvature, diagonal_rescaling):
             dim = int(np.size(p))
             dtype = _transforms._leaf_dtype(p)
             ls = init_leaf(i, dim, dtype)
-            size = dim if diagonal_rescaling else 0
-            diag = jnp.full((size,), np.sqrt(_DIAGONAL_INIT), dtype)
+            diag = jnp.full((dim,), np.sqrt(_DIAGONAL_INIT), dtype) if diagonal_rescaling else None
             states.append(ls._replace(diag_sqrt=diag))
         # Two distinct buffers: a donated state must not hold the same array twice.
         return SONState(
@@ -384,7 +384,7 @@ def _sketched_son(make_sketch, alpha, *, eta, curvature, diagonal_rescaling, ini
         sk_state = make_sketch(i).init(dim, dtype)
         if init_alpha is not None:  # RFD's alpha^(0), stored in the sketch's scaled units (e = 0)
             sk_state = sk_state._replace(alpha=jnp.asarray(init_alpha, sk_state.alpha.dtype))
-        return SketchedNewtonState(sk_state, jnp.asarray(alpha, dtype), jnp.zeros((0,), dtype))
+        return SketchedNewtonState(sk_state, jnp.asarray(alpha, dtype), None)
 
     def step_leaf(ls, gz, ghat, c, valid):
         a = jnp.where(valid, jnp.asarray(alpha, ls.alpha.dtype), ls.alpha)
@@ -657,12 +657,17 @@ def rp_son(
     ``-A_t^{-1} g_t = -(1/alpha)(g_t - S^T H_t S g_t)`` with ``H_t = (alpha I + S S^T)^{-1}``.
     ``H_t`` is kept in the state and updated as in the paper: ``H_t^{-1} = H_{t-1}^{-1} + q r^T +
     r q^T`` (``q = S_{t-1} ghat + |ghat|^2 r / 2``) is two rank-one Sherman-Morrison steps, so a
-    step
-    costs two ``O(m d)`` passes plus ``O(m^2)``. As a numerical safeguard ``H`` is recomputed from
-    the sketch's tracked Gram matrix (``O(m^3)``, amortized ``O(m^2)``) every ``m`` steps, when
-    ``alpha`` was changed (e.g. by ``inject_hyperparams``) and whenever a downdate denominator is
-    not safely positive. The paper's form cancels digits when ``alpha << |S|^2``: in float32 keep
-    ``alpha`` above about ``1e-6`` times the squared gradient scale, or use float64.
+    step costs ``O(m d)`` passes plus ``O(m^2)``. As a numerical safeguard ``H`` is recomputed
+    from the sketch's tracked Gram matrix (``O(m^3)``, amortized ``O(m^2)``) every ``m`` steps,
+    when ``alpha`` was changed (e.g. by ``inject_hyperparams``) and whenever a downdate
+    denominator is not safely positive.
+
+    Precision: the paper's form divides a cancellation by ``alpha``; its round-off grows like
+    ``eps * kappa^2`` with ``kappa = (alpha + |S|^2) / alpha``. It is used while
+    ``kappa <= eps**(-1/3)`` (about 200 in float32, 1.6e5 in float64); beyond that (small
+    ``alpha`` against the gradient scale, e.g. ``alpha = 1`` with gradients of norm 1e30) the
+    solve goes through the eigendecomposition of the tracked ``m x m`` Gram matrix instead, like
+    FD-SON (``O(m^3)`` per step, still ``O(m d)`` in ``d``), which stays accurate at any scale.
 
     Args:
       alpha: ``alpha > 0``.
@@ -684,7 +689,7 @@ def rp_son(
         sk_state = _sketches.random_projection(m, leaf_key).init(dim, dtype)
         a = jnp.asarray(alpha, dtype)
         inverse = jnp.eye(m, dtype=dtype) / a
-        return RandomProjectionNewtonState(sk_state, inverse, a, jnp.zeros((0,), dtype))
+        return RandomProjectionNewtonState(sk_state, inverse, a, None)
 
     def step_leaf(ls, gz, ghat, c, valid):
         dtype = ls.alpha.dtype
@@ -754,7 +759,7 @@ def ons(
             gram=jnp.zeros((dim, dim), dtype),
             scale_exp=jnp.zeros((), jnp.int32),
             alpha=a,
-            diag_sqrt=jnp.zeros((0,), dtype),
+            diag_sqrt=None,
         )
 
     def recompute(gram, e, a):
@@ -937,10 +942,12 @@ def project_bounded_prediction(opt_state, params, features, bound):
 
     # z-coordinates of the diagonal rescaling: x~ = D^{-1/2} x; then normalize by a power of two.
     xt = [
-        x / ls.diag_sqrt if ls.diag_sqrt.size else x for x, ls in zip(xs, leaf_states, strict=True)
+        x if ls.diag_sqrt is None else x / ls.diag_sqrt
+        for x, ls in zip(xs, leaf_states, strict=True)
     ]
     kx = jnp.max(
-        jnp.stack([_sketches._exponent(jnp.max(jnp.abs(x), initial=0)) for x in xt]), initial=0
+        jnp.stack([_sketches._exponent(jnp.max(jnp.abs(x), initial=0)) for x in xt]),
+        initial=_sketches._NO_EXPONENT,
     )
     kx = jnp.where(kx == _sketches._NO_EXPONENT, 0, kx)
     xh = [jnp.ldexp(x, -kx) for x in xt]
@@ -966,7 +973,7 @@ def project_bounded_prediction(opt_state, params, features, bound):
         step = jnp.where(use_null, via_null, jnp.where(ok_range, via_range, 0))
         moves.append(-tau * step)
     moves = [
-        m / ls.diag_sqrt if ls.diag_sqrt.size else m
+        m if ls.diag_sqrt is None else m / ls.diag_sqrt
         for m, ls in zip(moves, leaf_states, strict=True)
     ]
     new = [u + m for u, m in zip(us, moves, strict=True)]

@@ -585,7 +585,7 @@ def dense_metric(name, leaf, dim):
         if name != "rp":
             ridge += float(sketch.alpha) * 4.0 ** int(sketch.scale_exp)
         a = s.T @ s + ridge * np.eye(dim)
-    if leaf.diag_sqrt.size:
+    if leaf.diag_sqrt is not None:
         root = np.asarray(leaf.diag_sqrt, np.float64)
         a = root[:, None] * a * root[None, :]
     return a
@@ -800,6 +800,26 @@ def test_size_zero_and_scalar_leaves():
         state, {"e": jnp.zeros((0,)), "s": jnp.asarray(5.0)}, {"e": jnp.zeros((0,)), "s": 2.0}, 1.0
     )
     assert float(w["s"]) == pytest.approx(0.5) and w["e"].shape == (0,)
+
+
+def test_orbax_round_trip(tmp_path):
+    """SON states (no zero-size placeholders; RP's typed key) survive an orbax save/restore."""
+    ocp = pytest.importorskip("orbax.checkpoint")
+    params = {"w": jnp.zeros((2, 3)), "b": jnp.zeros(())}
+    for i, tx in enumerate((so.fd_son(1.0, 3), so.rp_son(1.0, 3, jax.random.key(0)))):
+        state = tx.init(params)
+        _, state = tx.update(jax.tree.map(jnp.ones_like, params), state)
+        path = tmp_path / f"ckpt{i}"
+        with ocp.StandardCheckpointer() as ckptr:
+            ckptr.save(path, state)
+            ckptr.wait_until_finished()
+        abstract = jax.tree.map(ocp.utils.to_shape_dtype_struct, state)
+        with ocp.StandardCheckpointer() as ckptr:
+            restored = ckptr.restore(path, abstract)
+        for a, b in zip(jax.tree.leaves(state), jax.tree.leaves(restored), strict=True):
+            if jnp.issubdtype(a.dtype, jax.dtypes.prng_key):
+                a, b = jax.random.key_data(a), jax.random.key_data(b)
+            np.testing.assert_array_equal(a, b)
 
 
 def test_validation():
