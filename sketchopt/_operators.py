@@ -69,7 +69,9 @@ class LowRankOperator(NamedTuple):
 
     def lift(self, a):
         """``V^T a`` (d,), one pass over ``basis``."""
-        a = jnp.ldexp(self.coef.T @ a, -jnp.asarray(self.scale_exp, jnp.int32))
+        # Scale a first: coef may carry 2**scale_exp itself (Oja's unit directions), and
+        # coef.T @ a could then overflow where the result does not.
+        a = self.coef.T @ jnp.ldexp(a, -jnp.asarray(self.scale_exp, jnp.int32))
         return jnp.matmul(a, self.basis, precision=_HIGHEST)
 
     def solve_projected(self, y, vy):

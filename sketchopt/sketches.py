@@ -301,8 +301,11 @@ def _gram_low_rank(rows, gram, scale_exp, alpha, drop_last):
 _ROTATION_BLOCK = 8192
 
 
-def _rotate_rows(rot, rows):
+def _rotate_rows(rot, rows, valid=True):
     """``rot @ rows`` for a small square ``rot``, computed in place over column blocks.
+
+    With ``valid`` false the rows come back bit-identical (an identity ``rot`` alone would turn
+    their ``-0.0`` entries into ``+0.0``); the selection is fused into the same pass.
 
     On a CPU a plain ``n x n`` by ``n x d`` matmul needs a second ``n x d`` buffer (a fresh
     allocation, page faults included, every step) and, with ``n`` small, runs far below peak;
@@ -316,19 +319,20 @@ def _rotate_rows(rot, rows):
     block = _ROTATION_BLOCK
     single_cpu = jax.default_backend() == "cpu" and jax.device_count() == 1
     if d <= 2 * block or not single_cpu:
-        return jnp.matmul(rot, rows, precision=_HIGHEST)
+        return jnp.where(valid, jnp.matmul(rot, rows, precision=_HIGHEST), rows)
     num_blocks = d // block
 
     def body(i, rows):
         start = i * block
         tile = jax.lax.dynamic_slice_in_dim(rows, start, block, axis=1)
-        tile = jnp.matmul(rot, tile, precision=_HIGHEST)
+        tile = jnp.where(valid, jnp.matmul(rot, tile, precision=_HIGHEST), tile)
         return jax.lax.dynamic_update_slice_in_dim(rows, tile, start, axis=1)
 
     rows = jax.lax.fori_loop(0, num_blocks, body, rows)
     start = num_blocks * block
     if start < d:
-        tail = jnp.matmul(rot, rows[:, start:], precision=_HIGHEST)
+        tail = rows[:, start:]
+        tail = jnp.where(valid, jnp.matmul(rot, tail, precision=_HIGHEST), tail)
         rows = jax.lax.dynamic_update_slice_in_dim(rows, tail, start, axis=1)
     return rows
 
@@ -426,7 +430,7 @@ def _fd_family(
         ratio = jnp.where(mu > 0, shrunk / jnp.where(mu > 0, mu, 1), 0)
         rot = (u * jnp.sqrt(ratio)).T  # B' = diag(sqrt((mu - delta)/mu)) U^T B
         rot = jnp.where(valid, rot, jnp.eye(n, dtype=rot.dtype))
-        rows = _rotate_rows(rot, state.rows)
+        rows = _rotate_rows(rot, state.rows, valid)
         gram = jnp.where(valid, jnp.diag(shrunk), state.gram)
         new = state._replace(
             rows=rows,
@@ -457,17 +461,23 @@ def _fd_family(
         # Insert first, then take the one pass over the rows: B g / 4**exp with the new row's own
         # squared norm at position j (the slot was zero). In this order the in-place insertion
         # and the later in-place rotation never race with the read, so XLA copies nothing.
-        rows = jax.lax.dynamic_update_slice(state.rows, row[None, :], (j, jnp.int32(0)))
+        # A skipped (invalid) row leaves everything bit-identical, signed zeros included: the
+        # slot keeps its old contents and the small arrays are selected.
+        slot = jax.lax.dynamic_slice_in_dim(state.rows, j, 1, axis=0)
+        slot = jnp.where(valid, row[None, :], slot)
+        rows = jax.lax.dynamic_update_slice(state.rows, slot, (j, jnp.int32(0)))
         prod = jnp.ldexp(_dot_d(rows, scaled_row), -exp)
-        gram = gram.at[j, :].set(prod).at[:, j].set(prod)
+        gram = jnp.where(valid, gram.at[j, :].set(prod).at[:, j].set(prod), state.gram)
         step = valid.astype(jnp.int32)
         state = state._replace(
             rows=rows,
             gram=gram,
             fill=j + step,
             scale_exp=exp,
-            alpha=jnp.ldexp(state.alpha, factor),
-            compensation=jnp.ldexp(state.compensation, factor),
+            alpha=jnp.where(valid, jnp.ldexp(state.alpha, factor), state.alpha),
+            compensation=jnp.where(
+                valid, jnp.ldexp(state.compensation, factor), state.compensation
+            ),
             count=state.count + step,
         )
         if not fast:
