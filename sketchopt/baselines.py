@@ -526,7 +526,9 @@ def _project(x, signs, idx, sketch_size):
     if d == 0:
         return jnp.zeros(x.shape[:-1] + (sketch_size,), x.dtype)
     y = jax.scipy.fft.dct(x * signs.astype(x.dtype), type=2, norm="ortho", axis=-1)
-    y = jnp.take(y, idx, axis=-1) * jnp.asarray(np.sqrt(d / sketch_size), x.dtype)
+    # Scale by the number of coordinates actually kept (min(tau, d)): with tau > d the padded
+    # rows are zero and Pi must stay an isometry, or RADAGRAD would not reduce to ADA-FULL.
+    y = jnp.take(y, idx, axis=-1) * jnp.asarray(np.sqrt(d / idx.shape[0]), x.dtype)
     pad = sketch_size - idx.shape[0]
     if pad:
         y = jnp.concatenate([y, jnp.zeros(y.shape[:-1] + (pad,), y.dtype)], axis=-1)

@@ -102,9 +102,19 @@ def test_ada_lr_matches_reference(tau):
     np.testing.assert_allclose(ours, ref, rtol=1e-8, atol=1e-8)
 
 
-def test_projection_is_an_isometry_when_it_keeps_every_coordinate():
-    pi = _projection_matrix(jax.random.PRNGKey(0), 16, 16)
-    np.testing.assert_allclose(pi @ pi.T, np.eye(16), atol=1e-12)
+@pytest.mark.parametrize("tau", [16, 24])
+def test_projection_is_an_isometry_when_it_keeps_every_coordinate(tau):
+    pi = _projection_matrix(jax.random.PRNGKey(0), 16, tau)  # tau > d pads zero rows
+    np.testing.assert_allclose(pi.T @ pi, np.eye(16), atol=1e-12)
+
+
+def test_radagrad_with_sketch_larger_than_d_is_ada_full():
+    x, y = _stream(d=6, T=30, seed=2)
+    with jax.enable_x64(True):
+        x, y = jnp.asarray(x), jnp.asarray(y)
+        full, _ = _run(so.ada_full(0.3, 0.5), x, y)
+        ours, _ = _run(so.radagrad(0.3, 10, 0.5, jax.random.PRNGKey(5)), x, y)
+    np.testing.assert_allclose(ours, full, rtol=1e-9, atol=1e-10)
 
 
 @pytest.mark.parametrize("make", [so.radagrad, so.ada_lr])
