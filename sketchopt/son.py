@@ -118,10 +118,12 @@ _BIG_EXP = 2**20
 class SONState(NamedTuple):
     """State of every transform of this module.
 
-    ``leaf_state`` has the structure of the parameters with one per-leaf state
-    (:class:`SketchedNewtonState`, :class:`RandomProjectionNewtonState` or :class:`ONSLeafState`)
-    at each leaf; ``count`` is the number of ``update`` calls, ``nonfinite_count`` the number of
-    leaf updates skipped for non-finite input. :func:`project_bounded_prediction` finds this state
+    ``leaf_state`` is a per-leaf state (:class:`SketchedNewtonState`,
+    :class:`RandomProjectionNewtonState` or :class:`ONSLeafState`) whose arrays are replaced by
+    trees with the parameters' structure (the Optax layout, see
+    :func:`sketchopt.transforms.pack_leaf_states`; e.g. ``leaf_state.alpha["w"]``); ``count``
+    is the number of ``update`` calls, ``nonfinite_count`` the number of leaf updates skipped for
+    non-finite input. :func:`project_bounded_prediction` finds this state
     anywhere inside an optimizer state.
     """
 
@@ -166,9 +168,6 @@ class ONSLeafState(NamedTuple):
     scale_exp: jax.Array
     alpha: jax.Array
     diag_sqrt: jax.Array | None
-
-
-_LEAF_STATES = (SketchedNewtonState, RandomProjectionNewtonState, ONSLeafState)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -340,7 +339,9 @@ def _son_transform(init_leaf, step_leaf, *, eta, curvature, diagonal_rescaling):
             states.append(ls._replace(diag_sqrt=diag))
         # Two distinct buffers: a donated state must not hold the same array twice.
         return SONState(
-            jnp.zeros((), jnp.int32), treedef.unflatten(states), jnp.zeros((), jnp.int32)
+            jnp.zeros((), jnp.int32),
+            _transforms.pack_leaf_states(treedef, states),
+            jnp.zeros((), jnp.int32),
         )
 
     def update_fn(updates, state, params=None):
@@ -912,7 +913,12 @@ def project_bounded_prediction(opt_state, params, features, bound):
         raise ValueError("project_bounded_prediction needs the current params, got None")
     _check_scalar("bound", bound, allow_callable=False)
     son = _find_son_state(opt_state)
-    leaf_states = jax.tree.leaves(son.leaf_state, is_leaf=lambda n: isinstance(n, _LEAF_STATES))
+    if son.leaf_state is None:  # no parameters at all
+        return params
+    # Every per-leaf state has an ``alpha``: its tree has the structure the SON state covers.
+    leaf_states = _transforms.unpack_leaf_states(
+        jax.tree.structure(son.leaf_state.alpha), son.leaf_state
+    )
     p_leaves, p_def = jax.tree.flatten(params)
     x_leaves = p_def.flatten_up_to(features)
     dims = [_leaf_dim(ls) for ls in leaf_states]

@@ -47,18 +47,22 @@ __all__ = [
     "dual_averaging",
     "inject_hyperparams",
     "mirror_descent",
+    "pack_leaf_states",
+    "per_leaf_states",
     "s_adagrad",
     "scale_by_ada_diag",
     "scale_by_ada_fd",
     "scale_by_ada_full",
     "scale_by_metric",
+    "unpack_leaf_states",
 ]
 
 ScalarOrSchedule = float | jax.Array | Callable[[jax.Array], jax.Array]
 
 
 class ScaleByMetricState(NamedTuple):
-    """State of :func:`scale_by_metric`: one metric state per leaf."""
+    """State of :func:`scale_by_metric`: one metric state per leaf, packed (see
+    :func:`pack_leaf_states`: ``metric_state.sketch.rows["w"]`` is leaf ``w``'s sketch)."""
 
     count: jax.Array
     metric_state: Any
@@ -66,7 +70,8 @@ class ScaleByMetricState(NamedTuple):
 
 
 class MirrorDescentState(NamedTuple):
-    """State of :func:`mirror_descent`: one metric state per leaf."""
+    """State of :func:`mirror_descent`: one metric state per leaf, packed (see
+    :func:`pack_leaf_states`: ``metric_state.sketch.rows["w"]`` is leaf ``w``'s sketch)."""
 
     count: jax.Array
     metric_state: Any
@@ -74,8 +79,9 @@ class MirrorDescentState(NamedTuple):
 
 
 class DualAveragingState(NamedTuple):
-    """State of :func:`dual_averaging`: per leaf a metric state, the running gradient sum
-    ``sum_{s<=t} g_s`` and the anchor ``x_1`` (the initial parameters)."""
+    """State of :func:`dual_averaging`: per leaf a metric state (packed, see
+    :func:`pack_leaf_states`), the running gradient sum ``sum_{s<=t} g_s`` and the anchor ``x_1``
+    (the initial parameters), both flattened per leaf."""
 
     count: jax.Array
     metric_state: Any
@@ -115,24 +121,66 @@ def _check_gradient_leaf(g):
 
 
 def _metric_init(metric, params):
-    return jax.tree.map(lambda p: metric.init(jnp.size(p), _leaf_dtype(p)), params)
+    leaves, treedef = jax.tree.flatten(params)
+    return pack_leaf_states(treedef, [metric.init(jnp.size(p), _leaf_dtype(p)) for p in leaves])
 
 
-def _map_leaves(fn, updates, *trees):
-    """Apply ``fn(g, *leaves)`` leaf by leaf and transpose the per-leaf output tuples to trees.
+def pack_leaf_states(treedef, states):
+    """Per-leaf states -> the Optax layout: one state structure whose leaves are parameter trees.
 
-    Each of ``trees`` has the structure of ``updates`` down to its leaves (whose values may be
-    whole per-leaf states), or is ``None`` (then ``fn`` receives ``None`` for it).
+    ``states`` lists one state per leaf of ``treedef`` (all of the same structure). The result
+    has that per-leaf structure with, in place of each array, a pytree of the parameters'
+    structure -- as ``optax.ScaleByAdamState.mu`` is -- so ``state.metric_state.sketch.rows``
+    is a tree like the params. This is what Flax's ``nnx.Optimizer`` (which wraps the
+    parameter-structured parts of a state in variables) and :mod:`sketchopt.sharding` rely on.
+    ``None`` when the parameters have no leaves.
+    """
+    if not states:
+        return None
+    return jax.tree.transpose(treedef, jax.tree.structure(states[0]), treedef.unflatten(states))
+
+
+def unpack_leaf_states(treedef, packed):
+    """The inverse of :func:`pack_leaf_states`: the list of per-leaf states."""
+    if treedef.num_leaves == 0:
+        return []
+    inner = jax.tree.structure(packed, is_leaf=lambda n: jax.tree.structure(n) == treedef)
+    return treedef.flatten_up_to(jax.tree.transpose(inner, treedef, packed))
+
+
+def per_leaf_states(packed, params):
+    """A packed state (:func:`pack_leaf_states`) as a tree like ``params`` of per-leaf states.
+
+    For inspection: ``per_leaf_states(state.metric_state, params)["conv"]["kernel"]`` is that
+    kernel's whole metric state (e.g. a ``FrequentDirectionsState``). ``params`` only gives the
+    structure (arrays, ``ShapeDtypeStruct``\\ s or gradients all do).
+    """
+    treedef = jax.tree.structure(params)
+    return treedef.unflatten(unpack_leaf_states(treedef, packed))
+
+
+def _map_leaves(fn, updates, leaf_states, *trees, num_outs=1):
+    """Apply ``fn(g, state, *leaves) -> (update, state, *outs)`` (``num_outs`` outs) leaf by leaf.
+
+    ``leaf_states`` are packed per-leaf states (:func:`pack_leaf_states`), handed to ``fn`` one
+    leaf at a time and packed again on the way out. Each of ``trees`` has the structure of
+    ``updates`` or is ``None`` (then ``fn`` receives ``None`` for it). Returns the updates, the
+    packed states and one tree per further output.
     """
     flat_updates, treedef = jax.tree.flatten(updates)
-    flat_trees = [
+    flat_trees = [unpack_leaf_states(treedef, leaf_states)] + [
         [None] * len(flat_updates) if tree is None else treedef.flatten_up_to(tree)
         for tree in trees
     ]
     outs = [fn(g, *args) for g, *args in zip(flat_updates, *flat_trees, strict=True)]
     if not outs:  # no leaves at all
-        return tuple(treedef.unflatten([]) for _ in range(3))
-    return tuple(treedef.unflatten(list(o)) for o in zip(*outs, strict=True))
+        return (treedef.unflatten([]), leaf_states) + (treedef.unflatten([]),) * num_outs
+    columns = [list(col) for col in zip(*outs, strict=True)]
+    return (
+        treedef.unflatten(columns[0]),
+        pack_leaf_states(treedef, columns[1]),
+        *(treedef.unflatten(col) for col in columns[2:]),
+    )
 
 
 def _sanitize(g):
@@ -307,7 +355,7 @@ def dual_averaging(
             return out, ms, gsum, finite
 
         new_updates, ms, gsum, finite = _map_leaves(
-            leaf, updates, state.metric_state, state.grad_sum, state.anchor, params
+            leaf, updates, state.metric_state, state.grad_sum, state.anchor, params, num_outs=2
         )
         return new_updates, DualAveragingState(
             count=t,

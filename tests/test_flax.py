@@ -117,20 +117,9 @@ def _nnx_step(model, optimizer, x, y):
     return loss
 
 
-def pure_init(tx):
-    """Workaround: hand ``tx.init`` plain arrays instead of ``nnx.Variable``-wrapped ones.
-
-    ``nnx.Optimizer`` calls ``tx.init(nnx.state(model, wrt))``, whose leaves sit inside
-    ``nnx.Param`` nodes. sketchopt's per-leaf states are NamedTuples mapped over the parameter
-    leaves, so each lands as the *value* of a Variable; after the first ``update`` Flax turns those
-    values into ``nnx.State`` dicts and the second ``update`` fails. Plain arrays avoid that.
-    """
-    return optax.GradientTransformationExtraArgs(lambda p: tx.init(nnx.as_pure(p)), tx.update)
-
-
 @functools.cache
 def nnx_tx(name):
-    return pure_init(get_tx(name))
+    return get_tx(name)
 
 
 def _nnx_optimizer(name, seed):
@@ -155,8 +144,8 @@ def test_conv_kernel_labels():
     assert jax.tree.map(lambda x: x, dict(conv_kernel_labels(linen_params))) == want
     # ... and the conv kernel's state is a sketch of its flattened 3 * 3 * 1 * 4 entries.
     state = nnx_tx("ada_fd_conv_ada_diag_rest").init(nnx_params)
-    sketch = state.inner_states["sketched"].inner_state.metric_state["conv"]["kernel"]
-    assert sketch.rows.shape == (6, 36)
+    rows = state.inner_states["sketched"].inner_state.metric_state.rows  # a tree like the params
+    assert rows["conv"]["kernel"].shape == (6, 36)
 
 
 @pytest.mark.parametrize("name", sorted(TRANSFORMS))
@@ -164,19 +153,6 @@ def test_nnx_optimizer_trains(name):
     losses = _nnx_losses(*_nnx_optimizer(name, seed=0), steps=8)
     assert np.all(np.isfinite(losses))
     assert losses[-1] < 0.8 * losses[0], losses
-
-
-@pytest.mark.xfail(
-    strict=True,
-    raises=AttributeError,
-    reason="sketchopt per-leaf NamedTuple states become nnx.Variable values in nnx.Optimizer "
-    "(see pure_init); remove this marker when transforms.py stores them outside the leaves",
-)
-def test_nnx_optimizer_without_workaround():
-    model = NnxCNN(nnx.Rngs(0))
-    optimizer = nnx.Optimizer(model, so.ada_fd(0.3, 6, 0.3), wrt=nnx.Param)
-    losses = _nnx_losses(model, optimizer, steps=3)
-    assert losses[-1] < losses[0]
 
 
 # ------------------------------------------------------------------------------------------------
