@@ -27,6 +27,7 @@ Conventions shared by all five:
 * Bad input: if a gradient leaf (or anything computed from it: the new state, the delta in the
   param dtype) is not finite, that leaf is skipped -- zero delta, its state exactly unchanged --
   and ``state.nonfinite_count`` grows by one. Nothing non-finite ever enters updates or state.
+  Integer (or boolean) gradients raise ``TypeError`` at trace time.
 
 The gradient-descent learners (:func:`simple_truncation`, :func:`truncated_gradient`,
 :func:`fobos_l1`) keep no per-leaf state: their schedules and truncation periods follow the global
@@ -184,7 +185,8 @@ def _per_leaf(step, updates, params, states):
 
     ``step(grad, param, *leaf_states) -> (delta, new_leaf_states)`` sees the gradient already
     cast to the accumulation dtype and returns the delta in the param dtype. Returns the tree of
-    deltas, the list of new state trees and the number of skipped leaves (int32).
+    deltas, the list of new state trees and the number of skipped leaves (int32). Gradients that
+    are not floating point raise ``TypeError`` at trace time.
     """
     if params is None:
         raise ValueError(_NO_PARAMS_MSG)
@@ -193,6 +195,7 @@ def _per_leaf(step, updates, params, states):
     state_leaves = [treedef.flatten_up_to(s) for s in states]
     deltas, new_states, skipped = [], [], jnp.zeros([], jnp.int32)
     for i, (g, p) in enumerate(zip(grads, param_leaves, strict=True)):
+        _transforms._check_gradient_leaf(g)  # an integer gradient is a TypeError, not a cast
         old = [s[i] for s in state_leaves]
         delta, new = step(g.astype(_acc_dtype(p.dtype)), p, *old)
         ok = _all_finite(g, delta, *new)
@@ -491,9 +494,12 @@ def ftrl_proximal(
 #
 # The baselines the Ada-FD paper compares against (its eq. 3 and 4). Both project the gradient
 # outer products with a subsampled randomized Fourier-type transform ``Pi`` (``tau x d``):
-# ``Pi g = sqrt(d / tau) * P C (D g)`` with ``D`` random signs, ``C`` the orthonormal DCT-II (a real
-# Fourier transform, ``O(d log d)`` through the FFT) and ``P`` ``tau`` coordinates sampled without
-# replacement. ``Pi`` is never stored: the state keeps the signs (int8) and the sampled indices.
+# ``Pi g = sqrt(d / k) * P C (D g)`` with ``D`` random signs, ``C`` the orthonormal DCT-II (a real
+# Fourier transform) and ``P`` ``k = min(tau, d)`` coordinates sampled without replacement (zero
+# rows pad ``Pi`` up to ``tau``). ``Pi`` is never stored: the state keeps the signs (int8) and the
+# sampled indices. RADAGRAD applies it to one vector per step through the FFT (``O(d log d)``);
+# ADA-LR, which multiplies a ``d x d`` matrix by ``Pi^T`` anyway (``O(tau d^2)``), builds ``Pi``
+# explicitly in ``O(tau d)`` -- no FFT of a large, possibly sharded matrix.
 #
 # * :func:`radagrad` (eq. 4): ``G~_t = G~_{t-1} + g_t (Pi g_t)^T`` (``d x tau``); with
 #   ``G~_t = V Sigma W^T`` (the paper's ``qr_update`` followed by the SVD of ``B = G~^T Q``, which
@@ -521,11 +527,15 @@ def _projection_init(key, dim, sketch_size):
 
 
 def _project(x, signs, idx, sketch_size):
-    """``Pi x = sqrt(d / tau) P DCT(D x)`` along the last axis (zero-padded to ``tau`` rows)."""
+    """``Pi x = sqrt(d / k) P DCT(D x)`` along the last axis (zero-padded to ``tau`` rows)."""
     d = x.shape[-1]
     if d == 0:
         return jnp.zeros(x.shape[:-1] + (sketch_size,), x.dtype)
-    y = jax.scipy.fft.dct(x * signs.astype(x.dtype), type=2, norm="ortho", axis=-1)
+    # The DCT mixes all of d: under an explicit mesh it runs on the gathered d-vector (the
+    # tau x d sketch itself is never gathered), which also lets the take below read any index.
+    x = _sketches._replicate(x) * _sketches._replicate(signs).astype(x.dtype)
+    # The orthonormal DCT-II of length 1 is the identity (and XLA's CPU FFT rejects that size).
+    y = x if d == 1 else jax.scipy.fft.dct(x, type=2, norm="ortho", axis=-1)
     # Scale by the number of coordinates actually kept (min(tau, d)): with tau > d the padded
     # rows are zero and Pi must stay an isometry, or RADAGRAD would not reduce to ADA-FULL.
     y = jnp.take(y, idx, axis=-1) * jnp.asarray(np.sqrt(d / idx.shape[0]), x.dtype)
@@ -533,6 +543,39 @@ def _project(x, signs, idx, sketch_size):
     if pad:
         y = jnp.concatenate([y, jnp.zeros(y.shape[:-1] + (pad,), y.dtype)], axis=-1)
     return y
+
+
+def _mulmod(a, b, n):
+    """``a * b mod n`` for int32 ``0 <= a, b < n <= 2**24``, exact also where ``a b`` overflows.
+
+    The float32 quotient ``q ~ a b / n`` is off by a few units at most, so ``a b - q n`` is small:
+    int32 arithmetic, which wraps modulo ``2**32``, gets it exactly, and the final ``mod`` corrects
+    ``q``.
+    """
+    q = jnp.floor(a.astype(jnp.float32) * b.astype(jnp.float32) / n).astype(jnp.int32)
+    return jnp.remainder(a * b - q * n, n)
+
+
+def _projection_matrix(signs, idx, sketch_size, dtype):
+    """``Pi = sqrt(d / k) P C D`` (``tau x d``, the projection of Ada-FD eq. 3) built explicitly:
+    the matrix that :func:`_project` applies through the FFT, with zero rows below the
+    ``k = min(tau, d)`` sampled ones.
+
+    Row ``i < k`` is ``sqrt(d / k) C[idx_i, :] * signs`` with the orthonormal DCT-II
+    ``C[m, j] = sqrt(2 / d) cos(pi (2j + 1) m / (2d))`` (row ``m = 0`` divided by ``sqrt(2)``).
+    The phase ``(2j + 1) m`` is reduced modulo ``4d`` in exact integer arithmetic, so the cosine
+    is as accurate for large ``d`` as for small. ``O(tau d)`` work.
+    """
+    d, k = signs.shape[0], idx.shape[0]
+    if d == 0:
+        return jnp.zeros((sketch_size, 0), dtype)
+    m = idx[:, None]
+    phase = _mulmod(m, 2 * jnp.arange(d, dtype=jnp.int32)[None, :] + 1, 4 * d)
+    cosines = jnp.cos(phase.astype(dtype) * (np.pi / (2 * d)))
+    # sqrt(d / k) times C's row scale, sqrt(1 / d) for m = 0 and sqrt(2 / d) otherwise
+    scale = jnp.where(m == 0, np.sqrt(1 / k), np.sqrt(2 / k)).astype(dtype)
+    pi = scale * cosines * signs.astype(dtype)
+    return jnp.pad(pi, ((0, sketch_size - k), (0, 0)))
 
 
 class RadagradMetricState(NamedTuple):
@@ -567,13 +610,21 @@ def radagrad_metric(sketch_size: int, delta: float, key) -> _metrics.Metric:
         coef = (u * inv).T  # V = coef @ rows: the left singular vectors of G~ as rows
         # Singular values of G~ = 4**e sqrt(kappa); their square roots 2**e kappa**(1/4).
         root_sigma = jnp.ldexp(jnp.sqrt(jnp.sqrt(kappa)), state.scale_exp)
-        weights = jnp.where(kappa > 0, root_sigma + delta - 1, 0).astype(kappa.dtype)
+        # H's eigenvalues on span(V) are Sigma^{1/2} + delta; as weights over the identity they
+        # are stored minus 1, which cannot hold values below eps: floor them there (a smaller,
+        # finite step) rather than divide by a rounded 0 (delta < eps with tiny gradients).
+        floor = jnp.finfo(kappa.dtype).eps
+        weights = jnp.where(kappa > 0, jnp.maximum(root_sigma + delta, floor) - 1, 0)
+        weights = weights.astype(kappa.dtype)
         return LowRankOperator(jnp.ones((), kappa.dtype), state.rows, coef, weights)
 
     def update(state, g, valid=True):
         dtype = state.rows.dtype
         # G~ ~ |g|^2: keep rows = G~^T / 4**e with e following the largest |g| seen, so that a
         # 1e30 gradient in float32 neither overflows the rows nor (as |g|^4) the Gram matrix.
+        # e never decreases: H = I + V^T diag(Sigma^{1/2} + delta - 1) V cannot represent
+        # Sigma^{1/2} + delta below eps (the weight rounds to -1), so for float32 gradients so
+        # small that G~ underflows (|g| < ~1e-10) RADAGRAD takes plain gradient steps instead.
         e_g = _sketches._exponent(jnp.max(jnp.abs(g), initial=0))
         exp = jnp.where(valid, jnp.maximum(state.scale_exp, e_g), state.scale_exp)
         shift = state.scale_exp - exp
@@ -581,10 +632,14 @@ def radagrad_metric(sketch_size: int, delta: float, key) -> _metrics.Metric:
         gram = jnp.ldexp(state.gram, 4 * shift)
         gs = jnp.ldexp(g, -exp).astype(dtype)
         gt = _project(gs, state.signs, state.indices, tau)  # Pi g / 2**e
-        p = jnp.matmul(rows, gs, precision=_HIGHEST)  # G~^T g / 8**e (before the update)
+        p = _sketches._dot_d(rows, gs)  # G~^T g / 8**e (before the update)
         sq = jnp.sum(jnp.square(gs))
-        gram = gram + jnp.outer(p, gt) + jnp.outer(gt, p) + sq * jnp.outer(gt, gt)
-        rows = rows + jnp.outer(gt, gs)
+        # A skipped step (zero g, unchanged exp) must leave the state bit-identical: adding +0
+        # would turn its -0 entries into +0, hence the selects.
+        gram = jnp.where(
+            valid, gram + jnp.outer(p, gt) + jnp.outer(gt, p) + sq * jnp.outer(gt, gt), gram
+        )
+        rows = jnp.where(valid, rows + jnp.outer(gt, gs), rows)
         state = state._replace(rows=rows, gram=gram, scale_exp=exp)
         return state, operator(state), None
 
@@ -621,25 +676,37 @@ def ada_lr_metric(sketch_size: int, delta: float, key) -> _metrics.Metric:
         return AdaLRMetricState(jnp.zeros((dim, dim), dtype), jnp.zeros((), jnp.int32), signs, idx)
 
     def operator(state):
-        gram = state.gram
-        g_tilde = _project(gram, state.signs, state.indices, tau)  # rows of G Pi^T: d x tau
+        # The d x d decompositions need all of G_t on every device (under an explicit mesh this
+        # must be said; automatic sharding gathers it by itself): an O(tau d^2) baseline.
+        gram = _sketches._replicate(state.gram)
+        dtype, d = gram.dtype, gram.shape[0]
+        if d == 0:  # static: nothing to decompose
+            vt, root = jnp.zeros((0, 0), dtype), jnp.zeros((0,), dtype)
+            return _AdaLROperator(vt, root, jnp.asarray(delta, dtype))
+        pi = _projection_matrix(
+            _sketches._replicate(state.signs), _sketches._replicate(state.indices), tau, dtype
+        )
+        # Eq. 3: G~ = G Pi^T (d x tau), Q R = G~, B = Q^T G = U Sigma V^T.
+        g_tilde = jnp.matmul(gram, pi.T, precision=_HIGHEST)
         q, _ = jnp.linalg.qr(g_tilde)  # d x k
-        b = jnp.matmul(q.T, gram, precision=_HIGHEST)  # Q^T G: k x d
+        b = jnp.matmul(q.T, gram, precision=_HIGHEST)  # k x d
         _, sigma, vt = jnp.linalg.svd(b, full_matrices=False)
-        sigma = jnp.where(sigma > sigma[0] * b.shape[0] * jnp.finfo(b.dtype).eps, sigma, 0)
+        sigma = jnp.where(sigma > sigma[0] * b.shape[0] * jnp.finfo(dtype).eps, sigma, 0)
         root = jnp.ldexp(jnp.sqrt(sigma), state.scale_exp)
-        return _AdaLROperator(vt, root, jnp.asarray(delta, gram.dtype))
+        return _AdaLROperator(vt, root, jnp.asarray(delta, dtype))
 
     def update(state, g, valid=True):
+        g, gram = _sketches._replicate(g), _sketches._replicate(state.gram)  # see operator
         exp = _sketches._rescale_exponent(
             state.scale_exp,
             jnp.max(jnp.abs(g), initial=0),
-            jnp.max(jnp.diagonal(state.gram), initial=0),
+            jnp.max(jnp.diagonal(gram), initial=0),
         )
         exp = jnp.where(valid, exp, state.scale_exp)
-        gram = jnp.ldexp(state.gram, 2 * (state.scale_exp - exp))
+        gram = jnp.ldexp(gram, 2 * (state.scale_exp - exp))
         gs = jnp.ldexp(g, -exp)
-        state = state._replace(gram=gram + jnp.outer(gs, gs), scale_exp=exp)
+        gram = jnp.where(valid, gram + jnp.outer(gs, gs), gram)  # bit-identical when skipped
+        state = state._replace(gram=gram, scale_exp=exp)
         return state, operator(state), None
 
     return _metrics.Metric(init, update, operator, "ada_lr")
@@ -653,7 +720,8 @@ class _AdaLROperator(NamedTuple):
     delta: jax.Array
 
     def solve(self, y):
-        return jnp.matmul(self.vt.T, jnp.matmul(self.vt, y) / (self.root + self.delta))
+        coef = _sketches._dot_d(self.vt, y) / (self.root + self.delta)
+        return jnp.matmul(coef, self.vt, precision=_HIGHEST)
 
 
 def ada_lr(learning_rate, sketch_size: int, delta: float, key):

@@ -464,6 +464,16 @@ def test_update_without_params_raises(name):
         tx.update(params, tx.init(params))
 
 
+@pytest.mark.parametrize("dtype", [jnp.int32, jnp.bool_])
+@pytest.mark.parametrize("name", sorted(ALL))
+def test_integer_gradients_raise_type_error_at_trace_time(name, dtype):
+    tx = ALL[name]()
+    params = {"a": jnp.zeros(3), "b": jnp.zeros((2, 2))}
+    grads = {"a": jnp.ones(3), "b": jnp.ones((2, 2), dtype)}  # one bad leaf is enough
+    with pytest.raises(TypeError, match="floating point"):
+        jax.eval_shape(tx.update, grads, tx.init(params), params)
+
+
 # --------------------------------------------------------------------------------------------
 # Bad input: non-finite gradients are skipped per leaf; nothing non-finite enters updates/state.
 

@@ -8,9 +8,12 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 import pytest
+from jax.sharding import AxisType, NamedSharding
+from jax.sharding import PartitionSpec as P
 
 import sketchopt as so
 from sketchopt import baselines as rg
+from sketchopt import sharding
 
 
 def _stream(d=8, T=40, seed=0):
@@ -172,3 +175,110 @@ def test_validation():
         so.radagrad(0.1, 0, 1.0, jax.random.PRNGKey(0))
     with pytest.raises(ValueError, match="delta"):
         so.ada_lr(0.1, 3, 0.0, jax.random.PRNGKey(0))
+
+
+# ----------------------------------------------------------------------------------------------
+# ADA-LR's explicit projection matrix (no FFT), degenerate leaves, skipped steps, explicit meshes.
+
+
+@pytest.mark.parametrize(
+    ("d", "tau"), [(1, 1), (1, 4), (2, 3), (8, 3), (16, 16), (16, 24), (257, 5)]
+)
+def test_explicit_projection_matrix_equals_the_fft_projection(d, tau):
+    with jax.enable_x64(True):
+        signs, idx = rg._projection_init(jax.random.PRNGKey(d), d, tau)
+        fft = rg._project(jnp.eye(d, dtype=jnp.float64), signs, idx, tau).T
+        explicit = rg._projection_matrix(signs, idx, tau, jnp.float64)
+    assert explicit.shape == (tau, d) and explicit.dtype == jnp.float64
+    np.testing.assert_allclose(explicit, fft, rtol=0, atol=1e-13)
+    if d == 1:  # the orthonormal DCT-II of length 1 is the identity: Pi = the sign, then zeros
+        expected = np.zeros((tau, 1))
+        expected[0, 0] = signs[0]
+        np.testing.assert_array_equal(explicit, expected)
+
+
+def test_explicit_projection_matrix_is_accurate_in_float32_for_large_d():
+    # (2j + 1) k reaches ~5e7 > 2**24 here: unreduced, the float32 cosine argument would be off.
+    d, tau = 5003, 4
+    signs, idx = rg._projection_init(jax.random.PRNGKey(1), d, tau)
+    explicit = rg._projection_matrix(signs, idx, tau, jnp.float32)
+    with jax.enable_x64(True):
+        fft = rg._project(jnp.eye(d, dtype=jnp.float64), signs, idx, tau).T
+    assert explicit.dtype == jnp.float32
+    np.testing.assert_allclose(explicit, fft, rtol=0, atol=1e-6)
+
+
+def test_mulmod_is_exact_where_the_product_overflows_int32():
+    rng = np.random.default_rng(0)
+    for n in (12, 4 * 5003, 4 * 1_000_003, 2**24):
+        a, b = rng.integers(0, n, size=(2, 10_000))
+        a[:2], b[:2] = n - 1, [n - 1, 0]
+        got = rg._mulmod(jnp.asarray(a, jnp.int32), jnp.asarray(b, jnp.int32), n)
+        np.testing.assert_array_equal(got, a * b % n)
+
+
+def test_ada_lr_on_size_zero_and_scalar_leaves_under_jit():
+    params = {
+        "e": jnp.zeros((0,)),
+        "e2": jnp.zeros((3, 0)),
+        "s": jnp.asarray(0.3),
+        "v": jnp.asarray([0.3]),
+    }
+    tx = so.ada_lr(0.1, 3, 0.5, jax.random.PRNGKey(0))
+    full = so.ada_full(0.1, 0.5)  # on a 1-vector Pi = +-1 spans everything: ADA-LR is ADA-FULL
+    update, full_update = jax.jit(tx.update), jax.jit(full.update)
+    state, full_state, p_full = tx.init(params), full.init(params["s"]), params["s"]
+    for g in (0.0, 0.7, -1.2, 2.5):
+        grads = {
+            "e": jnp.zeros((0,)),
+            "e2": jnp.zeros((3, 0)),
+            "s": jnp.asarray(g),
+            "v": jnp.asarray([g]),
+        }
+        updates, state = update(grads, state, params)
+        params = optax.apply_updates(params, updates)
+        u_full, full_state = full_update(jnp.asarray(g), full_state, p_full)
+        p_full = optax.apply_updates(p_full, u_full)
+        for k in params:
+            assert updates[k].shape == params[k].shape and updates[k].dtype == params[k].dtype
+        assert all(bool(jnp.all(jnp.isfinite(x))) for x in jax.tree.leaves((updates, state)))
+        np.testing.assert_allclose(params["v"][0], params["s"], rtol=1e-6)
+        np.testing.assert_allclose(params["s"], p_full, rtol=1e-6)
+    assert int(state.nonfinite_count) == 0
+
+
+@pytest.mark.parametrize("make", [so.radagrad, so.ada_lr])
+def test_skipped_step_leaves_the_state_bit_identical(make):
+    tx = make(0.1, 3, 0.5, jax.random.PRNGKey(3))
+    p = jnp.zeros(4)
+    update = jax.jit(tx.update)
+    _, state = update(jnp.asarray([1.0, 0.0, -2.0, 0.5]), tx.init(p), p)
+    # Zeros stored as -0 (underflow produces them): adding the skipped step's +0 would flip them.
+    negative_zeros = jax.tree.map(
+        lambda x: jnp.where(x == 0, -0.0, x) if jnp.issubdtype(x.dtype, jnp.floating) else x,
+        state.metric_state,
+    )
+    state = state._replace(metric_state=negative_zeros)
+    u, new = update(jnp.asarray([1.0, jnp.nan, 0.0, 0.0]), state, p)
+    assert int(new.nonfinite_count) == 1 and not np.any(np.asarray(u))
+    for a, b in zip(
+        jax.tree.leaves(state.metric_state), jax.tree.leaves(new.metric_state), strict=True
+    ):
+        assert np.asarray(a).tobytes() == np.asarray(b).tobytes()
+
+
+@pytest.mark.parametrize("make", [so.radagrad, so.ada_lr])
+def test_runs_under_an_explicit_sharding_mesh(make):
+    """One device, but explicit-mode sharding types: every d-contraction and gather must say
+    its output sharding (the 8-device layout checks are in ``test_sharding.py``)."""
+    tx = make(0.1, 3, 0.5, jax.random.PRNGKey(0))
+    params = {"w": jnp.linspace(-1.0, 1.0, 12).reshape(4, 3), "s": jnp.asarray(0.5)}
+    grads = jax.tree.map(jnp.cos, params)
+    expected, _ = jax.jit(tx.update)(grads, tx.init(params), params)
+    mesh = jax.make_mesh((1,), ("model",), axis_types=(AxisType.Explicit,))
+    with jax.set_mesh(mesh):
+        shard = {"w": NamedSharding(mesh, P("model")), "s": NamedSharding(mesh, P())}
+        params, grads = jax.device_put(params, shard), jax.device_put(grads, shard)
+        updates, _ = jax.jit(tx.update)(grads, sharding.init(tx, params), params)
+    for k in params:
+        np.testing.assert_allclose(updates[k], expected[k], rtol=1e-5, atol=1e-7)
