@@ -621,11 +621,11 @@ def _rp_pinv(ls: RandomProjectionNewtonState, y, product=None, root=None):
 
     def s_times_y():  # S y / 2**e
         if product is None:
-            return jnp.matmul(sk.rows, jnp.ldexp(y, -e), precision=hi)
+            return _sketches._dot_d(sk.rows, jnp.ldexp(y, -e))
         return jax.lax.cond(
             root > 0,
             lambda: jnp.ldexp(product, e) / root,
-            lambda: jnp.matmul(sk.rows, jnp.ldexp(y, -e), precision=hi),
+            lambda: _sketches._dot_d(sk.rows, jnp.ldexp(y, -e)),
         )
 
     def paper():
@@ -703,11 +703,17 @@ def rp_son(
         sq = jnp.sum(jnp.square(jnp.ldexp(ghat, -e1)))
         q = product - 0.5 * sq * r  # (S_{t-1} ghat + |ghat|^2 r / 2) / 4**e1
         h = jnp.ldexp(ls.inverse, 2 * (e1 - e0))  # the same H in the new scaled units
+        # A jump of the scale can leave H = 4**e (alpha I + S S^T)^{-1} unrepresentable (alpha
+        # tiny in the new units): then H is rebuilt below, and the Woodbury path must not run
+        # on infinities (no NaN, not even transiently).
+        h_ok = jnp.all(jnp.isfinite(h))
+        h = jnp.where(h_ok, h, 0)
         alpha_s, _ = _rp_ridge(a, e1, dtype)
         h_new, safe = _rank_two_update(h, r, q)
         h_new = jnp.where(sq > 0, h_new, h)
         refresh = (
-            ~safe
+            ~h_ok
+            | ~safe
             | ~jnp.all(jnp.isfinite(h_new))
             | (a != ls.alpha)
             | (jnp.ldexp(a, -2 * e1) < _rp_floor(dtype))
@@ -727,6 +733,17 @@ def rp_son(
 
 # ----------------------------------------------------------------------------------------------
 # ONS.
+
+
+def _gathered(tree):
+    return jax.tree.map(_sketches._replicate, tree)
+
+
+def _like(tree, ref):
+    """``tree`` resharded to the shardings of ``ref`` (explicit mesh)."""
+    return jax.tree.map(
+        lambda x, r: jax.sharding.reshard(x, jax.typeof(r).sharding.spec), tree, ref
+    )
 
 
 def ons(
@@ -770,6 +787,14 @@ def ons(
         return (u / (a + lam)) @ u.T
 
     def step_leaf(ls, gz, ghat, c, valid):
+        if _sketches._explicit_mesh():
+            # An O(d^2) baseline: under an explicit mesh its d x d matrices are gathered for the
+            # step and resharded as they came (automatic sharding needs no help).
+            new, sol = dense_step(*(_gathered(x) for x in (ls, gz, ghat, c, valid)))
+            return _like(new, ls), _sketches._like_last_axis(sol, gz)
+        return dense_step(ls, gz, ghat, c, valid)
+
+    def dense_step(ls, gz, ghat, c, valid):
         hi = jax.lax.Precision.HIGHEST
         m_inv = ls.inverse
         e = _sketches._exponent(jnp.max(jnp.abs(gz), initial=0))
