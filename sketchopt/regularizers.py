@@ -7,6 +7,12 @@ sec. 6, eq. 21)::
     x* = argmin_x  <u, x> + c * phi(x) + 1/2 <x, H x>,        c >= 0,
 
 with ``u`` a flat ``(d,)`` vector and ``H`` one of the operators of :mod:`sketchopt._operators`.
+The same problem in **center form**, ``x* = argmin_x c * phi(x) + 1/2 ||x - z||_H^2``
+(``u = -H z``), is what the rules pass (``z`` = the unregularized step, e.g.
+``x_t - eta H^{-1} g_t``): forming ``u = eta g - H x_t`` loses the part of ``x_t`` on the small
+eigenvalues of ``H`` to rounding once ``cond(H) > 1/eps`` (``|g| ~ 1e4``, ``delta = 1e-3`` in
+float32), and the step is then garbage. Every solver below works on ``z`` directly and never
+forms ``H z``.
 This module provides the regularizers
 
 ====================  ========================================================================
@@ -29,7 +35,8 @@ every ``c`` (also ``c = 0``), so iterates always stay feasible.
 Each constructor returns an immutable (hashable) object with
 
 * ``value(x)`` -- ``phi(x)`` for a leaf of any shape;
-* ``prox(u, c, op, *, shape, x0=None)`` -- the ``x*`` above (flat in, flat out);
+* ``prox(u, c, op, *, shape, x0=None, center=None)`` -- the ``x*`` above (flat in, flat out);
+  ``prox(None, c, op, shape=..., center=z)`` is the center form;
 * ``prox_with_info(...)`` -- the same plus a :class:`ProxInfo` (iterations, final residual);
 * ``prox_euclidean(v, t, *, shape)`` -- ``argmin_x 1/2 ||x - v||^2 + t * phi(x)``.
 
@@ -63,6 +70,10 @@ exact solutions:
   the ``k + 1`` numbers ``(V u, ||u - V^T V u||)`` and ``x = -(H + mu I)^{-1} u``;
 * ``c * strength = 0`` (``phi`` switched off): ``x = -H^{-1} u`` by Woodbury, exactly.
 
+In center form both use the spectrum directly, ``x = (H + mu I)^{-1} H z`` as
+``V^T diag((s + w) / (s + w + mu)) V z + s / (s + mu) (z - V^T V z)`` (the secular equation on
+``((s + w) V z, s ||z - V^T V z||)``), and ``phi = 0`` gives ``x = z``.
+
 The others (``l1``, ``linf``, ``l1_ball``, mixed norms) use an inner solver. The default is a
 **semismooth Newton method on the k-dimensional dual**. Dualizing only the low-rank part,
 ``1/2 ||B x||^2 = max_g <g, B x> - 1/2 ||g||^2``, gives the concave dual
@@ -85,6 +96,13 @@ need ``O(sqrt(kappa) log(1/tol))`` iterations. ``B`` is materialized once as a `
 line-search trial. Every iterate ``x(g)`` is an output of the Euclidean prox, hence exactly sparse
 (``l1``) and exactly feasible (``l1_ball``).
 
+In center form the dual variable is shifted by the center, ``g' = g - B z``: then
+``x(g') = prox_{(c/s) phi}(z - B^T g' / s)``, ``grad D = B (x - z) - g'`` and
+``D(g') = c phi(x) + s/2 ||x - z||^2 + <B^T g', x - z> - 1/2 ||g'||^2`` (+ const), with the same
+Newton matrix. At the solution ``B^T g' / s = -(c/s) (V^T W V) H^{-1} xi`` (``xi`` in ``d phi``)
+is of the size of the regularizer's effect, so nothing cancels however large ``w / s`` is; the
+``u``-form is the special case ``z = 0``.
+
 ``l1_ball`` runs this Newton method for at most 8 iterations; its model only sees the current
 support of the projection and can crawl when the constraint is strongly active, the support tiny
 and ``H`` badly conditioned. Unconverged problems then switch to a search for the constraint's
@@ -92,29 +110,39 @@ multiplier ``theta`` (Illinois false position on the continuous, monotone, piece
 ``||x(theta)||_1``), where ``x(theta)`` is the ``l1``-regularized step above, warm-started; the
 reported iterations are the total inner Newton iterations.
 
+When the constraint cuts the large eigenvalues of ``H`` its multiplier is of their size, so both
+phases compute ``x`` on the support from numbers of size ``theta / s`` and lose it to rounding
+(``eps * cond(H)``). After each phase an **active-set polish** therefore solves the KKT system on
+the support (``|A| <= k`` entries, an ``(|A| + 1)``-dimensional, well-conditioned system), adding
+or dropping single coordinates, and keeps the result only if it passes the optimality check (it
+then reports residual 0).
+
 For very large bases (``n > 1024``, e.g. ADA-FULL in high dimension) the ``O(k n d + k^2 d)``
-Newton work dominates and ``solver="auto"`` switches to over-relaxed (1.6) **ADMM** on ``x = z``:
-the ``x``-step is a Woodbury shifted solve ``(H + rho I)^{-1}``, the ``z``-step the Euclidean prox,
-with
-``rho = sqrt(lambda_min * lambda_max)`` (the optimal choice for strongly convex quadratics, Ghadimi
-et al. 2015); ``O(n d)`` per iteration but ``O(sqrt(kappa))`` iterations, so badly conditioned
-problems may hit ``max_iter``. ``solver="newton"`` / ``"admm"`` force a choice.
+Newton work dominates and ``solver="auto"`` switches to over-relaxed (1.6) **ADMM** on ``x = y``:
+the ``x``-step is a Woodbury shifted solve ``(H + rho I)^{-1}``, the ``y``-step the Euclidean prox,
+with ``rho = sqrt(lambda_min * lambda_max)`` (the optimal choice for strongly convex quadratics,
+Ghadimi et al. 2015); ``O(n d)`` per iteration but ``O(sqrt(kappa))`` iterations, so badly
+conditioned problems may hit ``max_iter``. ``solver="newton"`` / ``"admm"`` force a choice.
 
 Stopping rule: the relative KKT residual measured in the metric's dual norm,
 ``||e||_{H^{-1}} / max(||u||_{H^{-1}}, ||x||_H)`` where ``e`` is an element of
 ``u + H x + c d(phi)(x)`` at the returned ``x`` (Newton: ``e = B^T (B x - g)``, in ``O(k)``;
-ADMM: ``e = u + H z + rho w``, checked every 10 iterations). By strong convexity it bounds the
-relative error, ``||x - x*||_H <= ||e||_{H^{-1}}``, and unlike the Euclidean residual it is
-insensitive to the conditioning of ``H``. The loop stops when it is below ``tol`` (``tol`` is
-raised to ``64 * eps`` of the working dtype), after ``max_iter`` iterations (default 50 for Newton,
-5000 for ADMM), or when Newton stalls at rounding level (a full step that no longer reduces a
-residual below ``6.4e4 * eps``; float32 with ``kappa ~ 1e6``). Both solvers warm-start from ``x0``
-(Newton from ``g0 = B x0``, ADMM from ``z0 = x0`` and its matching dual). Problems with a
-positively homogeneous ``phi`` are rescaled by ``max |u|`` so that huge inputs (``1e30`` in float32)
-do not overflow; the operator's ``scale_exp`` is honoured.
+ADMM: ``e = u + H y + rho w``, checked every 10 iterations; in center form
+``||u||_{H^{-1}} = ||z||_H``, ``e = B^T (B (x - z) - g')`` and ``e = H (y - z) + rho w``). By
+strong convexity it bounds the relative error, ``||x - x*||_H <= ||e||_{H^{-1}}``, and unlike the
+Euclidean residual it is insensitive to the conditioning of ``H``. The loop stops when it is below
+``tol`` (``tol`` is raised to ``64 * eps`` of the working dtype), after ``max_iter`` iterations
+(default 50 for Newton, 5000 for ADMM), or when Newton stalls at rounding level (a full step that
+no longer reduces a residual below ``6.4e4 * eps``; float32 with ``kappa ~ 1e6``). Both solvers
+warm-start from ``x0`` (Newton from ``g0 = B x0``, ADMM from ``y0 = x0`` and its matching dual).
+In center form the solvers start at ``x = z`` (``g' = 0``) and Newton takes ``x0`` only when its
+dual value is higher; ADMM's ``x``-step is then ``z + rho (H + rho I)^{-1} (v - z)`` and its
+residual uses ``H (y - z)``. Problems with a positively homogeneous ``phi`` (and ``l1_ball``,
+with its radius) are rescaled by ``max |u|`` (center form: ``max |z|``) so that huge inputs
+(``1e30`` in float32) do not overflow; the operator's ``scale_exp`` is honoured.
 
 All functions are jittable and vmappable (over ``u``, ``c`` and batched operators); the working
-dtype is ``u``'s (at least float32) and the result has ``u``'s dtype.
+dtype is ``u``'s (the center's in center form; at least float32) and the result has that dtype.
 """
 
 from __future__ import annotations
@@ -127,6 +155,7 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
+from sketchopt import sketches as _sketches
 from sketchopt._operators import DiagonalOperator, LowRankOperator
 
 __all__ = [
@@ -142,6 +171,20 @@ __all__ = [
 ]
 
 _HIGHEST = "highest"
+
+
+def _vdot(a, b):
+    """``<a, b>`` over the (possibly sharded) long axis, a replicated scalar."""
+    return _sketches._dot_d(jnp.ravel(a), jnp.ravel(b))
+
+
+def _einsum_small(spec, a, b):
+    """An einsum contracting (part of) the long axis into a small, replicated result."""
+    if _sketches._explicit_mesh():
+        return jnp.einsum(spec, a, b, precision=_HIGHEST, out_sharding=jax.sharding.PartitionSpec())
+    return jnp.einsum(spec, a, b, precision=_HIGHEST)
+
+
 _NEWTON_MAX_BASIS = 1024  # solver="auto": Newton up to this many basis rows, then ADMM
 _SOLVERS = ("auto", "newton", "admm")
 _ADMM_RELAXATION = 1.6
@@ -185,6 +228,13 @@ def _safe_div(a, b):
     return jnp.where(b != 0, a / jnp.where(b != 0, b, 1), 0)
 
 
+def _argmax_last(a, iota):
+    """``argmax`` along the last axis by two max-reductions (ties: the largest index), so that a
+    sharded axis is all-reduced, never gathered; ``iota`` is ``arange`` of that axis."""
+    top = jnp.max(a, axis=-1, keepdims=True)
+    return jnp.maximum(jnp.max(jnp.where(a == top, iota, -1), axis=-1), 0)
+
+
 def _rows(shape) -> tuple[int, int]:
     """The ``(rows, cols)`` view used by the mixed norms: 2-D leaves by rows, others as one row."""
     shape = tuple(shape)
@@ -203,6 +253,8 @@ def _threshold(keys, weights, wk, radius):
     """
     if keys.shape[-1] == 0:
         return jnp.zeros(keys.shape[:-1], keys.dtype)
+    # The sort needs the whole axis on each device (under an explicit mesh, gather it).
+    keys, weights, wk = (_sketches._replicate(a) for a in (keys, weights, wk))
     order = jnp.argsort(-keys, axis=-1)
     ks = jnp.take_along_axis(keys, order, axis=-1)
     s1 = jnp.cumsum(jnp.take_along_axis(wk, order, axis=-1), axis=-1)
@@ -348,12 +400,15 @@ class Regularizer:
         """Closed form for ``H = diag(h)``, flat ``u``; ``u = 0`` wherever ``h = 0``."""
         raise NotImplementedError
 
-    def _lowrank_exact(self, u, c, op, shape):
-        """Exact solution for a LowRankOperator, or ``None`` to use the inner solver."""
+    def _lowrank_exact(self, u, c, op, shape, z=None):
+        """Exact solution for a LowRankOperator, or ``None`` to use the inner solver.
+
+        One of ``u`` (the linear term) and ``z`` (the center) is given, the other is ``None``.
+        """
         return None
 
-    def _newton(self, u, c, op, shape, x0, tol, max_iter):
-        return _newton_dual(self, u, c, op, shape, x0, tol, max_iter)
+    def _newton(self, u, c, op, shape, x0, tol, max_iter, z=None):
+        return _newton_dual(self, u, c, op, shape, x0, tol, max_iter, z)
 
     # ---- public API ---------------------------------------------------------------------------
 
@@ -366,24 +421,43 @@ class Regularizer:
         x, _ = self._euclid(flat, t, tuple(shape))
         return x.astype(v.dtype).reshape(v.shape)
 
-    def prox(self, u, c, op, *, shape, x0=None):
-        """``argmin_x <u, x> + c * phi(x) + 1/2 <x, H x>`` for flat ``u`` and ``H = op``."""
-        return self.prox_with_info(u, c, op, shape=shape, x0=x0)[0]
+    def prox(self, u, c, op, *, shape, x0=None, center=None):
+        """``argmin_x <u, x> + c * phi(x) + 1/2 <x, H x>`` for flat ``u`` and ``H = op``.
 
-    def prox_with_info(self, u, c, op, *, shape, x0=None):
+        With ``center=z`` (and ``u=None``) this is the prox at ``z`` in the ``H``-norm,
+        ``argmin_x c * phi(x) + 1/2 ||x - z||_H^2``: the same problem as ``u = -H z``, but
+        accurate when ``H`` is ill-conditioned (``cond(H)`` up to ``1/eps`` and beyond), where
+        forming ``u = -H z`` loses the part of ``z`` on the small eigenvalues of ``H`` to
+        rounding. Composite mirror descent is this prox at ``z = x_t - eta H^{-1} g_t``. When
+        both are given the problem is ``argmin <u, x> + c phi(x) + 1/2 ||x - z||_H^2``, solved as
+        the prox at ``z - H^{-1} u``.
+        """
+        return self.prox_with_info(u, c, op, shape=shape, x0=x0, center=center)[0]
+
+    def prox_with_info(self, u, c, op, *, shape, x0=None, center=None):
         """Like :meth:`prox`, also returning a :class:`ProxInfo`."""
-        u = jnp.asarray(u)
+        if u is None and center is None:
+            raise ValueError(f"{self.name}.prox: give `u`, `center` or both")
+        ref = jnp.asarray(u if center is None else center)
         shape = tuple(shape)
         d = math.prod(shape)
-        if u.size != d:
-            raise ValueError(f"{self.name}.prox: u has {u.size} entries, shape {shape} has {d}")
-        wd = _work_dtype(u.dtype)
-        uf = u.reshape(-1).astype(wd)
+        for what, a in (("u", u), ("center", center)):
+            if a is not None and jnp.size(a) != d:
+                raise ValueError(
+                    f"{self.name}.prox: {what} has {jnp.size(a)} entries, shape {shape} has {d}"
+                )
+        dtype = ref.dtype if u is None else jnp.result_type(u, ref)
+        wd = _work_dtype(dtype)
+        uf = None if u is None else jnp.asarray(u).reshape(-1).astype(wd)
+        zf = None if center is None else jnp.asarray(center).reshape(-1).astype(wd)
         c = jnp.maximum(jnp.asarray(c, wd), 0)
         zero_info = ProxInfo(jnp.int32(0), jnp.zeros((), wd))
         if isinstance(op, DiagonalOperator):
             h = jnp.asarray(op.diag, wd).reshape(-1)
             h = jnp.maximum(h, 0)
+            if zf is not None:  # per coordinate: no cancellation across coordinates
+                uz = -h * zf
+                uf = uz if uf is None else uf + uz
             uf = jnp.where(h > 0, uf, 0)
             x, info = self._diag(uf, c, h, shape), zero_info
         elif isinstance(op, LowRankOperator):
@@ -393,24 +467,28 @@ class Regularizer:
                 coef=jnp.asarray(op.coef, wd),
                 weights=jnp.maximum(jnp.asarray(op.weights, wd), 0),
             )
-            x, info = self._lowrank(uf, c, op, shape, x0)
+            if uf is not None and zf is not None:
+                zf, uf = zf - op.solve(uf), None
+            x, info = self._lowrank(uf, c, op, shape, x0, zf)
         else:
             raise TypeError(
                 f"{self.name}.prox: op must be a DiagonalOperator or LowRankOperator, got "
                 f"{type(op).__name__}"
             )
-        return x.astype(u.dtype).reshape(u.shape), info
+        return x.astype(dtype).reshape(ref.shape), info
 
     # ---- low-rank dispatch ----------------------------------------------------------------------
 
-    def _lowrank(self, u, c, op, shape, x0):
-        wd = u.dtype
+    def _lowrank(self, u, c, op, shape, x0, z=None):
+        """``u``-form (``z is None``) or center form (``u is None``), see :meth:`prox`."""
+        a = u if z is None else z
+        wd = a.dtype
         zero_info = ProxInfo(jnp.int32(0), jnp.zeros((), wd))
-        exact = self._lowrank_exact(u, c, op, shape)
+        exact = self._lowrank_exact(u, c, op, shape, z)
         if exact is not None:
             return exact, zero_info
-        if u.size == 0:
-            return u, zero_info
+        if a.size == 0:
+            return a, zero_info
         solver = self.solver
         if solver == "auto":
             solver = "newton" if op.basis.shape[0] <= _NEWTON_MAX_BASIS else "admm"
@@ -419,23 +497,26 @@ class Regularizer:
         if x0 is not None:
             x0 = jnp.asarray(x0, wd).reshape(-1)
             x0 = jnp.where(jnp.isfinite(x0), x0, 0)  # a warm start must never poison the solve
-        # Rescale homogeneous problems: x*(u, c) = sigma * x*(u / sigma, c / sigma).
+        # Rescale homogeneous problems: x*(u, c) = sigma * x*(u / sigma, c / sigma), and the same
+        # for the center form, x*(z, c) = sigma * x*(z / sigma, c / sigma).
         if self._homogeneous:
-            m = jnp.max(jnp.abs(u), initial=0)
+            m = jnp.max(jnp.abs(a), initial=0)
             sigma = jnp.where(m > 0, m, 1)
         else:
             sigma = jnp.ones((), wd)
-        us, cs = u / sigma, c / sigma
+        us = None if u is None else u / sigma
+        zs = None if z is None else z / sigma
+        cs = c / sigma
         x0s = None if x0 is None else x0 / sigma
         if solver == "newton":
-            xs, info = self._newton(us, cs, op, shape, x0s, tol, max_iter)
+            xs, info = self._newton(us, cs, op, shape, x0s, tol, max_iter, zs)
         else:
-            xs, info = _admm(self, us, cs, op, shape, x0s, tol, max_iter)
+            xs, info = _admm(self, us, cs, op, shape, x0s, tol, max_iter, zs)
         x = xs * sigma
         if self._homogeneous:
             # c * strength == 0: the unregularized minimizer, exactly.
             free = c * self.strength == 0
-            x = jnp.where(free, -op.solve(u), x)
+            x = jnp.where(free, -op.solve(u) if z is None else z, x)
             info = ProxInfo(jnp.where(free, 0, info.iterations), jnp.where(free, 0, info.residual))
         return x, info
 
@@ -461,9 +542,21 @@ def _norm_hinv(op, u):
     return jnp.sqrt(jnp.sum(jnp.square(p) / (s + op.weights)) + jnp.square(perp) / s)
 
 
-def _newton_dual(reg, u, c, op, shape, x0, tol, max_iter):
-    """Semismooth Newton on the k-dimensional dual (see the module docstring)."""
-    wd = u.dtype
+def _norm_h(op, z, bz):
+    """``||z||_H = sqrt(s ||z||^2 + ||B z||^2)`` given ``bz = B z``, without overflow."""
+    return jnp.hypot(jnp.sqrt(op.scalar) * _safe_norm(z), _safe_norm(bz))
+
+
+def _newton_dual(reg, u, c, op, shape, x0, tol, max_iter, z=None):
+    """Semismooth Newton on the k-dimensional dual (see the module docstring).
+
+    ``u``-form (``z is None``): ``argmin <u, x> + c phi(x) + 1/2 <x, H x>``; center form
+    (``u is None``): ``argmin c phi(x) + 1/2 ||x - z||_H^2``. The dual variable is shifted by
+    the center, ``g' = g - B z``: then ``x(g') = prox_{(c/s) phi}(z - B^T g' / s)``, the gradient is
+    ``B (x - z) - g'`` and nothing of the size of ``H z`` is ever formed (``u = -H z`` would lose
+    ``s z`` against ``B^T B z`` when ``cond(H) > 1/eps``). The ``u``-form is the case ``z = 0``.
+    """
+    wd = (u if z is None else z).dtype
     eps = jnp.finfo(wd).eps
     s = op.scalar
     sw, bmat, bt = _lowrank_parts(op)
@@ -471,30 +564,50 @@ def _newton_dual(reg, u, c, op, shape, x0, tol, max_iter):
     cw = sw[:, None] * op.coef  # (k, n)
     scale_exp = -jnp.asarray(getattr(op, "scale_exp", 0), jnp.int32)
     t = c / s
-    nu_h = _norm_hinv(op, u)
     wmax = jnp.max(op.weights, initial=0)
+    if z is None:
+        nu_h = _norm_hinv(op, u)
+        bz = jnp.zeros((k,), wd)
 
-    def primal(q):
-        return reg._euclid(-q / s, t, shape)
+        def primal(btg):
+            return reg._euclid(-(u + btg) / s, t, shape)
 
-    def dual_terms(q, x, gam):
-        terms = jnp.stack(
-            [
-                jnp.vdot(q, x),
-                c * reg._dual_value(x, shape),
-                0.5 * s * jnp.vdot(x, x),
-                -0.5 * jnp.vdot(gam, gam),
-            ]
-        )
+        def shifted(x):
+            return x
+
+    else:
+        bz = bmat(z)
+        nu_h = _norm_h(op, z, bz)  # ||u||_{H^{-1}} for u = -H z
+
+        def primal(btg):
+            return reg._euclid(z - btg / s, t, shape)
+
+        def shifted(x):
+            return x - z
+
+    def dual_terms(btg, x, gam):
+        # D(g') = [<u, x>] + c phi(x) + s/2 ||x - z||^2 + <B^T g', x - z> - 1/2 ||g'||^2: at the
+        # optimum every term is of the size of the objective (no u, no H z), so the Armijo test
+        # below keeps its meaning however ill-conditioned H is.
+        xz = shifted(x)
+        terms = [
+            c * reg._dual_value(x, shape),
+            0.5 * s * _vdot(xz, xz),
+            _vdot(btg, xz),
+            -0.5 * _vdot(gam, gam),
+        ]
+        if z is None:
+            terms.append(_vdot(u, x))
+        terms = jnp.stack(terms)
         return jnp.sum(terms), jnp.sum(jnp.abs(terms))
 
     # Residual in the H^{-1} norm: on the rows of V, H has eigenvalues s + w_j, hence
     # ||B^T r||_{H^{-1}}^2 = sum_j w_j r_j^2 / (s + w_j); ||x||_H^2 = s ||x||^2 + ||B x||^2.
     hinv_w = op.weights / (s + op.weights)
 
-    def residual(x, bx, gam):
-        e_h = _safe_norm(jnp.sqrt(hinv_w) * (bx - gam))
-        x_h = jnp.sqrt(s * jnp.vdot(x, x) + jnp.vdot(bx, bx))
+    def residual(x, bxz, gam):
+        e_h = _safe_norm(jnp.sqrt(hinv_w) * (bxz - gam))
+        x_h = _norm_h(op, x, bxz + bz)
         return e_h / jnp.maximum(jnp.maximum(nu_h, x_h), jnp.finfo(wd).tiny)
 
     # B materialized once as a k x d matrix (V = 2**-scale_exp coef @ basis; scale the basis, not
@@ -507,26 +620,43 @@ def _newton_dual(reg, u, c, op, shape, x0, tol, max_iter):
         y = bm * jnp.sqrt(jac.dg)
         m = None
         if jac.g is not None:
-            qm = jnp.einsum("krc,rc->kr", bm.reshape((k, *jac.g.shape)), jac.g, precision=_HIGHEST)
+            qm = _einsum_small("krc,rc->kr", bm.reshape((k, *jac.g.shape)), jac.g)
             if projector:
                 # J = D - sum_r g_r g_r^T / |A_r| is a projector P (D binary, g_r = sign on A_r):
                 # B J B^T = (B P)(B P)^T, with B P = B D - sum_r (B g_r) g_r^T / |A_r|.
                 y = y + jnp.einsum("kr,rc->krc", qm * jac.a, jac.g).reshape(k, -1)
             else:  # a_r >= 0: a sum of positive semidefinite terms
                 m = jnp.matmul(qm * jac.a, qm.T, precision=_HIGHEST)
-        g = jnp.matmul(y, y.T, precision=_HIGHEST)
+        g = _sketches._dot_d(y, y.T)
         m = g if m is None else g + m
         return jnp.eye(k, dtype=wd) + m / s
 
-    if x0 is None:
-        gam0 = jnp.zeros((k,), wd)
-        q0 = u
-    else:
-        gam0 = bmat(x0)
-        q0 = u + bt(gam0)
-    xi0, jac0 = primal(q0)
-    bx0 = bmat(xi0)
-    d0, _ = dual_terms(q0, xi0, gam0)
+    # Cold start g' = 0 (g = B z; u-form: g = 0). A warm start x0 gives g' = B (x0 - z); in the
+    # center form it is kept only if its dual value is higher: g' = 0 is x = z, usually the
+    # better start there, and an x0 far from z along the large eigenvalues of H would make
+    # ||B^T g'|| / s ~ cond(H) ||x0 - z|| (rounding, or overflow).
+    gam0 = jnp.zeros((k,), wd)
+    btg0 = jnp.zeros_like(u if z is None else z)
+    xi0, jac0 = primal(btg0)
+    d0, _ = dual_terms(btg0, xi0, gam0)
+    if x0 is not None:
+        # Only a warm start whose dual terms cannot overflow is evaluated at all (no transient
+        # inf/NaN): they are O(w_max^2 / s ||x0 - z||^2).
+        lim = jnp.sqrt(jnp.finfo(wd).max / 1e3) * jnp.sqrt(s) / jnp.maximum(wmax, 1)
+        x0 = jnp.where(_safe_norm(shifted(x0)) <= lim, x0, 0 if z is None else z)
+        gam_w = bmat(shifted(x0))
+        btg_w = bt(gam_w)
+        xi_w, jac_w = primal(btg_w)
+        d_w, mag_w = dual_terms(btg_w, xi_w, gam_w)
+        warm = jnp.isfinite(d_w) & jnp.all(jnp.isfinite(xi_w))
+        if z is not None:
+            warm = warm & (d_w - 64 * eps * mag_w > d0)
+        gam0, btg0, xi0, jac0, d0 = jax.tree.map(
+            lambda a, b: jnp.where(warm, a, b),
+            (gam_w, btg_w, xi_w, jac_w, d_w),
+            (gam0, btg0, xi0, jac0, d0),
+        )
+    bx0 = bmat(shifted(xi0))
     res0 = residual(xi0, bx0, gam0)
     noise = 1e3 * 64 * eps  # below this, a full step that does not reduce the residual = stalled
 
@@ -535,16 +665,16 @@ def _newton_dual(reg, u, c, op, shape, x0, tol, max_iter):
         return (it < max_iter) & (res > tol) & ~stalled
 
     def body(st):
-        it, gam, q, x, jac, bx, dval, res, _ = st
+        it, gam, btg, x, jac, bx, dval, res, _ = st
         grad = bx - gam
         mat = newton_matrix(jac)
         chol = jnp.linalg.cholesky(mat)
         step = jax.scipy.linalg.cho_solve((chol, True), grad)
-        slope = jnp.vdot(grad, step)
+        slope = _vdot(grad, step)
         ok = jnp.all(jnp.isfinite(step)) & (slope > 0)
         # Fallback: a gradient step with the 1/L step size (L = 1 + w_max/s).
         step = jnp.where(ok, step, grad / (1 + wmax / s))
-        slope = jnp.vdot(grad, step)
+        slope = _vdot(grad, step)
         btd = bt(step)
 
         def ls_cond(ls):
@@ -553,28 +683,28 @@ def _newton_dual(reg, u, c, op, shape, x0, tol, max_iter):
 
         def ls_body(ls):
             j, alpha, *_ = ls
-            qa = q + alpha * btd
-            xa, jaca = primal(qa)
-            da, mag = dual_terms(qa, xa, gam + alpha * step)
+            btga = btg + alpha * btd
+            xa, jaca = primal(btga)
+            da, mag = dual_terms(btga, xa, gam + alpha * step)
             slack = 64 * eps * mag  # D is only known to rounding: accept within it
             acc = jnp.isfinite(da) & (da >= dval + _ARMIJO * alpha * slope - slack)
-            return j + 1, jnp.where(acc, alpha, alpha / 2), acc, qa, xa, jaca, da
+            return j + 1, jnp.where(acc, alpha, alpha / 2), acc, btga, xa, jaca, da
 
-        init = (jnp.int32(0), jnp.ones((), wd), jnp.zeros((), bool), q, x, jac, dval)
-        _, alpha, accepted, qa, xa, jaca, da = lax.while_loop(ls_cond, ls_body, init)
+        init = (jnp.int32(0), jnp.ones((), wd), jnp.zeros((), bool), btg, x, jac, dval)
+        _, alpha, accepted, btga, xa, jaca, da = lax.while_loop(ls_cond, ls_body, init)
 
         def pick(new, old):
             return jax.tree.map(lambda a, b: jnp.where(accepted, a, b), new, old)
 
-        gam_n, q_n, x_n, jac_n, d_n = pick(
-            (gam + alpha * step, qa, xa, jaca, da), (gam, q, x, jac, dval)
+        gam_n, btg_n, x_n, jac_n, d_n = pick(
+            (gam + alpha * step, btga, xa, jaca, da), (gam, btg, x, jac, dval)
         )
-        bx_n = bmat(x_n)
+        bx_n = bmat(shifted(x_n))
         res_n = residual(x_n, bx_n, gam_n)
         stalled = ~accepted | ((alpha == 1) & (res_n > 0.9 * res) & (res_n < noise))
-        return it + 1, gam_n, q_n, x_n, jac_n, bx_n, d_n, res_n, stalled
+        return it + 1, gam_n, btg_n, x_n, jac_n, bx_n, d_n, res_n, stalled
 
-    st = (jnp.int32(0), gam0, q0, xi0, jac0, bx0, d0, res0, jnp.zeros((), bool))
+    st = (jnp.int32(0), gam0, btg0, xi0, jac0, bx0, d0, res0, jnp.zeros((), bool))
     it, _, _, x, _, _, _, res, _ = lax.while_loop(cond, body, st)
     return x, ProxInfo(it, res)
 
@@ -595,10 +725,128 @@ class _Ball(NamedTuple):
 _BALL_DIRECT_ITERS = 8
 
 
-def _l1_ball_newton(u, radius, op, shape, x0, tol, max_iter):
+def _l1_ball_polish(x, radius, op, u=None, z=None, skip=False):
+    """Active-set refinement of an approximate l1-ball solution with a support of ``<= k``
+    entries; returns ``(x_new, accepted)``.
+
+    When the constraint cuts the large eigenvalues of ``H``, its multiplier ``theta`` is of their
+    size and every dual formulation computes ``x = P(v)`` from a ``v`` of size ``theta / s``:
+    the values on the support cancel (relative error ``eps * cond(H)``) and the support itself
+    can come out incomplete. On a support ``A`` with signs ``sigma`` the solution solves
+    ``H_AA d + theta sigma = (B^T B z_off)_A``, ``sigma^T d = radius - sigma^T z_A`` with
+    ``x_A = z_A + d`` (``z_off``: ``z`` off ``A``; ``u``-form: ``H_AA x_A + theta sigma = -u_A``),
+    an ``(|A| + 1)``-dimensional system that is well conditioned when ``|A| <= k`` and ``B_A``
+    has full rank -- the generic case when ``theta`` is large. Starting from the support of
+    ``x``, a primal active-set loop adds the coordinate that violates ``|(u + H (x - z))_j| <=
+    theta`` most, or drops one whose value has the wrong sign, at most ``2 k + 2`` times. The
+    result is accepted only at a verified KKT point (signs, ``theta >= 0``, the off-support
+    bound with rounding slack); otherwise (or with ``skip``) ``x`` is returned unchanged.
+    """
+    wd = x.dtype
+    eps = jnp.finfo(wd).eps
+    d = x.size
+    m = min(op.weights.shape[0], d)
+    if m == 0:
+        return x, jnp.zeros((), bool)
+    s = op.scalar
+    sw = jnp.sqrt(op.weights)
+    e = -jnp.asarray(op.scale_exp, jnp.int32)
+    iota = _sketches._like_last_axis(jnp.arange(d), x)
+
+    # Everything on the support goes through one-hot contractions and reductions over d (sharded
+    # like x): nothing is gathered. The m <= k largest |x_i| by m rounds of argmax.
+    def largest(i, carry):
+        ax, idx, vals = carry
+        j = _argmax_last(ax, iota)
+        idx, vals = idx.at[i].set(j.astype(idx.dtype)), vals.at[i].set(jnp.max(ax))
+        return jnp.where(iota == j, -1, ax), idx, vals
+
+    init = (jnp.abs(x), jnp.zeros((m,), jnp.int32), jnp.zeros((m,), wd))
+    _, idx0, vals = lax.fori_loop(0, m, largest, init)
+    mask0 = vals > 0
+    sig0 = jnp.where(mask0, jnp.sign(_dot_rows(iota, idx0, x)), 0)
+    fits = (jnp.sum(x != 0) <= m) & (radius > 0)
+
+    def solve(idx, sig, mask):
+        sel = (iota[None, :] == idx[:, None]).astype(wd) * mask[:, None].astype(wd)  # (m, d)
+        # B_A = W^{1/2} V[:, A] (k x m): columns of the basis by one contraction over d
+        cols = jnp.ldexp(_sketches._dot_d(op.basis, sel.T), e)
+        ba = sw[:, None] * jnp.matmul(op.coef, cols, precision=_HIGHEST)
+        haa = jnp.matmul(ba.T, ba, precision=_HIGHEST) + s * jnp.eye(m, dtype=wd)
+        on_a = jnp.matmul(mask.astype(wd), sel, precision=_HIGHEST) > 0  # (d,)
+        if z is None:
+            za = jnp.zeros((m,), wd)
+            b = -_sketches._dot_d(sel, u)
+        else:
+            za = _sketches._dot_d(sel, z)
+            z_off = jnp.where(on_a, 0, z)
+            b = jnp.matmul(ba.T, sw * op.project(z_off), precision=_HIGHEST)
+        b = jnp.where(mask, b, 0)
+        chol = jnp.linalg.cholesky(haa)
+        p = jax.scipy.linalg.cho_solve((chol, True), b)
+        q = jax.scipy.linalg.cho_solve((chol, True), sig)
+        sq = jnp.dot(sig, q)
+        theta = (jnp.dot(sig, p) - (radius - jnp.dot(sig, za))) / jnp.where(sq > 0, sq, 1)
+        y = jnp.where(mask, za + p - theta * q, 0)
+        xn = jnp.matmul(y, sel, precision=_HIGHEST)
+        xn = _renormalize_l1(xn[None], radius)[0]
+        grad = op.matvec(xn) + u if z is None else op.matvec(xn - z)
+        slack = 1e3 * eps * jnp.maximum(theta, jnp.max(jnp.abs(grad), initial=0))
+        viol = jnp.where(on_a, -jnp.inf, jnp.abs(grad) - theta - slack)
+        wrong = jnp.where(mask, sig * y, jnp.inf)
+        finite = jnp.all(jnp.isfinite(xn)) & jnp.isfinite(theta) & (sq > 0)
+        ok = finite & (theta >= 0) & jnp.all(wrong >= 0) & jnp.all(viol <= 0) & jnp.any(mask)
+        return xn, ok, viol, wrong, grad, finite
+
+    def cond(st):
+        it, _, _, _, _, ok, stop = st
+        return ~ok & ~stop & (it < 2 * m + 2)
+
+    def body(st):
+        it, idx, sig, mask, _, _, _ = st
+        xn, ok, viol, wrong, grad, finite = solve(idx, sig, mask)
+        drop = jnp.min(wrong) < 0
+        j = _argmax_last(viol, iota).astype(idx.dtype)
+        free = jnp.argmin(mask)  # first free slot (False < True)
+        can_add = ~mask[free] & (jnp.max(viol) > 0)
+        # drop the most negative value; else add the most violating coordinate
+        mask_d = mask.at[jnp.argmin(wrong)].set(False)
+        idx_a = idx.at[free].set(j)
+        sig_a = sig.at[free].set(-jnp.sign(_dot_rows(iota, j[None], grad)[0]))
+        mask_a = mask.at[free].set(True)
+        idx_n = jnp.where(drop, idx, idx_a)
+        sig_n = jnp.where(drop, jnp.where(mask_d, sig, 0), sig_a)
+        mask_n = jnp.where(drop, mask_d, mask_a)
+        stop = ~finite | (~drop & ~can_add)
+        keep = ok | stop
+        return (
+            it + 1,
+            jnp.where(keep, idx, idx_n),
+            jnp.where(keep, sig, sig_n),
+            jnp.where(keep, mask, mask_n),
+            xn,
+            ok,
+            stop,
+        )
+
+    stop0 = ~fits | ~jnp.any(mask0) | skip
+    st = (jnp.int32(0), idx0, sig0, mask0, x, jnp.zeros((), bool), stop0)
+    _, _, _, _, xn, ok, _ = lax.while_loop(cond, body, st)
+    return jnp.where(ok, xn, x), ok
+
+
+def _dot_rows(iota, idx, v):
+    """``v[idx]`` as a contraction with one-hot rows (no gather of a sharded ``v``)."""
+    sel = (iota[None, :] == idx[:, None]).astype(v.dtype)
+    return _sketches._dot_d(sel, v)
+
+
+def _l1_ball_newton(u, radius, op, shape, x0, tol, max_iter, z=None):
     """``argmin <u, x> + 1/2 <x, H x>`` s.t. ``||x||_1 <= radius`` for a LowRankOperator.
 
-    Phase 1: the dual Newton method with the ball's projection as the Euclidean prox (a few
+    (Center form, ``u is None``: ``argmin 1/2 ||x - z||_H^2`` s.t. ``||x||_1 <= radius``, i.e.
+    ``u = -H z`` without forming it.) Phase 1: the dual Newton method with the ball's
+    projection as the Euclidean prox (a few
     iterations; it converges in 2-3 on typical problems). Its Newton model only sees the current
     support of the projection, so when the constraint is strongly active, the support small and
     ``H`` badly conditioned it can crawl. Phase 2 (only if phase 1 did not converge) searches the
@@ -606,24 +854,35 @@ def _l1_ball_newton(u, radius, op, shape, x0, tol, max_iter):
     solver, warm-started) has ``||x(theta)||_1`` continuous, non-increasing and piecewise linear
     in ``theta``; Illinois false position on ``[0, ||u||_inf]`` finds ``||x(theta)||_1 = radius``.
     """
-    wd = u.dtype
+    wd = (u if z is None else z).dtype
     eps = jnp.finfo(wd).eps
     direct_iters = min(max_iter, _BALL_DIRECT_ITERS)
-    x1, info1 = _newton_dual(_Ball(radius), u, jnp.ones((), wd), op, shape, x0, tol, direct_iters)
-    done1 = info1.residual <= tol
-
-    x_free = -op.solve(u)
+    one = jnp.ones((), wd)
+    if z is None:
+        x_free = -op.solve(u)
+        theta_max = jnp.max(jnp.abs(u), initial=0)  # x(theta) = 0 from here on
+    else:
+        x_free = z
+        # An upper bound of ||H z||_inf (s |z_i| + |(V^T W V z)_i| >= |(H z)_i|), no cancellation.
+        hz = jnp.abs(op.scalar * z) + jnp.abs(op.lift(op.weights * op.project(z)))
+        theta_max = (1 + 64 * eps) * jnp.max(hz, initial=0)
     f_free = jnp.sum(jnp.abs(x_free)) - radius  # > 0 unless the constraint is inactive
-    theta_max = jnp.max(jnp.abs(u), initial=0)  # x(theta) = 0 from here on
+
+    x1, info1 = _newton_dual(_Ball(radius), u, one, op, shape, x0, tol, direct_iters, z)
+    x1p, polished1 = _l1_ball_polish(x1, radius, op, u, z, skip=f_free <= 0)
+    x1 = jnp.where(polished1, x1p, x1)
+    info1 = ProxInfo(info1.iterations, jnp.where(polished1, 0, info1.residual))
+    done1 = info1.residual <= tol
     l1 = _L1(1.0)
     inner_iters = max(max_iter, 20)
 
     def value(theta, x_prev):
-        x, info = _newton_dual(l1, u, theta, op, shape, x_prev, tol, inner_iters)
+        x, info = _newton_dual(l1, u, theta, op, shape, x_prev, tol, inner_iters, z)
         return x, info, jnp.sum(jnp.abs(x)) - radius
 
     # Initial multiplier from phase 1: on the support, -(u + H x)_i = theta sign(x_i).
-    g = -(u + op.matvec(x1)) * jnp.sign(x1)
+    grad = op.matvec(x1) + u if z is None else op.matvec(x1 - z)
+    g = -grad * jnp.sign(x1)
     nnz = jnp.sum(x1 != 0)
     theta0 = jnp.where(nnz > 0, jnp.sum(jnp.where(x1 != 0, g, 0)) / jnp.maximum(nnz, 1), 0)
     theta0 = jnp.where((theta0 > 0) & (theta0 < theta_max), theta0, 0.5 * theta_max)
@@ -675,54 +934,78 @@ def _l1_ball_newton(u, radius, op, shape, x0, tol, max_iter):
     )
     it, *_, x2, _, res2, inner = lax.while_loop(cond, body, st)
     x2 = _l1_ball_euclid(x2, radius, 1, x2.size)[0]  # exact feasibility (moves x by <= tol)
+    x2p, polished2 = _l1_ball_polish(x2, radius, op, u, z, skip=done1 | (f_free <= 0))
+    x2 = jnp.where(polished2, x2p, x2)
+    res2 = jnp.where(polished2, 0, res2)
     x = jnp.where(done1, x1, jnp.where(f_free <= 0, x_free, x2))
     res = jnp.where(done1, info1.residual, jnp.where(f_free <= 0, 0, res2))
     iters = info1.iterations + jnp.where(done1, 0, inner)
     return x, ProxInfo(iters, res)
 
 
-def _admm(reg, u, c, op, shape, x0, tol, max_iter):
-    """Over-relaxed ADMM on ``x = z`` (see the module docstring)."""
-    wd = u.dtype
+def _admm(reg, u, c, op, shape, x0, tol, max_iter, z=None):
+    """Over-relaxed ADMM on ``x = y`` (see the module docstring).
+
+    Center form (``u is None``): the ``x``-step ``(H + rho I)^{-1} (rho v + H z)`` is written
+    ``z + rho (H + rho I)^{-1} (v - z)`` and the residual uses ``H (y - z)``, so ``H z`` is never
+    formed; the ``u``-form is the case ``z = 0``.
+    """
+    wd = (u if z is None else z).dtype
     lo = op.scalar
     hi = op.scalar + jnp.max(op.weights, initial=0)
     rho = jnp.sqrt(lo * hi)
     alpha = _ADMM_RELAXATION
-    nu_h = jnp.sqrt(jnp.maximum(jnp.vdot(u, op.solve(u)), 0))
+    sw = jnp.sqrt(op.weights)
 
-    if x0 is None:
-        z0 = jnp.zeros_like(u)
-        w0 = -u / rho
+    def norm_h(y):
+        return _norm_h(op, y, sw * op.project(y))
+
+    if z is None:
+        nu_h = jnp.sqrt(jnp.maximum(_vdot(u, op.solve(u)), 0))
+        if x0 is None:
+            z0 = jnp.zeros_like(u)
+            w0 = -u / rho
+        else:
+            z0 = x0
+            w0 = -(u + op.matvec(x0)) / rho
     else:
-        z0 = x0
-        w0 = -(u + op.matvec(x0)) / rho
+        nu_h = norm_h(z)
+        z0 = z if x0 is None else x0
+        w0 = -op.matvec(z0 - z) / rho
 
-    def step(_, zw):
-        z, w = zw
-        x = op.solve_shifted(rho, rho * (z - w) - u)
-        xh = alpha * x + (1 - alpha) * z
-        z_n, _ = reg._euclid(xh + w, c / rho, shape)
-        return z_n, w + xh - z_n
+    def step(_, yw):
+        y, w = yw
+        if z is None:
+            x = op.solve_shifted(rho, rho * (y - w) - u)
+        else:
+            x = z + rho * op.solve_shifted(rho, y - w - z)
+        xh = alpha * x + (1 - alpha) * y
+        y_n, _ = reg._euclid(xh + w, c / rho, shape)
+        return y_n, w + xh - y_n
 
     def cond(st):
         it, _, _, res = st
         return (it < max_iter) & (res > tol)
 
     def body(st):
-        it, z, w, _ = st
-        z, w = lax.fori_loop(0, _ADMM_CHECK, step, (z, w))
-        # The z-step gives rho * w in c d(phi)(z), so e = u + H z + rho w is an element of the
-        # subdifferential of the objective at z: an exact KKT residual, one product with H.
-        hz = op.matvec(z)
-        e = u + hz + rho * w
-        e_h = jnp.sqrt(jnp.maximum(jnp.vdot(e, op.solve(e)), 0))
-        z_h = jnp.sqrt(jnp.maximum(jnp.vdot(z, hz), 0))
-        scale = jnp.maximum(jnp.maximum(nu_h, z_h), jnp.finfo(wd).tiny)
-        return it + _ADMM_CHECK, z, w, e_h / scale
+        it, y, w, _ = st
+        y, w = lax.fori_loop(0, _ADMM_CHECK, step, (y, w))
+        # The y-step gives rho * w in c d(phi)(y), so e = u + H (y - z) + rho w is an element of
+        # the subdifferential of the objective at y: an exact KKT residual, one product with H.
+        if z is None:
+            hy = op.matvec(y)
+            e = u + hy + rho * w
+            y_h = jnp.sqrt(jnp.maximum(_vdot(y, hy), 0))
+        else:
+            e = op.matvec(y - z) + rho * w
+            y_h = norm_h(y)
+        e_h = jnp.sqrt(jnp.maximum(_vdot(e, op.solve(e)), 0))
+        scale = jnp.maximum(jnp.maximum(nu_h, y_h), jnp.finfo(wd).tiny)
+        return it + _ADMM_CHECK, y, w, e_h / scale
 
     st = (jnp.int32(0), z0, w0, jnp.asarray(jnp.inf, wd))
-    it, z, _, res = lax.while_loop(cond, body, st)
-    return z, ProxInfo(it, res)
+    it, y, _, res = lax.while_loop(cond, body, st)
+    return y, ProxInfo(it, res)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -763,8 +1046,26 @@ class _L2Squared(Regularizer):
     def _diag(self, u, c, h, shape):
         return -_safe_div(u, h + c * self.strength)
 
-    def _lowrank_exact(self, u, c, op, shape):
-        return -op.solve_shifted(c * self.strength, u)
+    def _lowrank_exact(self, u, c, op, shape, z=None):
+        mu = c * self.strength
+        if z is None:
+            return -op.solve_shifted(mu, u)
+        # x = (H + mu I)^{-1} H z, on the spectrum of H (no H z, no z - mu (H + mu I)^{-1} z).
+        p, zp = _split_center(op, z)
+        return jnp.where(mu == 0, z, _shrink_center(op, p, zp, mu))
+
+
+def _split_center(op, z):
+    """``(V z, z - V^T V z)``: ``z`` on the rows of ``V`` and on their orthogonal complement."""
+    p = op.project(z)
+    return p, z - op.lift(p)
+
+
+def _shrink_center(op, p, zp, mu):
+    """``(H + mu I)^{-1} H z`` from :func:`_split_center`: ``(s + w) / (s + w + mu)`` on the rows
+    of ``V``, ``s / (s + mu)`` on their complement; accurate whatever ``cond(H)``, ``mu >= 0``."""
+    s, w = op.scalar, op.weights
+    return op.lift((s + w) / (s + w + mu) * p) + (s / (s + mu)) * zp
 
 
 def _group_l2_euclid(v, tau, rows, cols):
@@ -809,8 +1110,10 @@ class _L2(Regularizer):
     def _diag(self, u, c, h, shape):
         return _group_l2_diag(u, c * self.strength, h, 1, u.size)
 
-    def _lowrank_exact(self, u, c, op, shape):
+    def _lowrank_exact(self, u, c, op, shape, z=None):
         tau = c * self.strength
+        if z is not None:
+            return self._lowrank_center(tau, op, z)
         # Spectral data of H: eigenvalues s + w_j on the rows of V, s on their complement.
         p = op.project(u)
         perp = _safe_norm(u - op.lift(p))
@@ -821,6 +1124,24 @@ class _L2(Regularizer):
         mu = jnp.where(active & (t > 0), 1 / jnp.where(t > 0, t, 1), 1)
         x = jnp.where(active, -op.solve_shifted(mu, u), 0)
         return jnp.where(tau == 0, -op.solve(u), x)
+
+    def _lowrank_center(self, tau, op, z):
+        """``argmin tau ||x|| + 1/2 ||x - z||_H^2``: the secular equation of ``u = -H z`` on the
+        spectral data ``((s + w) V z, s ||z - V^T V z||)``, then ``x = (H + mu I)^{-1} H z``."""
+        p, zp = _split_center(op, z)
+        # x*(z, tau) = m x*(z / m, tau / m), and t = 1 / mu does not depend on m: scale the
+        # spectral data so that (s + w) V z cannot overflow.
+        m = jnp.max(jnp.abs(z), initial=0)
+        m = jnp.where(m > 0, m, 1)
+        s, w = op.scalar, op.weights
+        a = jnp.concatenate([(s + w) * (p / m), (s * _safe_norm(zp / m))[None]])[None, :]
+        h = jnp.concatenate([s + w, s[None]])[None, :]
+        tau_m = tau / m
+        active = _safe_norm(a) > tau_m
+        t = _secular_t(a, h, tau_m[None])[0]
+        mu = jnp.where(active & (t > 0), 1 / jnp.where(t > 0, t, 1), 1)
+        x = jnp.where(active, _shrink_center(op, p, zp, mu), 0)
+        return jnp.where(tau_m == 0, z, x)
 
 
 def _renormalize_l1(x, radius):
@@ -842,6 +1163,14 @@ def _l1_ball_euclid(v, radius, rows, cols):
     inside = jnp.sum(av, axis=-1, keepdims=True) <= radius
     x = jnp.where(inside, vr, _renormalize_l1(x, radius))
     act = (av > theta) & ~inside
+    # Far outside a small ball, |v_i| - theta can round to 0 for every i (|v| ~ radius / eps):
+    # the projection then sits on the largest entry (exactly, for a strict maximum).
+    if cols > 0:
+        iota = _sketches._like_last_axis(jnp.arange(cols), v)
+        top = iota[None, :] == _argmax_last(av, iota)[:, None]
+        lost = ~inside & ~jnp.any(act, axis=-1, keepdims=True) & (radius > 0)
+        x = jnp.where(lost, jnp.where(top, jnp.sign(vr) * radius, 0), x)
+        act = jnp.where(lost, top, act)
     nact = jnp.sum(act, axis=-1)
     dg = jnp.where(inside, 1, act.astype(v.dtype))
     g = jnp.where(act, jnp.sign(vr), 0)
@@ -918,12 +1247,16 @@ class _L1Ball(Regularizer):
     def _euclid(self, v, t, shape):
         return _l1_ball_euclid(v, self.strength, 1, v.size)
 
-    def _newton(self, u, c, op, shape, x0, tol, max_iter):
-        # x*(u, r) = m x*(u / m, r / m): rescale so that max |u| = 1 (huge inputs do not overflow).
-        m = jnp.max(jnp.abs(u), initial=0)
+    def _newton(self, u, c, op, shape, x0, tol, max_iter, z=None):
+        # x*(u, r) = m x*(u / m, r / m) (also for the center z): rescale so that max |u| = 1
+        # (or max |z| = 1), so that huge inputs do not overflow.
+        a = u if z is None else z
+        m = jnp.max(jnp.abs(a), initial=0)
         m = jnp.where(m > 0, m, 1)
         x0 = None if x0 is None else x0 / m
-        x, info = _l1_ball_newton(u / m, self.strength / m, op, shape, x0, tol, max_iter)
+        us = None if u is None else u / m
+        zs = None if z is None else z / m
+        x, info = _l1_ball_newton(us, self.strength / m, op, shape, x0, tol, max_iter, zs)
         return x * m, info
 
     def _diag(self, u, c, h, shape):

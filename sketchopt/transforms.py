@@ -266,7 +266,10 @@ def mirror_descent(
     ``H_t`` already includes ``g_t``. Without a regularizer this is ``-eta_t H_t^{-1} g_t`` and
     ``params`` are not needed; with one, ``update`` needs ``params`` (``ValueError`` otherwise)
     and the step is the regularizer's proximal map ``argmin <u, x> + c phi(x) + 1/2 <x, H x>`` with
-    ``u = eta_t g_t - H_t x_t`` and ``c = eta_t``.
+    ``u = eta_t g_t - H_t x_t`` and ``c = eta_t``, solved in the equivalent center form
+    ``argmin c phi(x) + 1/2 ||x - z||_H^2`` at ``z = x_t - eta_t H_t^{-1} g_t`` (``u = -H z``
+    is never formed: it would lose ``x_t`` off the sketch to rounding when ``cond(H_t)`` is
+    beyond ``1/eps``).
 
     Args:
       learning_rate: ``eta``, a float or an Optax schedule of the step count (from 0).
@@ -293,9 +296,14 @@ def mirror_descent(
             if regularizer is None:
                 delta = -eta * _metrics.solve_new_gradient(op, gf, hint)
             else:
+                # The prox at the unregularized point z = x_t - eta H^{-1} g_t in the H-norm:
+                # the same problem as u = eta g_t - H x_t, but u would lose the part of x_t on
+                # the small eigenvalues of H to rounding once cond(H) passes 1/eps. (No warm
+                # start: the solver's own start, x = z, is closer than x_t.)
                 xf = _flat(x, dtype)
-                u = eta * gf - op.matvec(xf)
-                delta = regularizer.prox(u, eta, op, shape=jnp.shape(g), x0=xf) - xf
+                z = xf - eta * _metrics.solve_new_gradient(op, gf, hint)
+                x_new = regularizer.prox(None, eta, op, shape=jnp.shape(g), center=z)
+                delta = x_new - xf
             delta = jnp.where(finite, delta, 0)
             return delta.reshape(jnp.shape(g)).astype(jnp.asarray(g).dtype), ms, finite
 
@@ -319,7 +327,9 @@ def dual_averaging(
     Without a regularizer ``x_{t+1} = x_1 - eta_t H_t^{-1} sum_s g_s`` (Ada-FD eq. 6). The rule is
     defined by its running sums, so ``update`` needs ``params`` to return the delta
     ``x_{t+1} - x_t`` (``ValueError`` when it is missing). ``t`` is the step count; a leaf whose
-    gradient was skipped as non-finite keeps its sum unchanged.
+    gradient was skipped as non-finite keeps its sum unchanged. With a regularizer the step is
+    the prox ``argmin eta_t t phi(x) + 1/2 ||x - z||_H^2`` at
+    ``z = x_1 - eta_t H_t^{-1} sum_s g_s``.
     """
     learning_rate = _check_learning_rate(learning_rate)
 
@@ -348,8 +358,10 @@ def dual_averaging(
             if regularizer is None:
                 x_new = x1 - eta * op.solve(gsum)
             else:
-                u = eta * gsum - op.matvec(x1)
-                x_new = regularizer.prox(u, eta * t.astype(dtype), op, shape=jnp.shape(g), x0=xf)
+                # The prox at z = x_1 - eta H^{-1} sum_s g_s in the H-norm (see mirror_descent).
+                z = x1 - eta * op.solve(gsum)
+                c = eta * t.astype(dtype)
+                x_new = regularizer.prox(None, c, op, shape=jnp.shape(g), center=z)
             delta = jnp.where(finite, x_new - xf, 0)
             out = delta.reshape(jnp.shape(g)).astype(jnp.asarray(g).dtype)
             return out, ms, gsum, finite
