@@ -7,6 +7,7 @@ online learners, all as pure-functional Optax gradient transformations.
 
 from sketchopt import metrics as metrics
 from sketchopt import regularizers as regularizers
+from sketchopt import sharding as sharding
 from sketchopt import sketches as sketches
 from sketchopt.baselines import *  # noqa: F403
 from sketchopt.son import *  # noqa: F403

@@ -1,0 +1,262 @@
+r"""Shardings for optimizer states: keep every sketch sharded along ``d`` like its parameter.
+
+Every transform of ``sketchopt`` treats a parameter leaf of any shape as its flattened vector of
+length ``d`` and keeps, per leaf, arrays of three kinds:
+
+* ``(..., d)`` arrays -- the ``sketch_size x d`` sketch rows, Oja's directions, the running
+  gradient sums and anchors of dual averaging, SON's diagonal rescaling, ...;
+* arrays with the parameter's own shape -- the per-coordinate accumulators of the baselines;
+* small arrays -- Gram matrices (``sketch_size x sketch_size``), eigenvalues, ``alpha``, scale
+  exponents, counters, PRNG keys.
+
+A parameter sharded along its *leading* axis flattens to a contiguously sharded vector, so the
+sketch can be sharded the same way: each device keeps the ``sketch_size x (d / devices)`` block
+of the columns of its own slice of the parameter, and a step only moves ``sketch_size``-sized
+reductions (``B g``, the Gram matrix's new row) between devices -- never the sketch.
+:func:`state_sharding` gives exactly that layout for any optimizer state (``optax.chain``,
+``inject_hyperparams``, ``MultiSteps``, ``partition`` ... included):
+
+====================================  ========================================================
+state array                           sharding
+====================================  ========================================================
+``(..., d)`` floating                 ``P(None, ..., None, axes)`` where ``axes`` are the mesh
+                                      axes of the parameter (in order)
+the parameter's shape                 the parameter's own sharding
+anything else                         replicated, ``P()``
+====================================  ========================================================
+
+It is replicated as well when ``d`` is not divisible by the number of devices along ``axes``,
+or when the parameter is replicated. Typical use::
+
+    from sketchopt import sharding
+
+    params = jax.device_put(params, params_shardings)          # e.g. P("model", None)
+    tx = sketchopt.ada_fd(0.1, sketch_size=32, delta=1e-3)
+    opt_state = sharding.init(tx, params)                       # sharded from the start
+    state_shardings = sharding.state_sharding(opt_state, params)
+
+    @functools.partial(jax.jit, out_shardings=(params_shardings, state_shardings),
+                       donate_argnums=(1,))
+    def step(grads, opt_state, params):
+        return tx.update(grads, opt_state, params)
+
+    # orbax: restore straight into the sharded layout
+    target = sharding.abstract_state(tx, params)
+    opt_state = ocp.StandardCheckpointer().restore(path, target)
+
+Both ``AxisType.Auto`` and ``AxisType.Explicit`` meshes work (with an explicit mesh, build and
+step under ``jax.set_mesh(mesh)``): the library asks for its ``d``-contractions to be replicated
+``sketch_size``-sized results, and reshards an incoming gradient to the sketch's layout if it
+differs.
+
+Limits. A parameter sharded along a non-leading axis (``P(None, "model")``) flattens to a
+non-contiguous layout: its flattened gradient and update are redistributed (one ``d``-sized
+all-to-all per step) while the state stays sharded. ``optax.flatten`` concatenates all leaves into
+one vector whose layout is not that of any parameter: its state is replicated. The ``d x d``
+baselines (``ada_full``, ``ons``) shard their matrix along its columns but ADA-FULL's
+eigendecomposition gathers it (an ``O(d^3)`` baseline is not meant for sharded sizes).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.sharding import NamedSharding, PartitionSpec
+
+__all__ = ["abstract_state", "constrain", "flat_axes", "init", "state_sharding"]
+
+
+def _axis_names(entry):
+    if entry is None:
+        return ()
+    return tuple(entry) if isinstance(entry, (tuple, list)) else (entry,)
+
+
+def flat_axes(spec: PartitionSpec, ndim: int) -> tuple[str, ...]:
+    """The mesh axes of a parameter's ``spec``, in order: those of its flattened vector.
+
+    ``P("model", None)`` gives ``("model",)``; ``P("data", "model")`` gives
+    ``("data", "model")`` (the flattened vector then has a different layout than the parameter,
+    see the module docstring).
+    """
+    spec = tuple(spec)
+    if len(spec) > ndim:
+        raise ValueError(f"a PartitionSpec of {len(spec)} entries for a {ndim}-d parameter")
+    axes: list[str] = []
+    for entry in spec:
+        axes.extend(_axis_names(entry))
+    return tuple(axes)
+
+
+def _leaf_sharding_info(ref, shape, mesh):
+    """``(mesh, spec, shape)`` of one parameter leaf from what the user gave."""
+    if isinstance(ref, NamedSharding):
+        return ref.mesh, ref.spec, shape
+    if isinstance(ref, PartitionSpec):
+        if mesh is None:
+            mesh = jax.sharding.get_abstract_mesh()
+            if mesh.empty:
+                raise ValueError(
+                    "state_sharding: PartitionSpec shardings need a mesh: pass mesh= or call it "
+                    "under jax.set_mesh(mesh)"
+                )
+        return mesh, ref, shape
+    try:
+        sharding = ref.sharding
+    except Exception:  # noqa: BLE001 - e.g. a tracer under automatic sharding
+        sharding = None
+    ref_shape = tuple(np.shape(ref)) if shape is None else shape
+    if isinstance(sharding, NamedSharding):
+        return sharding.mesh, sharding.spec, ref_shape
+    if sharding is None or isinstance(sharding, jax.sharding.SingleDeviceSharding):
+        return None, PartitionSpec(), ref_shape
+    raise ValueError(
+        f"state_sharding: cannot read a NamedSharding from {type(ref).__name__} with sharding "
+        f"{sharding!r}; pass NamedShardings or PartitionSpecs"
+    )
+
+
+def _is_sharding(x):
+    return isinstance(x, (NamedSharding, PartitionSpec))
+
+
+def state_sharding(
+    state: Any,
+    params_shardings: Any,
+    params: Any = None,
+    *,
+    mesh: jax.sharding.Mesh | None = None,
+) -> Any:
+    """The sharding of every array of an optimizer state, given the parameters' shardings.
+
+    Args:
+      state: an optimizer state of any ``sketchopt`` (or Optax) transform, concrete or abstract
+        (``jax.eval_shape(tx.init, params)``), or tracers inside ``jit``.
+      params_shardings: the parameters' shardings, as a pytree with the parameters' structure of
+        ``NamedSharding``\\ s or ``PartitionSpec``\\ s -- or the sharded parameters themselves
+        (``jax.Array``\\ s or ``jax.ShapeDtypeStruct``\\ s with a ``sharding``), which also give
+        the shapes.
+      params: the parameters (arrays or ``ShapeDtypeStruct``\\ s) for their shapes, needed when
+        ``params_shardings`` holds shardings rather than arrays.
+      mesh: the mesh for ``PartitionSpec`` shardings (default: the one of ``jax.set_mesh``).
+
+    Returns:
+      A pytree with the structure of ``state`` whose leaves are ``NamedSharding``\\ s (or
+      ``PartitionSpec``\\ s when given ``PartitionSpec``\\ s without a concrete mesh): the per-leaf
+      ``(..., d)`` arrays sharded along their last axis like the flattened parameter, arrays
+      with the parameter's shape like the parameter, everything else replicated. Usable as
+      ``out_shardings`` of ``jax.jit``, with ``jax.device_put`` or as the ``sharding`` of the
+      ``ShapeDtypeStruct``\\ s of an orbax restore target.
+    """
+    ref_leaves, treedef = jax.tree.flatten(params_shardings, is_leaf=_is_sharding)
+    if params is not None:
+        shapes = [tuple(np.shape(p)) for p in treedef.flatten_up_to(params)]
+    else:
+        if any(_is_sharding(r) for r in ref_leaves):
+            raise ValueError(
+                "state_sharding: params_shardings holds shardings without shapes; pass "
+                "params= (arrays or ShapeDtypeStructs) or the sharded parameters themselves"
+            )
+        shapes = [None] * len(ref_leaves)
+    infos = [_leaf_sharding_info(r, s, mesh) for r, s in zip(ref_leaves, shapes, strict=True)]
+    meshes = [m for m, _, _ in infos if m is not None]
+    default_mesh = mesh if mesh is not None else (meshes[0] if meshes else None)
+    as_specs = default_mesh is None or isinstance(default_mesh, jax.sharding.AbstractMesh)
+
+    def make(spec, leaf_mesh=None):
+        m = leaf_mesh if leaf_mesh is not None else default_mesh
+        if as_specs or m is None or isinstance(m, jax.sharding.AbstractMesh):
+            return spec
+        return NamedSharding(m, spec)
+
+    def replicated(_):
+        return make(PartitionSpec())
+
+    def per_leaf(info):
+        leaf_mesh, spec, shape = info
+        ndim = len(shape)
+        d = math.prod(shape)
+        axes = flat_axes(spec, ndim) if leaf_mesh is not None else ()
+        devices = math.prod(leaf_mesh.shape[a] for a in axes) if axes else 1
+        flat = axes[0] if len(axes) == 1 else axes
+        shardable = bool(axes) and d > 0 and d % devices == 0
+
+        def assign(x):
+            x_shape = tuple(np.shape(x))
+            if leaf_mesh is None:
+                return replicated(x)
+            if x_shape == shape and ndim > 0 and axes:
+                return make(PartitionSpec(*tuple(spec)), leaf_mesh)
+            floating = jnp.issubdtype(x.dtype, jnp.inexact)
+            if shardable and floating and x_shape and x_shape[-1] == d:
+                return make(PartitionSpec(*([None] * (len(x_shape) - 1)), flat), leaf_mesh)
+            return replicated(x)
+
+        return assign
+
+    assigners = [per_leaf(info) for info in infos]
+
+    def visit(node):
+        try:
+            subtrees = treedef.flatten_up_to(node)
+        except (ValueError, TypeError):
+            subtrees = None
+        if subtrees is not None:
+            mapped = [jax.tree.map(a, sub) for a, sub in zip(assigners, subtrees, strict=True)]
+            return treedef.unflatten(mapped)
+        children, node_def = jax.tree_util.tree_flatten(node, is_leaf=lambda x: x is not node)
+        if node_def.num_nodes == 1 and node_def.num_leaves == 1:  # an array leaf
+            return replicated(node)
+        return node_def.unflatten([visit(c) for c in children])
+
+    return visit(state)
+
+
+def _shardings_of(params, params_shardings):
+    if params_shardings is not None:
+        return params_shardings, params
+    return params, None
+
+
+def abstract_state(tx: Any, params: Any, params_shardings: Any = None, **kwargs) -> Any:
+    """``jax.eval_shape(tx.init, params)`` with the :func:`state_sharding` of every array.
+
+    The result (``jax.ShapeDtypeStruct``\\ s carrying shardings) is what ``jax.jit(...).lower``
+    and an orbax restore (``ocp.StandardCheckpointer().restore(path, target)``) take to build
+    the state directly in its sharded layout. ``params`` may be sharded arrays (then
+    ``params_shardings`` defaults to theirs) or ``ShapeDtypeStruct``\\ s.
+    """
+    shape = jax.eval_shape(tx.init, params)
+    refs, shape_params = _shardings_of(params, params_shardings)
+    shardings = state_sharding(shape, refs, shape_params, **kwargs)
+    return jax.tree.map(
+        lambda s, sh: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=sh), shape, shardings
+    )
+
+
+def init(tx: Any, params: Any, params_shardings: Any = None, **kwargs) -> Any:
+    """``tx.init(params)`` under ``jax.jit`` with the state laid out by :func:`state_sharding`.
+
+    ``params`` are the (sharded) parameters; ``params_shardings`` default to theirs. The sketch
+    is created sharded: no device ever holds a whole ``sketch_size x d`` array.
+    """
+    refs, shape_params = _shardings_of(params, params_shardings)
+    shardings = state_sharding(jax.eval_shape(tx.init, params), refs, shape_params, **kwargs)
+    return jax.jit(tx.init, out_shardings=shardings)(params)
+
+
+def constrain(state: Any, params_shardings: Any, params: Any = None, **kwargs) -> Any:
+    """``jax.lax.with_sharding_constraint`` of a state to its :func:`state_sharding`.
+
+    For use inside a jitted training step when the step's ``out_shardings`` are not given
+    (e.g. a state nested in a larger train state): ``opt_state = constrain(opt_state,
+    params_shardings, params)``. Inside ``jit`` the parameters are tracers, so pass the
+    shardings as ``NamedSharding``\\ s (or ``PartitionSpec``\\ s under ``jax.set_mesh``) and the
+    parameters (tracers are fine) for their shapes.
+    """
+    shardings = state_sharding(state, params_shardings, params, **kwargs)
+    return jax.lax.with_sharding_constraint(state, shardings)
