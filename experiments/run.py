@@ -9,6 +9,7 @@ name                what                                                        
 ``sketch_error``    RFD paper sec. 6.1 / Fig. 1-2: covariance sketch error          experiments
 ``son_condition``   SON paper sec. 5.1 / Fig. 1: error versus condition number      experiments
 ``classification``  Ada-FD sec. 4.2 / Fig. 2-3, RFD paper sec. 6.2: online mistakes    experiments
+``son_online``      RFD paper sec. 6.2 / Fig. 5-11: SON online error vs sketch size  experiments
 ``speed``           per-step cost against optax.adagrad and ADA-FULL                 (separate)
 ``cnn``             Ada-FD paper sec. 4.3: CNN training                              (separate)
 ==================  ==============================================================  ============
@@ -54,7 +55,15 @@ REPO = pathlib.Path(__file__).resolve().parent.parent
 if str(REPO) not in sys.path:  # run as a script: make ``experiments`` and ``sketchopt`` importable
     sys.path.insert(0, str(REPO))
 
-EXPERIMENTS = ("regret", "sketch_error", "son_condition", "classification", "speed", "cnn")
+EXPERIMENTS = (
+    "regret",
+    "sketch_error",
+    "son_condition",
+    "classification",
+    "son_online",
+    "speed",
+    "cnn",
+)
 
 
 def load(name: str):

@@ -709,7 +709,8 @@ def test_bfloat16_params_keep_float32_state(name):
 
 
 def test_state_survives_orbax_round_trip(tmp_path):
-    ocp = pytest.importorskip("orbax.checkpoint")
+    import orbax.checkpoint as ocp
+
     tx = bl.ftrl_proximal(0.5, 1.0, 0.3, 0.1)
     grads = {"a": jnp.asarray(np.random.default_rng(10).normal(size=(4, 3)), jnp.float32)}
     (params, state), _ = run_steps(tx, {"a": jnp.zeros(3)}, grads)

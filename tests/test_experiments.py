@@ -65,16 +65,17 @@ def regret(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def son_condition(tmp_path_factory):
-    import sketchopt as so
-
-    if not all(callable(getattr(so, n, None)) for n in ("fd_son", "oja_son", "rfd_son")):
-        pytest.skip("the SON family (sketchopt.son) has not landed yet")
     return _run("son_condition", tmp_path_factory)
 
 
 @pytest.fixture(scope="module")
 def classification(tmp_path_factory):
     return _run("classification", tmp_path_factory)
+
+
+@pytest.fixture(scope="module")
+def son_online(tmp_path_factory):
+    return _run("son_online", tmp_path_factory)
 
 
 @pytest.fixture(scope="module")
@@ -221,3 +222,43 @@ def test_classification_json(classification):
     # A linear model separates these digits far better than chance.
     assert algs["ada_fd"]["datasets"]["digits"]["test_accuracy"] > 0.7
     assert set(summary["test_accuracy"]) == set(algs)
+
+
+def test_son_online_json(son_online):
+    out, summary = son_online
+    payload = _load(out, "son_online")
+    algs = payload["algorithms"]
+    sizes = payload["config"]["sketch_sizes"]
+    sketched = (
+        "fd_son",
+        "rfd_son",
+        "rfd0_son",
+        "oja_son",
+        "rp_son",
+        "ada_fd",
+        "radagrad",
+        "ada_lr",
+    )
+    assert set(sketched) | {"ada_diag", "ons"} <= set(algs)
+    for name, r in algs.items():
+        assert not _finite_numbers(r), name
+        assert r["sketch_sizes"] == (sizes if name in sketched else [None]), name
+        assert (
+            len(r["online_error"]) == len(r["runs"]) == len(r["chosen"]) == len(r["sketch_sizes"])
+        )
+        for e in r["runs"]:
+            assert 0 <= e["online_error"] <= 1 and 0 <= e["test_error"] <= 1, name
+            assert e["online_error_std"] >= 0
+            assert len(e["online_error_per_shuffle"]) == payload["config"]["shuffles"]
+            assert set(e["chosen"]) == set(r["grid"]), name
+            assert all(e["chosen"][k] in r["grid"][k] for k in r["grid"]), name
+            assert len(e["grid_online_error"]) == len(e["grid_points"])
+            assert len(e["curve"]["examples"]) == len(e["curve"]["online_error_rate"])
+    assert algs["rfd0_son"]["chosen"] == [{"alpha0": 0.0}] * len(sizes)
+    assert all(c["alpha0"] > 0 for c in algs["rfd_son"]["chosen"])
+    for m in sizes:
+        d = payload["rfd0_diagnostics"][str(m)]
+        # alpha = 0 until the doubling buffer's first shrink (round 2m), positive after it.
+        assert d["first_round_with_alpha_positive"] == [2 * m] * payload["config"]["shuffles"]
+        assert d["alpha_final"] > 0 and 0 <= d["projection_active_fraction"] <= 1
+    assert set(summary["online_error"]) == set(algs)

