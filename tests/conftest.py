@@ -14,6 +14,8 @@ import os
 for _var in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):
     os.environ.setdefault(_var, "1")
 
+import jax  # noqa: E402
+import pytest  # noqa: E402
 from hypothesis import HealthCheck, settings  # noqa: E402
 
 settings.register_profile(
@@ -32,3 +34,23 @@ settings.register_profile(
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
 )
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
+
+
+# Every compiled XLA:CPU program keeps a few memory mappings alive while JAX caches it. One xdist
+# worker compiles thousands of programs over the suite (op-by-op debug_nans runs, hypothesis
+# shapes, x64 variants) and approached Linux's vm.max_map_count (65530), where the next
+# compilation's mmap fails and XLA segfaults. Drop JAX's caches when the count gets high.
+_MAPS = "/proc/self/maps"
+_MAX_MAPS = 20_000
+
+
+@pytest.fixture(autouse=True)
+def _bound_compiled_program_mappings():
+    yield
+    try:
+        with open(_MAPS, "rb") as maps:
+            count = sum(1 for _ in maps)
+    except OSError:  # not Linux
+        return
+    if count > _MAX_MAPS:
+        jax.clear_caches()
