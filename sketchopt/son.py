@@ -207,6 +207,13 @@ def _check_key(key):
     return key
 
 
+def _check_son_options(eta, default_eta, curvature, diagonal_rescaling):
+    """Validate the options every SON transform shares; ``eta=None`` takes ``default_eta``."""
+    eta = default_eta if eta is None else _check_scalar("eta", eta)
+    _check_scalar("curvature", curvature)
+    return eta, _check_flag("diagonal_rescaling", diagonal_rescaling)
+
+
 def _at(value, count, dtype):
     """A hyperparameter at step ``count`` (schedules get the 0-based count, as in Optax)."""
     value = value(count) if callable(value) else value
@@ -434,10 +441,10 @@ def fd_son(
     """
     _check_scalar("alpha", alpha, allow_callable=False)
     tau = _sketches._check_size(sketch_size)
-    eta = _inverse_sqrt_time if eta is None else _check_scalar("eta", eta)
-    _check_scalar("curvature", curvature)
+    eta, diagonal_rescaling = _check_son_options(
+        eta, _inverse_sqrt_time, curvature, diagonal_rescaling
+    )
     fast = _check_flag("fast", fast)
-    diagonal_rescaling = _check_flag("diagonal_rescaling", diagonal_rescaling)
     sketch = _sketches.frequent_directions(tau, fast=fast)
     return _sketched_son(
         lambda i: sketch,
@@ -476,10 +483,8 @@ def rfd_son(
     """
     tau = _sketches._check_size(sketch_size)
     _check_scalar("alpha0", alpha0, allow_callable=False)
-    eta = _inverse_time if eta is None else _check_scalar("eta", eta)
-    _check_scalar("curvature", curvature)
+    eta, diagonal_rescaling = _check_son_options(eta, _inverse_time, curvature, diagonal_rescaling)
     fast = _check_flag("fast", fast)
-    diagonal_rescaling = _check_flag("diagonal_rescaling", diagonal_rescaling)
     # alpha0 is set in init (not passed to the sketch) so that it may be traced (vmap over it).
     sketch = _sketches.robust_frequent_directions(tau, fast=fast)
     return _sketched_son(
@@ -519,9 +524,9 @@ def oja_son(
     """
     _check_scalar("alpha", alpha, allow_callable=False)
     m = _sketches._check_size(sketch_size)
-    eta = _inverse_sqrt_time if eta is None else _check_scalar("eta", eta)
-    _check_scalar("curvature", curvature)
-    diagonal_rescaling = _check_flag("diagonal_rescaling", diagonal_rescaling)
+    eta, diagonal_rescaling = _check_son_options(
+        eta, _inverse_sqrt_time, curvature, diagonal_rescaling
+    )
     key = jax.random.PRNGKey(0) if key is None else key
     _sketches.oja(m, learning_rate=oja_learning_rate, key=key)  # validates the learning rate
 
@@ -680,9 +685,9 @@ def rp_son(
     _check_scalar("alpha", alpha, positive=True, allow_callable=False)
     m = _sketches._check_size(sketch_size)
     key = _check_key(key)
-    eta = _inverse_sqrt_time if eta is None else _check_scalar("eta", eta)
-    _check_scalar("curvature", curvature)
-    diagonal_rescaling = _check_flag("diagonal_rescaling", diagonal_rescaling)
+    eta, diagonal_rescaling = _check_son_options(
+        eta, _inverse_sqrt_time, curvature, diagonal_rescaling
+    )
     sketch0 = _sketches.random_projection(m, key)
 
     def init_leaf(i, dim, dtype):
@@ -766,9 +771,9 @@ def ons(
     effect). ``eta``, ``curvature`` and ``diagonal_rescaling`` as :func:`fd_son`.
     """
     _check_scalar("alpha", alpha, positive=True, allow_callable=False)
-    eta = _inverse_sqrt_time if eta is None else _check_scalar("eta", eta)
-    _check_scalar("curvature", curvature)
-    diagonal_rescaling = _check_flag("diagonal_rescaling", diagonal_rescaling)
+    eta, diagonal_rescaling = _check_son_options(
+        eta, _inverse_sqrt_time, curvature, diagonal_rescaling
+    )
 
     def init_leaf(i, dim, dtype):
         a = jnp.asarray(alpha, dtype)
