@@ -40,9 +40,9 @@ class Metric(NamedTuple):
 
     Attributes:
       init: ``init(dim, dtype) -> state``.
-      update: ``update(state, g, valid=True) -> (state, op, g_hint)``: absorb ``g`` and return
-        ``H_t`` as an operator together with a hint that solves with ``g`` itself may use to skip
-        a pass (``op.solve_projected(g, g_hint)`` for low-rank operators; ``None`` otherwise).
+      update: ``update(state, g, valid=True) -> (state, op, solved)``: absorb ``g`` and return
+        ``H_t`` as an operator together with ``H_t^{-1} g`` when the update computes it on the
+        way (the sketched metrics do, fused into the pass over the sketch), ``None`` otherwise.
         With ``valid`` false (the rules then pass a zero ``g``) the state comes back
         bit-identical: this is how non-finite gradients are skipped without a ``lax.cond``,
         which would make XLA copy large states.
@@ -56,11 +56,9 @@ class Metric(NamedTuple):
     name: str
 
 
-def solve_new_gradient(op, g, hint):
-    """``H_t^{-1} g_t`` using the hint returned by ``Metric.update`` when there is one."""
-    if hint is None:
-        return op.solve(g)
-    return op.solve_projected(g, hint)
+def solve_new_gradient(op, g, solved):
+    """``H_t^{-1} g_t``: ``solved`` as returned by ``Metric.update``, or ``op.solve(g)``."""
+    return op.solve(g) if solved is None else solved
 
 
 def _is_concrete(x):
@@ -150,7 +148,7 @@ def full(delta: float) -> Metric:
         # The d x d eigendecomposition needs all of G_t on every device (under an explicit
         # mesh this must be said; automatic sharding gathers it by itself).
         mu, u = _sketches._eigh_desc(_sketches._replicate(state.gram))
-        sqrt_g = jnp.ldexp(jnp.sqrt(mu), state.scale_exp)
+        sqrt_g = _sketches.ldexp(jnp.sqrt(mu), state.scale_exp)
         eye = jnp.eye(d, dtype=state.gram.dtype)
         # The eigenbasis is complete, so the smallest root (0 while G_t is rank deficient) can sit
         # in the scalar: the Woodbury solve then divides its round-off by delta + min root, not
@@ -166,8 +164,8 @@ def full(delta: float) -> Metric:
             state.scale_exp, jnp.max(jnp.abs(g), initial=0), jnp.max(diag, initial=0)
         )
         exp = jnp.where(valid, exp, state.scale_exp)
-        gram = jnp.ldexp(gram, 2 * (state.scale_exp - exp))
-        gs = jnp.ldexp(g, -exp)
+        gram = _sketches.ldexp(gram, 2 * (state.scale_exp - exp))
+        gs = _sketches.ldexp(g, -exp)
         state = FullMetricState(gram + jnp.outer(gs, gs), exp)
         return state, operator(state), None
 
@@ -198,8 +196,10 @@ def _sketched_operator(lr: _sketches.LowRank, delta):
         spans = jnp.sum(lam > 0) >= d
         floor = jnp.where(spans, jnp.min(jnp.where(lam > 0, weights, jnp.inf)), 0)
         weights = jnp.where(lam > 0, weights - floor, 0)
-    scalar = delta + jnp.ldexp(root_alpha + floor, e)
-    return LowRankOperator(scalar.astype(lam.dtype), lr.basis, lr.coef, jnp.ldexp(weights, e), e)
+    scalar = delta + _sketches.ldexp(root_alpha + floor, e)
+    return LowRankOperator(
+        scalar.astype(lam.dtype), lr.basis, lr.coef, _sketches.ldexp(weights, e), e
+    )
 
 
 def sketched(sketch: _sketches.Sketch, delta: float) -> Metric:
@@ -208,7 +208,8 @@ def sketched(sketch: _sketches.Sketch, delta: float) -> Metric:
     ``C_t = V^T diag(lam) V + alpha I`` comes from :func:`sketchopt.sketches.low_rank` of any
     sketch (``alpha = 0`` for FD, RFD's adaptive ridge otherwise). ``H_t^{-1} v`` is applied by
     Woodbury (Ada-FD paper sec. 3.1) in ``O(n d)`` without forming a ``d x d`` matrix; the sketch
-    update returns ``B g`` for free, so solving with the new gradient needs a single extra pass.
+    update returns ``B g`` for free, and the per-step FD sketches lift the solve's coefficients in
+    the same pass that rotates their rows, so solving with the new gradient costs no extra pass.
     ``delta > 0``.
     """
     check_delta(delta)
@@ -219,9 +220,17 @@ def sketched(sketch: _sketches.Sketch, delta: float) -> Metric:
     def operator(state):
         return _sketched_operator(_sketches.low_rank(state), delta)
 
-    def update(state, g, valid=True):
-        state, product = sketch.absorb(state, g, valid)
+    def lift_coefficients(state, product):
+        # H^{-1} g = (g - V^T diag(w / (c + w)) V g) / c (Woodbury); V g costs nothing more
+        # (``product`` is B g), and the sketch lifts these basis coefficients in its rotation.
         lr = _sketches.low_rank(state)
-        return state, _sketched_operator(lr, delta), lr.project_product(product)
+        op = _sketched_operator(lr, delta)
+        x = op.weights / (op.scalar + op.weights) * lr.project_product(product)
+        return lr.coef.T @ _sketches.ldexp(x, -lr.scale_exp)
+
+    def update(state, g, valid=True):
+        state, _, residual = sketch.absorb(state, g, valid, lift=lift_coefficients)
+        op = operator(state)
+        return state, op, residual / op.scalar
 
     return Metric(init, update, operator, f"sketched_{sketch.name}")

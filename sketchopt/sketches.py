@@ -86,10 +86,15 @@ class Sketch(NamedTuple):
       update_with_product: ``(state, row) -> (state, basis @ row)`` with the product taken against
         the *new* basis rows and divided by ``4**scale_exp`` of the new state; the metrics use it
         to get ``V g`` without another pass over the sketch.
-      absorb: ``absorb(state, row, valid=True) -> (state, product)``, ``update_with_product``
-        without the non-finite check, for callers (the transforms) that check the row
-        themselves: with ``valid`` false (and a zero row) the state comes back bit-identical and
-        ``nonfinite_count`` is left to the caller.
+      absorb: ``absorb(state, row, valid=True, lift=None) -> (state, product)``,
+        ``update_with_product`` without the non-finite check, for callers (the transforms) that
+        check the row themselves: with ``valid`` false (and a zero row) the state comes back
+        bit-identical and ``nonfinite_count`` is left to the caller. With ``lift``, a function
+        ``lift(state, product) -> a`` of the new state's small fields (it must not read
+        ``state.rows``, which may still hold the rows before the shrink's rotation) giving
+        coefficients ``a`` over the rows of :func:`low_rank`'s ``basis``, it returns
+        ``(state, product, row - basis^T a)``: the residual of a Woodbury solve. The per-step FD
+        family computes it inside the pass that rotates the rows, saving a pass over the sketch.
     """
 
     init: Callable[..., Any]
@@ -163,33 +168,31 @@ class LowRank(NamedTuple):
 
     def project(self, x):
         """``V x`` (the input is pre-scaled so that ``basis @ x`` cannot overflow)."""
-        return self.coef @ _dot_d(self.basis, jnp.ldexp(x, -self.scale_exp))
+        return self.coef @ _dot_d(self.basis, ldexp(x, -self.scale_exp))
 
     def project_product(self, product):
         """``V g`` from ``product = basis @ g / 4**scale_exp`` (as returned by a sketch update)."""
-        return self.coef @ jnp.ldexp(product, self.scale_exp)
+        return self.coef @ ldexp(product, self.scale_exp)
 
     def lift(self, a):
         """``V^T a`` (``a`` is scaled first: Oja's ``coef`` carries ``2**scale_exp`` itself)."""
-        return jnp.matmul(
-            self.coef.T @ jnp.ldexp(a, -self.scale_exp), self.basis, precision=_HIGHEST
-        )
+        return jnp.matmul(self.coef.T @ ldexp(a, -self.scale_exp), self.basis, precision=_HIGHEST)
 
     def directions(self):
         """``V`` materialized (``k x d``)."""
-        return jnp.matmul(jnp.ldexp(self.coef, -self.scale_exp), self.basis, precision=_HIGHEST)
+        return jnp.matmul(ldexp(self.coef, -self.scale_exp), self.basis, precision=_HIGHEST)
 
     def true_eigenvalues(self):
-        return jnp.ldexp(self.eigenvalues, 2 * self.scale_exp)
+        return ldexp(self.eigenvalues, 2 * self.scale_exp)
 
     def true_alpha(self):
-        return jnp.ldexp(self.alpha, 2 * self.scale_exp)
+        return ldexp(self.alpha, 2 * self.scale_exp)
 
     def sqrt_eigenvalues(self):
-        return jnp.ldexp(jnp.sqrt(self.eigenvalues), self.scale_exp)
+        return ldexp(jnp.sqrt(self.eigenvalues), self.scale_exp)
 
     def sqrt_alpha(self):
-        return jnp.ldexp(jnp.sqrt(self.alpha), self.scale_exp)
+        return ldexp(jnp.sqrt(self.alpha), self.scale_exp)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -214,6 +217,31 @@ def _check_nonneg(name, value):
 def _state_dtype(dtype):
     """Sketches accumulate in at least float32 (float64 when enabled and asked for)."""
     return jnp.promote_types(jnp.dtype(dtype), jnp.float32)
+
+
+def ldexp(x, e):
+    """``x * 2**e`` exactly, as ``jnp.ldexp``, but cheap when ``e`` is one integer.
+
+    ``jnp.ldexp`` decomposes every element (a ``frexp`` and a ``pow`` each): over a ``d``-sized
+    gradient that cost about 5x a multiply, and the sketch rescales ``g`` at every step. With a
+    scalar ``e`` the power of two is formed once, as (at most) three normal powers of two
+    multiplied in one after the other: exact wherever the result is a normal number, and never
+    ``0 * inf`` (``e`` is first clipped to where the result is already ``0`` or ``inf`` for every
+    ``x``). An array of exponents falls back to ``jnp.ldexp``.
+    """
+    x = jnp.asarray(x)
+    if jnp.ndim(e) != 0 or not jnp.issubdtype(x.dtype, jnp.floating):
+        return jnp.ldexp(x, e)
+    info = jnp.finfo(x.dtype)
+    lo, hi = int(info.minexp), int(info.maxexp) - 1
+    span = hi - lo + int(info.nmant) + 2  # |e| beyond this leaves only 0 or +-inf
+    rest = jnp.clip(jnp.asarray(e, jnp.int32), -span, span)
+    one = jnp.ones((), x.dtype)
+    for _ in range(3):  # three normal factors cover |e| <= span
+        part = jnp.clip(rest, lo, hi)
+        x = x * jnp.ldexp(one, part)
+        rest = rest - part
+    return x
 
 
 def _exponent(x):
@@ -301,40 +329,62 @@ def _gram_low_rank(rows, gram, scale_exp, alpha, drop_last):
 _ROTATION_BLOCK = 8192
 
 
-def _rotate_rows(rot, rows, valid=True):
+def _rotate_rows(rot, rows, valid=True, coef=None, base=None):
     """``rot @ rows`` for a small square ``rot``, computed in place over column blocks.
 
-    With ``valid`` false the rows come back bit-identical (an identity ``rot`` alone would turn
-    their ``-0.0`` entries into ``+0.0``); the selection is fused into the same pass.
+    With ``coef`` (an ``n``-vector) and ``base`` (a ``d``-vector) also returns
+    ``base - coef @ rows`` of the rows *before* the rotation, taken from the same tiles while they
+    are in cache (a lift ``V^T a`` of the new basis is ``coef = rot^T a`` on the old one), and
+    written over ``base``'s buffer. With ``valid`` false the rows come back bit-identical (an
+    identity ``rot`` alone would turn their ``-0.0`` entries into ``+0.0``): the blocked loop
+    then runs no iteration, and ``base`` comes back unchanged.
 
     On a CPU a plain ``n x n`` by ``n x d`` matmul needs a second ``n x d`` buffer (a fresh
     allocation, page faults included, every step) and, with ``n`` small, runs far below peak;
     rotating one cache-sized block of columns at a time inside a loop writes back into the
-    (donated) sketch buffer instead, about 5x faster at ``d = 1e6``. Accelerators pool their
+    (donated) sketch buffer instead, about 3x faster at ``d = 1e6``. Accelerators pool their
     memory and run the plain matmul well, and a loop of dynamic slices along ``d`` would defeat
     sharding along ``d``, so they, multi-device runs and narrow sketches use the plain matmul.
-    Both paths compute the same product.
+    Both paths compute the same products.
     """
     d = rows.shape[-1]
     block = _ROTATION_BLOCK
     single_cpu = jax.default_backend() == "cpu" and jax.device_count() == 1
     if d <= 2 * block or not single_cpu:
-        return jnp.where(valid, jnp.matmul(rot, rows, precision=_HIGHEST), rows)
-    num_blocks = d // block
+        rotated = jnp.where(valid, jnp.matmul(rot, rows, precision=_HIGHEST), rows)
+        if coef is None:
+            return rotated
+        return rotated, base - jnp.where(valid, jnp.matmul(coef, rows, precision=_HIGHEST), 0)
 
-    def body(i, rows):
+    def rotate(tile, base_tile):
+        if coef is not None:
+            base_tile = base_tile - jnp.matmul(coef, tile, precision=_HIGHEST)
+        return jnp.matmul(rot, tile, precision=_HIGHEST), base_tile
+
+    def body(i, carry):
+        rows, base = carry
         start = i * block
         tile = jax.lax.dynamic_slice_in_dim(rows, start, block, axis=1)
-        tile = jnp.where(valid, jnp.matmul(rot, tile, precision=_HIGHEST), tile)
-        return jax.lax.dynamic_update_slice_in_dim(rows, tile, start, axis=1)
+        base_tile = None if coef is None else jax.lax.dynamic_slice_in_dim(base, start, block)
+        tile, base_tile = rotate(tile, base_tile)
+        rows = jax.lax.dynamic_update_slice_in_dim(rows, tile, start, axis=1)
+        if coef is not None:
+            base = jax.lax.dynamic_update_slice_in_dim(base, base_tile, start, axis=0)
+        return rows, base
 
-    rows = jax.lax.fori_loop(0, num_blocks, body, rows)
+    num_blocks = d // block
+    # A skipped row runs no iteration at all: a select per tile cost a third of the rotation.
+    rows, base = jax.lax.fori_loop(0, jnp.where(valid, num_blocks, 0), body, (rows, base))
     start = num_blocks * block
     if start < d:
-        tail = rows[:, start:]
-        tail = jnp.where(valid, jnp.matmul(rot, tail, precision=_HIGHEST), tail)
+        # The ragged tail after the loop, under a cond: a select reading the rows inside the
+        # update (or the tail placed before the loop) made XLA copy the whole buffer.
+        tails = (rows[:, start:], None if coef is None else base[start:])
+        tail, base_tail = jax.lax.cond(valid, rotate, lambda *t: t, *tails)
         rows = jax.lax.dynamic_update_slice_in_dim(rows, tail, start, axis=1)
-    return rows
+        if coef is not None:
+            base = jax.lax.dynamic_update_slice_in_dim(base, base_tail, start, axis=0)
+    return rows if coef is None else (rows, base)
 
 
 # The FD family tracks B B^T through rotations instead of recomputing it (DESIGN.md, "Speed"). Each
@@ -347,16 +397,18 @@ _GRAM_REFRESH = 32
 
 def _exact_gram(rows, scale_exp):
     """``B B^T / 4**scale_exp``, the rows scaled first so that nothing overflows."""
-    scaled = jnp.ldexp(rows, -scale_exp)
+    scaled = ldexp(rows, -scale_exp)
     return _dot_d(scaled, scaled.T)
 
 
-def _make_sketch(init, absorb, sketch_size, name):
+def _make_sketch(init, absorb, sketch_size, name, *, fused_lift=False):
     """Wrap ``absorb(state, row, valid) -> (state, product)`` into a :class:`Sketch`.
 
     ``absorb`` must leave the state bit-identical when ``valid`` is false (it then receives a zero
-    row). Skipping by selection rather than ``lax.cond`` keeps XLA from copying the sketch buffer
-    and costs the same under ``vmap``, where a ``cond`` becomes a select anyway.
+    row). With ``fused_lift``, ``absorb`` takes the ``lift`` argument of :class:`Sketch` itself;
+    otherwise the product with the basis is taken after the update. Skipping by selection rather
+    than ``lax.cond`` keeps XLA from copying the sketch buffer and costs the same under ``vmap``,
+    where a ``cond`` becomes a select anyway.
     """
 
     def update_with_product(state, row):
@@ -371,8 +423,15 @@ def _make_sketch(init, absorb, sketch_size, name):
     def update_many(state, rows):
         return jax.lax.scan(lambda s, r: (update(s, r), None), state, rows)[0]
 
-    def absorb_flat(state, row, valid=True):
-        return absorb(state, jnp.ravel(row), jnp.asarray(valid))
+    def absorb_flat(state, row, valid=True, lift=None):
+        row, valid = jnp.ravel(row), jnp.asarray(valid)
+        if lift is None:
+            return absorb(state, row, valid)
+        if fused_lift:
+            return absorb(state, row, valid, lift)
+        state, product = absorb(state, row, valid)
+        basis = low_rank(state).basis
+        return state, product, row - jnp.matmul(lift(state, product), basis, precision=_HIGHEST)
 
     return Sketch(init, update, update_many, sketch_size, name, update_with_product, absorb_flat)
 
@@ -417,10 +476,12 @@ def _fd_family(
             nonfinite_count=jnp.zeros((), jnp.int32),
         )
 
-    def shrink(state, product, valid):
+    def shrink(state, product, valid, lift=None, row=None):
         """Rotate to the eigenbasis of the Gram matrix and shrink (RFD paper Alg. 2 lines 4-6).
 
         With ``valid`` false the rotation is the identity and the state is returned unchanged.
+        With ``lift`` (see :class:`Sketch`) also returns ``row - B'^T a``, taken in the pass that
+        rotates the rows.
         """
         mu, u = _eigh_desc(state.gram)
         delta = mu[tau - 1]  # (sigma_tau)^2: the tau-th largest squared singular value
@@ -430,10 +491,8 @@ def _fd_family(
         ratio = jnp.where(mu > 0, shrunk / jnp.where(mu > 0, mu, 1), 0)
         rot = (u * jnp.sqrt(ratio)).T  # B' = diag(sqrt((mu - delta)/mu)) U^T B
         rot = jnp.where(valid, rot, jnp.eye(n, dtype=rot.dtype))
-        rows = _rotate_rows(rot, state.rows, valid)
         gram = jnp.where(valid, jnp.diag(shrunk), state.gram)
         new = state._replace(
-            rows=rows,
             gram=gram,
             fill=jnp.where(valid, tau - 1, state.fill).astype(jnp.int32),
             alpha=jnp.where(valid, state.alpha + alpha_fraction * delta, state.alpha),
@@ -441,9 +500,15 @@ def _fd_family(
                 valid & compensate, state.compensation + delta, state.compensation
             ),
         )
-        return new, rot @ product
+        product = rot @ product
+        if lift is None:
+            return new._replace(rows=_rotate_rows(rot, state.rows, valid)), product
+        # new.rows still holds the rows before the rotation: lift reads only the small fields.
+        coef = rot.T @ lift(new, product)  # B'^T a = B^T (rot^T a)
+        rows, residual = _rotate_rows(rot, state.rows, valid, coef, row)
+        return new._replace(rows=rows), product, residual
 
-    def absorb(state, row, valid):
+    def absorb(state, row, valid, lift=None):
         """Append ``row`` at position ``fill`` and update the Gram matrix's row and column."""
         row = _like_last_axis(row.astype(state.rows.dtype), state.rows)
         diag = jnp.diagonal(state.gram)
@@ -455,8 +520,8 @@ def _fd_family(
         exp = _rescale_exponent(state.scale_exp, jnp.max(jnp.abs(row), initial=0), quadratic)
         exp = jnp.where(valid, exp, state.scale_exp)
         factor = 2 * (state.scale_exp - exp)
-        gram = jnp.ldexp(state.gram, factor)
-        scaled_row = jnp.ldexp(row, -exp)
+        gram = ldexp(state.gram, factor)
+        scaled_row = ldexp(row, -exp)
         j = state.fill
         # Insert first, then take the one pass over the rows: B g / 4**exp with the new row's own
         # squared norm at position j (the slot was zero). In this order the in-place insertion
@@ -466,7 +531,7 @@ def _fd_family(
         slot = jax.lax.dynamic_slice_in_dim(state.rows, j, 1, axis=0)
         slot = jnp.where(valid, row[None, :], slot)
         rows = jax.lax.dynamic_update_slice(state.rows, slot, (j, jnp.int32(0)))
-        prod = jnp.ldexp(_dot_d(rows, scaled_row), -exp)
+        prod = ldexp(_dot_d(rows, scaled_row), -exp)
         gram = jnp.where(valid, gram.at[j, :].set(prod).at[:, j].set(prod), state.gram)
         step = valid.astype(jnp.int32)
         state = state._replace(
@@ -474,13 +539,14 @@ def _fd_family(
             gram=gram,
             fill=j + step,
             scale_exp=exp,
-            alpha=jnp.where(valid, jnp.ldexp(state.alpha, factor), state.alpha),
-            compensation=jnp.where(
-                valid, jnp.ldexp(state.compensation, factor), state.compensation
-            ),
+            alpha=jnp.where(valid, ldexp(state.alpha, factor), state.alpha),
+            compensation=jnp.where(valid, ldexp(state.compensation, factor), state.compensation),
             count=state.count + step,
         )
         if not fast:
+            if lift is not None:
+                state, prod, residual = shrink(state, prod, valid, lift, row)
+                return refresh_gram(state, valid), prod, residual
             state, prod = shrink(state, prod, valid)
             return refresh_gram(state, valid), prod
         full = state.fill == n
@@ -500,7 +566,7 @@ def _fd_family(
         )
         return state._replace(gram=gram)
 
-    return _make_sketch(init, absorb, tau, name)
+    return _make_sketch(init, absorb, tau, name, fused_lift=not fast)
 
 
 def frequent_directions(sketch_size: int, *, fast: bool = False) -> Sketch:
@@ -670,8 +736,8 @@ def oja(
             jnp.max(jnp.abs(row), initial=0),
             jnp.max(state.eigenvalues, initial=0),
         )
-        lam = jnp.ldexp(state.eigenvalues, 2 * (state.scale_exp - exp))
-        scaled_row = jnp.ldexp(row, -exp)
+        lam = ldexp(state.eigenvalues, 2 * (state.scale_exp - exp))
+        scaled_row = ldexp(row, -exp)
         proj = _dot_d(v, scaled_row)  # V g / 2**exp
         t = state.count + 1
         g = jnp.asarray(gamma(t.astype(v.dtype)), v.dtype)
@@ -692,7 +758,7 @@ def oja(
         directions, v_unit = _oja_orthonormalize(v, keep, jnp.sign(proj) * take, unit_row)
         new = state._replace(directions=directions, eigenvalues=lam, scale_exp=exp, count=t)
         new = jax.tree.map(lambda a, b: jnp.where(valid, a, b), new, state)
-        prod = jnp.ldexp(gnorm * v_unit, -exp)  # V_t g / 4**exp, without another pass
+        prod = ldexp(gnorm * v_unit, -exp)  # V_t g / 4**exp, without another pass
         return new, jnp.where(valid, prod, 0)
 
     return _make_sketch(init, absorb, m, "oja")
@@ -731,13 +797,13 @@ def random_projection(sketch_size: int, key: jax.Array) -> Sketch:
             state.scale_exp, jnp.max(jnp.abs(row), initial=0), jnp.max(diag, initial=0)
         )
         exp = jnp.where(valid, exp, state.scale_exp)
-        gram = jnp.ldexp(state.gram, 2 * (state.scale_exp - exp))
+        gram = ldexp(state.gram, 2 * (state.scale_exp - exp))
         key, sub = jax.random.split(state.key)
         key = jnp.where(valid, key, state.key)
         dtype = state.rows.dtype
         r = jax.random.normal(sub, (m,), dtype) * jnp.asarray(1 / np.sqrt(m), dtype)
-        scaled_row = jnp.ldexp(row, -exp)
-        prod = jnp.ldexp(_dot_d(state.rows, scaled_row), -exp)
+        scaled_row = ldexp(row, -exp)
+        prod = ldexp(_dot_d(state.rows, scaled_row), -exp)
         sq = jnp.sum(jnp.square(scaled_row))
         q = prod + 0.5 * sq * r
         gram = gram + jnp.outer(r, q) + jnp.outer(q, r)
@@ -780,7 +846,7 @@ def _(state: OjaState) -> LowRank:
     # Keep the directions sorted by eigenvalue like the other sketches.
     order = jnp.argsort(-lam)
     lam = lam[order]
-    coef = jnp.ldexp(jnp.eye(m, dtype=dtype)[order], state.scale_exp)
+    coef = ldexp(jnp.eye(m, dtype=dtype)[order], state.scale_exp)
     coef = jnp.where((lam > 0)[:, None], coef, 0)  # V's rows with a zero eigenvalue are zero
     return LowRank(state.directions, coef, lam, jnp.zeros((), dtype), state.scale_exp)
 
