@@ -278,6 +278,25 @@ def _dot_d(a, b):
     return jnp.matmul(a, b, precision=_HIGHEST)
 
 
+# Below this |scale_exp| a product of rows needs no pre-scaling: its terms stay within 2**(+-50)
+# of float32's range limits (the exponent bounds every entry of the rows and of the new row).
+_UNSCALED_EXP = 24
+
+
+def _scaled_dot(rows, row, exp):
+    """``rows @ row / 4**exp``, overflow- and underflow-free for rows scaled by ``2**exp``.
+
+    The product itself is taken on ``row / 2**exp`` only when ``|exp|`` is large; at ordinary
+    magnitudes ``rows @ row`` is scaled afterwards (exactly, by a power of two), which spares
+    materializing a scaled copy of the ``d``-vector.
+    """
+    return jax.lax.cond(
+        jnp.abs(exp) <= _UNSCALED_EXP,
+        lambda: ldexp(_dot_d(rows, row), -2 * exp),
+        lambda: ldexp(_dot_d(rows, ldexp(row, -exp)), -exp),
+    )
+
+
 def _replicate(x):
     """``x`` resharded to replicated under an explicit mesh (a no-op otherwise)."""
     if not _explicit_mesh():
@@ -521,7 +540,6 @@ def _fd_family(
         exp = jnp.where(valid, exp, state.scale_exp)
         factor = 2 * (state.scale_exp - exp)
         gram = ldexp(state.gram, factor)
-        scaled_row = ldexp(row, -exp)
         j = state.fill
         # Insert first, then take the one pass over the rows: B g / 4**exp with the new row's own
         # squared norm at position j (the slot was zero). In this order the in-place insertion
@@ -531,7 +549,7 @@ def _fd_family(
         slot = jax.lax.dynamic_slice_in_dim(state.rows, j, 1, axis=0)
         slot = jnp.where(valid, row[None, :], slot)
         rows = jax.lax.dynamic_update_slice(state.rows, slot, (j, jnp.int32(0)))
-        prod = ldexp(_dot_d(rows, scaled_row), -exp)
+        prod = _scaled_dot(rows, row, exp)
         gram = jnp.where(valid, gram.at[j, :].set(prod).at[:, j].set(prod), state.gram)
         step = valid.astype(jnp.int32)
         state = state._replace(
@@ -803,7 +821,7 @@ def random_projection(sketch_size: int, key: jax.Array) -> Sketch:
         dtype = state.rows.dtype
         r = jax.random.normal(sub, (m,), dtype) * jnp.asarray(1 / np.sqrt(m), dtype)
         scaled_row = ldexp(row, -exp)
-        prod = ldexp(_dot_d(state.rows, scaled_row), -exp)
+        prod = _scaled_dot(state.rows, row, exp)
         sq = jnp.sum(jnp.square(scaled_row))
         q = prod + 0.5 * sq * r
         gram = gram + jnp.outer(r, q) + jnp.outer(q, r)
