@@ -231,8 +231,8 @@ def scale_by_metric(metric: _metrics.Metric) -> optax.GradientTransformationExtr
         def leaf(g, ms):
             _check_gradient_leaf(g)
             gf, finite = _sanitize(_flat(g, ms_dtype(ms)))
-            ms, op, hint = metric.update(ms, gf, finite)
-            u = jnp.where(finite, _metrics.solve_new_gradient(op, gf, hint), 0)
+            ms, op, solved = metric.update(ms, gf, finite)
+            u = jnp.where(finite, _metrics.solve_new_gradient(op, gf, solved), 0)
             return u.reshape(jnp.shape(g)).astype(jnp.asarray(g).dtype), ms, finite
 
         new_updates, ms, finite = _map_leaves(leaf, updates, state.metric_state)
@@ -292,16 +292,16 @@ def mirror_descent(
             _check_gradient_leaf(g)
             dtype = ms_dtype(ms)
             gf, finite = _sanitize(_flat(g, dtype))
-            ms, op, hint = metric.update(ms, gf, finite)
+            ms, op, solved = metric.update(ms, gf, finite)
             if regularizer is None:
-                delta = -eta * _metrics.solve_new_gradient(op, gf, hint)
+                delta = -eta * _metrics.solve_new_gradient(op, gf, solved)
             else:
                 # The prox at the unregularized point z = x_t - eta H^{-1} g_t in the H-norm:
                 # the same problem as u = eta g_t - H x_t, but u would lose the part of x_t on
                 # the small eigenvalues of H to rounding once cond(H) passes 1/eps. (No warm
                 # start: the solver's own start, x = z, is closer than x_t.)
                 xf = _flat(x, dtype)
-                z = xf - eta * _metrics.solve_new_gradient(op, gf, hint)
+                z = xf - eta * _metrics.solve_new_gradient(op, gf, solved)
                 x_new = regularizer.prox(None, eta, op, shape=jnp.shape(g), center=z)
                 delta = x_new - xf
             delta = jnp.where(finite, delta, 0)

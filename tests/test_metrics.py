@@ -176,17 +176,18 @@ def gradient_stream(steps, d, seed):
 @functools.partial(jax.jit, static_argnames=("name",))
 def run_metric(name, delta, grads, ys):
     """Feed ``grads`` one by one; per step return ``H_t`` (dense), ``H_t^{-1} y_t``,
-    ``H_t^{-1} g_t`` via the hint, ``operator(state)`` (dense) and the spectrum bounds."""
+    ``H_t^{-1} g_t`` as the update returns it, ``operator(state)`` (dense) and the spectrum
+    bounds."""
     metric, _ = metric_case(name, delta)
     d = grads.shape[1]
 
     def body(state, gy):
         g, y = gy
-        state, op, hint = metric.update(state, g)
+        state, op, solved = metric.update(state, g)
         out = (
             dense(op, d, grads.dtype),
             op.solve(y),
-            metrics.solve_new_gradient(op, g, hint),
+            metrics.solve_new_gradient(op, g, solved),
             dense(metric.operator(state), d, grads.dtype),
             op.lambda_min(),
             op.lambda_max(),
@@ -297,8 +298,8 @@ def test_zero_gradients_give_delta_identity(name):
 def test_diagonal_with_zero_delta_is_safe_zero_over_zero():
     metric = metrics.diagonal(0.0)
     state = metric.init(3)
-    state, op, hint = metric.update(state, jnp.asarray([2.0, 0.0, -1.0]))
-    assert isinstance(op, DiagonalOperator) and hint is None
+    state, op, solved = metric.update(state, jnp.asarray([2.0, 0.0, -1.0]))
+    assert isinstance(op, DiagonalOperator) and solved is None
     np.testing.assert_allclose(op.solve(jnp.asarray([2.0, 0.0, -1.0])), [1.0, 0.0, -1.0])
     np.testing.assert_allclose(op.solve(jnp.asarray([4.0, 5.0, 1.0])), [2.0, 0.0, 1.0])
 

@@ -36,6 +36,10 @@ from jax.sharding import PartitionSpec as P
 import sketchopt as so
 from sketchopt import sharding
 
+# The 8-device subprocess behind the ``results`` fixture is the slowest part of the suite: keep
+# the module on one xdist worker (``--dist loadgroup``) so that it runs once, not once per worker.
+pytestmark = pytest.mark.xdist_group("sharding")
+
 # name -> (factory source, which all-gathers are acceptable: "none", "vectors", "any")
 FAMILIES = {
     "ada_fd": ("so.ada_fd(0.1, 4, 0.1)", "none"),
