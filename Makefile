@@ -19,7 +19,7 @@ run: $(STAMP)
 # The whole test suite (lint included, notebooks executed), as CI runs it.
 test: $(STAMP)
 	$(VENV)/bin/ruff check .
-	$(VENV)/bin/python -m pytest -n 2 --dist loadgroup -q --nbmake tests notebooks
+	$(VENV)/bin/python -m pytest -n 2 -q --nbmake tests notebooks
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .

@@ -36,10 +36,6 @@ from jax.sharding import PartitionSpec as P
 import sketchopt as so
 from sketchopt import sharding
 
-# The 8-device subprocess behind the ``results`` fixture is the slowest part of the suite: keep
-# the module on one xdist worker (``--dist loadgroup``) so that it runs once, not once per worker.
-pytestmark = pytest.mark.xdist_group("sharding")
-
 # name -> (factory source, which all-gathers are acceptable: "none", "vectors", "any")
 FAMILIES = {
     "ada_fd": ("so.ada_fd(0.1, 4, 0.1)", "none"),
@@ -229,10 +225,6 @@ def results(tmp_path_factory):
     return data
 
 
-def _cases():
-    return [pytest.param(name, mode, id=f"{name}-{mode}") for name in FAMILIES for mode in MODES]
-
-
 def _sketch_sized(gather):
     """An all-gather (or all-to-all) of a ``(..., d)`` array: more than one non-unit dimension, one
     of them at least the smallest sharded ``d`` (16). ``k x k`` Gram-sized gathers are harmless."""
@@ -241,29 +233,35 @@ def _sketch_sized(gather):
     return len(dims) > 1 and max(dims) >= 16
 
 
-@pytest.mark.parametrize(("name", "mode"), _cases())
-def test_sharded_matches_single_device(results, name, mode, record_property):
-    out = results["families"][name][mode]
-    assert "error" not in out, (out.get("error"), out.get("where"))
-    record_property("max_abs_diff", out["diff"])
-    assert out["diff"] <= LOOSER.get(name, TOLERANCE), out["diff"]
-    assert out["sharding_ok"]
-    assert out["param_specs"] == {"w": ["model", None], "b": ["model"], "s": []}
-    if any(k in name for k in ("fd", "son", "radagrad")) and name != "ons":
-        assert out["sketch_specs"] == ["[None, 'model']"], out["sketch_specs"]
-    allowed = FAMILIES[name][1]
-    if allowed == "none":
-        assert out["gathers"] == [], out["gathers"]
-    elif allowed == "vectors":
-        assert not [g for g in out["gathers"] if _sketch_sized(g)], out["gathers"]
+def test_sharded_matches_single_device(results, subtests, record_property):
+    """Every family in both modes (one subtest each), then the orbax restore.
 
-
-def test_orbax_restores_into_the_sharded_layout(results):
-    extras = results["extras"]
-    assert "error" not in extras, extras["error"]
-    assert extras["orbax_equal"] and extras["orbax_sharding_ok"]
-    assert extras["orbax_rows_spec"] == [None, "model"]
-    assert extras["constrain_rows_spec"] == [None, "model"]
+    One test item with subtests rather than parametrized items: the 8-device subprocess behind
+    ``results`` takes minutes, and each xdist worker that ran one of the items ran it again.
+    """
+    for name, modes in results["families"].items():
+        for mode in MODES:
+            with subtests.test(family=name, mode=mode):
+                out = modes[mode]
+                assert "error" not in out, (out.get("error"), out.get("where"))
+                record_property(f"max_abs_diff[{name}-{mode}]", out["diff"])
+                assert out["diff"] <= LOOSER.get(name, TOLERANCE), out["diff"]
+                assert out["sharding_ok"]
+                assert out["param_specs"] == {"w": ["model", None], "b": ["model"], "s": []}
+                if any(k in name for k in ("fd", "son", "radagrad")) and name != "ons":
+                    assert out["sketch_specs"] == ["[None, 'model']"], out["sketch_specs"]
+                allowed = FAMILIES[name][1]
+                if allowed == "none":
+                    assert out["gathers"] == [], out["gathers"]
+                elif allowed == "vectors":
+                    assert not [g for g in out["gathers"] if _sketch_sized(g)], out["gathers"]
+    assert set(results["families"]) == set(FAMILIES)
+    with subtests.test("orbax restores into the sharded layout"):
+        extras = results["extras"]
+        assert "error" not in extras, extras["error"]
+        assert extras["orbax_equal"] and extras["orbax_sharding_ok"]
+        assert extras["orbax_rows_spec"] == [None, "model"]
+        assert extras["constrain_rows_spec"] == [None, "model"]
 
 
 # ----------------------------------------------------------------------------------------------
