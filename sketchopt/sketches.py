@@ -281,6 +281,7 @@ def _dot_d(a, b):
 # Below this |scale_exp| a product of rows needs no pre-scaling: its terms stay within 2**(+-50)
 # of float32's range limits (the exponent bounds every entry of the rows and of the new row).
 _UNSCALED_EXP = 24
+_UNSCALED_MIN_DIM = 2**15
 
 
 def _scaled_dot(rows, row, exp):
@@ -288,8 +289,11 @@ def _scaled_dot(rows, row, exp):
 
     The product itself is taken on ``row / 2**exp`` only when ``|exp|`` is large; at ordinary
     magnitudes ``rows @ row`` is scaled afterwards (exactly, by a power of two), which spares
-    materializing a scaled copy of the ``d``-vector.
+    materializing a scaled copy of the ``d``-vector. Short rows always take the first form: the
+    copy costs nothing there, and the ``cond`` would cost compile time.
     """
+    if row.shape[-1] < _UNSCALED_MIN_DIM:
+        return ldexp(_dot_d(rows, ldexp(row, -exp)), -exp)
     return jax.lax.cond(
         jnp.abs(exp) <= _UNSCALED_EXP,
         lambda: ldexp(_dot_d(rows, row), -2 * exp),

@@ -940,10 +940,11 @@ def test_no_nan_with_extreme_rows(name):
 @pytest.mark.parametrize("fast", [False, True])
 def test_blocked_rotation_matches_the_plain_matmul(monkeypatch, fast):
     """On one CPU device a wide sketch is rotated in place over column blocks (with the Woodbury
-    residual of ADA-FD's solve taken from the same tiles); narrow ones use one matmul. Shrinking
-    the block width runs the blocked path, ragged tail included, at a small ``dim``: both paths
-    must give the same sketch and ADA-FD updates, and a NaN row must leave the rows
-    bit-identical (signed zeros too)."""
+    residual of ADA-FD's solve taken from the same tiles), and ``B g`` of a long row is taken
+    unscaled at ordinary magnitudes; narrow sketches use one matmul and a pre-scaled row.
+    Lowering both thresholds runs the wide paths (ragged tail, and huge and tiny rows, included)
+    at a small ``dim``: they must give the same sketch and ADA-FD updates, and a NaN row must
+    leave the rows bit-identical (signed zeros too)."""
     import sketchopt as so
 
     dim, tau = 70, 4  # 4 blocks of 16 columns and a tail of 6
@@ -952,9 +953,12 @@ def test_blocked_rotation_matches_the_plain_matmul(monkeypatch, fast):
     grads[3] = 0.0
     grads[5, 7] = np.nan
     grads[6, :5] = -0.0
+    grads[7] *= 1e30
+    grads[8] *= 1e-30
 
-    def run(block):
+    def run(block, min_dim):
         monkeypatch.setattr(sk, "_ROTATION_BLOCK", block)
+        monkeypatch.setattr(sk, "_UNSCALED_MIN_DIM", min_dim)
         tx = so.ada_fd(0.5, tau, 0.1, fast=fast)
         params = jnp.zeros((dim,), jnp.float64)
         state = tx.init(params)
@@ -967,11 +971,13 @@ def test_blocked_rotation_matches_the_plain_matmul(monkeypatch, fast):
         return np.array(updates), np.array(states)
 
     with x64():
-        u_blocked, s_blocked = run(16)
-        u_plain, s_plain = run(8192)
-    scale = np.abs(u_plain).max()
-    assert np.max(np.abs(u_blocked - u_plain)) <= 1e-12 * scale
-    assert np.max(np.abs(s_blocked - s_plain)) <= 1e-12 * np.abs(s_plain).max()
+        u_blocked, s_blocked = run(16, 0)
+        u_plain, s_plain = run(8192, 2**15)
+    for t in range(len(grads)):  # per step: the updates and rows span 60 orders of magnitude
+        scale = np.abs(u_plain[t]).max()
+        assert np.max(np.abs(u_blocked[t] - u_plain[t])) <= 1e-12 * scale, t
+        scale = np.abs(s_plain[t]).max()
+        assert np.max(np.abs(s_blocked[t] - s_plain[t])) <= 1e-12 * scale, t
     np.testing.assert_array_equal(u_blocked[5], 0)  # the NaN step is skipped ...
     np.testing.assert_array_equal(  # ... bit for bit, -0.0 included
         s_blocked[5].view(np.int64), s_blocked[4].view(np.int64)
