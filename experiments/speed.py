@@ -4,7 +4,8 @@
 in one process, jitted update steps with donated state (``jax.block_until_ready``, warm-up
 excluded, median of repeated calls), each from a cold cache (a 64 MB scratch buffer is rewritten
 before the call, as a training step's forward and backward passes would evict the optimizer's
-state) and again right after with the cache as the previous call left it (warm):
+state) and back to back, with the cache as the previous call left it (warm); the doubling
+buffer's steps are averaged over whole shrink periods:
 
 * ``ada_fd`` (per-step and ``fast=True``), ``ada_fd_dual_averaging``, ``ada_fd(robust=True)``,
   ``fd_son``, ``rfd_son``, the sketches alone, ``ada_diag``, ``optax.adagrad``, ``ada_full``
@@ -135,14 +136,18 @@ def _flusher():
 
 
 def _time_step(
-    obj, kind: str, dim: int, dtype, repeats: int, inner: int
+    obj, kind: str, dim: int, dtype, repeats: int, inner: int, cycle: int = 1
 ) -> tuple[float, float, float]:
     """Median seconds per step of a jitted, state-donating update, with cold and with warm caches;
     and the state's floats per parameter.
 
+    ``cycle > 1`` is for learners whose steps differ in cost with a period (the doubling buffer
+    shrinks once every ``sketch_size + 1`` rows): the repeats then cover whole periods and the
+    mean is reported, the amortized cost, where a median would report only the cheap steps.
+
     Cold: the caches are flushed before every timed call, as a training step's forward and
-    backward passes would evict the optimizer's state. Warm: the call right after, which finds
-    what the previous call left in cache; at ``d = 1e6`` the 16 MB that ``optax.adagrad`` touches
+    backward passes would evict the optimizer's state. Warm: back-to-back calls, each finding
+    what the previous one left in cache; at ``d = 1e6`` the 16 MB that ``optax.adagrad`` touches
     fits in a 32 MB cache and the sketch does not, so warm ratios are the harsher ones.
     """
     import jax
@@ -177,13 +182,17 @@ def _time_step(
     scratch = flush(scratch)
     state = jax.block_until_ready(fn(state, grads[0]))[0]  # compile and warm up
     cold, warm = [], []
-    for r in range(repeats):
-        scratch = jax.block_until_ready(flush(scratch))
-        for times in (cold, warm):
+    if cycle > 1:  # consecutive calls then cover every step of the period equally often
+        repeats = -(-repeats // cycle) * cycle
+    for times in (cold, warm):
+        for r in range(repeats):
+            if times is cold:
+                scratch = jax.block_until_ready(flush(scratch))
             start = time.perf_counter()
             state = jax.block_until_ready(fn(state, grads[r % 2]))[0]
             times.append(time.perf_counter() - start)
-    return float(np.median(cold)) / inner, float(np.median(warm)) / inner, float(floats)
+    stat = np.mean if cycle > 1 else np.median
+    return float(stat(cold)) / inner, float(stat(warm)) / inner, float(floats)
 
 
 def _cnn_param_shapes():
@@ -262,7 +271,8 @@ def run(*, quick: bool = False, full: bool = False, seed: int = 0, out: pathlib.
             # Several steps per call at small d so that dispatch does not dominate; one for the
             # O(d^3) and O(tau^2 d)-with-SVD baselines.
             inner = 1 if name in ("ada_full", "naive_ada_fd") else max(1, min(50, 200_000 // dim))
-            seconds, warm, floats = _time_step(obj, kind, dim, dtype, cfg["repeats"], inner)
+            cycle = tau + 1 if "fast" in name else 1  # the doubling buffer's shrink period
+            seconds, warm, floats = _time_step(obj, kind, dim, dtype, cfg["repeats"], inner, cycle)
             rows.append(
                 {
                     "method": name,
@@ -279,8 +289,9 @@ def run(*, quick: bool = False, full: bool = False, seed: int = 0, out: pathlib.
         with jax.enable_x64(True):
             for name, obj, kind in _learners(tau, dim, 0):
                 if name in ("optax.adagrad", "ada_fd", "ada_fd(fast=True)", "ada_diag"):
+                    cycle = tau + 1 if "fast" in name else 1
                     seconds, warm, floats = _time_step(
-                        obj, kind, dim, jnp.float64, cfg["repeats"], 1
+                        obj, kind, dim, jnp.float64, cfg["repeats"], 1, cycle
                     )
                     rows.append(
                         {
