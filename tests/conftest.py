@@ -54,3 +54,10 @@ def _bound_compiled_program_mappings():
         return
     if count > _MAX_MAPS:
         jax.clear_caches()
+
+
+def pytest_collection_modifyitems(items):
+    """Start the tests marked ``first`` (the minutes-long 8-device sharding subprocess) before the
+    others: pytest-xdist hands out items in collection order, and a long item collected last
+    leaves the other worker idle while it runs."""
+    items.sort(key=lambda item: item.get_closest_marker("first") is None)

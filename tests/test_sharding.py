@@ -233,6 +233,7 @@ def _sketch_sized(gather):
     return len(dims) > 1 and max(dims) >= 16
 
 
+@pytest.mark.first
 def test_sharded_matches_single_device(results, subtests, record_property):
     """Every family in both modes (one subtest each), then the orbax restore.
 
