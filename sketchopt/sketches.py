@@ -353,7 +353,8 @@ _ROTATION_BLOCK = 8192
 
 
 def _rotate_rows(rot, rows, valid=True, coef=None, base=None):
-    """``rot @ rows`` for a small square ``rot``, computed in place over column blocks.
+    """``rot @ rows`` for a small ``k x n`` ``rot`` (``k <= n``; output rows past ``k`` are zero),
+    computed in place over column blocks.
 
     With ``coef`` (an ``n``-vector) and ``base`` (a ``d``-vector) also returns
     ``base - coef @ rows`` of the rows *before* the rotation, taken from the same tiles while they
@@ -370,11 +371,17 @@ def _rotate_rows(rot, rows, valid=True, coef=None, base=None):
     sharding along ``d``, so they, multi-device runs and narrow sketches use the plain matmul.
     Both paths compute the same products.
     """
-    d = rows.shape[-1]
+    n, d = rows.shape
     block = _ROTATION_BLOCK
     single_cpu = jax.default_backend() == "cpu" and jax.device_count() == 1
+
+    def apply(tile):  # the rows below rot's (all zero) are written as zeros, not multiplied
+        out = jnp.matmul(rot, tile, precision=_HIGHEST)
+        pad = jnp.zeros((n - rot.shape[0], tile.shape[1]), tile.dtype)
+        return jnp.concatenate([out, pad]) if n > rot.shape[0] else out
+
     if d <= 2 * block or not single_cpu:
-        rotated = jnp.where(valid, jnp.matmul(rot, rows, precision=_HIGHEST), rows)
+        rotated = jnp.where(valid, apply(rows), rows)
         if coef is None:
             return rotated
         return rotated, base - jnp.where(valid, jnp.matmul(coef, rows, precision=_HIGHEST), 0)
@@ -382,7 +389,7 @@ def _rotate_rows(rot, rows, valid=True, coef=None, base=None):
     def rotate(tile, base_tile):
         if coef is not None:
             base_tile = base_tile - jnp.matmul(coef, tile, precision=_HIGHEST)
-        return jnp.matmul(rot, tile, precision=_HIGHEST), base_tile
+        return apply(tile), base_tile
 
     def body(i, carry):
         rows, base = carry
@@ -524,11 +531,12 @@ def _fd_family(
             ),
         )
         product = rot @ product
+        kept = rot[: tau - 1]  # the rows past tau - 1 of the rotation are zero
         if lift is None:
-            return new._replace(rows=_rotate_rows(rot, state.rows, valid)), product
+            return new._replace(rows=_rotate_rows(kept, state.rows, valid)), product
         # new.rows still holds the rows before the rotation: lift reads only the small fields.
         coef = rot.T @ lift(new, product)  # B'^T a = B^T (rot^T a)
-        rows, residual = _rotate_rows(rot, state.rows, valid, coef, row)
+        rows, residual = _rotate_rows(kept, state.rows, valid, coef, row)
         return new._replace(rows=rows), product, residual
 
     def absorb(state, row, valid, lift=None):
