@@ -278,8 +278,10 @@ def _dot_d(a, b):
     return jnp.matmul(a, b, precision=_HIGHEST)
 
 
-# Below this |scale_exp| a product of rows needs no pre-scaling: its terms stay within 2**(+-50)
-# of float32's range limits (the exponent bounds every entry of the rows and of the new row).
+# Up to this |scale_exp| a product of the rows with the new row needs no pre-scaling: 2**scale_exp
+# bounds the rows' norms and the new row's entries, so |B g| <= 2**(2 * 24) * sqrt(d) stays far
+# below float32's overflow, and terms that could matter stay far above its underflow. Rows
+# shorter than _UNSCALED_MIN_DIM are always pre-scaled (see _scaled_dot).
 _UNSCALED_EXP = 24
 _UNSCALED_MIN_DIM = 2**15
 
@@ -377,7 +379,7 @@ def _rotate_rows(rot, rows, valid=True, coef=None, base=None):
 
     def apply(tile):  # the rows below rot's (all zero) are written as zeros, not multiplied
         out = jnp.matmul(rot, tile, precision=_HIGHEST)
-        pad = jnp.zeros((n - rot.shape[0], tile.shape[1]), tile.dtype)
+        pad = _like_last_axis(jnp.zeros((n - rot.shape[0], tile.shape[1]), tile.dtype), tile)
         return jnp.concatenate([out, pad]) if n > rot.shape[0] else out
 
     if d <= 2 * block or not single_cpu:
