@@ -135,6 +135,11 @@ def _flusher():
     return jax.jit(lambda x: x + 1, donate_argnums=0), scratch
 
 
+def _shrink_period(name: str, tau: int) -> int:
+    """Steps between two shrinks of the doubling buffer (1 for the learners without one)."""
+    return tau + 1 if "fast" in name else 1
+
+
 def _time_step(
     obj, kind: str, dim: int, dtype, repeats: int, inner: int, cycle: int = 1
 ) -> tuple[float, float, float]:
@@ -271,7 +276,7 @@ def run(*, quick: bool = False, full: bool = False, seed: int = 0, out: pathlib.
             # Several steps per call at small d so that dispatch does not dominate; one for the
             # O(d^3) and O(tau^2 d)-with-SVD baselines.
             inner = 1 if name in ("ada_full", "naive_ada_fd") else max(1, min(50, 200_000 // dim))
-            cycle = tau + 1 if "fast" in name else 1  # the doubling buffer's shrink period
+            cycle = _shrink_period(name, tau)
             seconds, warm, floats = _time_step(obj, kind, dim, dtype, cfg["repeats"], inner, cycle)
             rows.append(
                 {
@@ -289,7 +294,7 @@ def run(*, quick: bool = False, full: bool = False, seed: int = 0, out: pathlib.
         with jax.enable_x64(True):
             for name, obj, kind in _learners(tau, dim, 0):
                 if name in ("optax.adagrad", "ada_fd", "ada_fd(fast=True)", "ada_diag"):
-                    cycle = tau + 1 if "fast" in name else 1
+                    cycle = _shrink_period(name, tau)
                     seconds, warm, floats = _time_step(
                         obj, kind, dim, jnp.float64, cfg["repeats"], 1, cycle
                     )

@@ -609,7 +609,7 @@ def radagrad_metric(sketch_size: int, delta: float, key) -> _metrics.Metric:
         inv = jnp.where(kappa > 0, 1 / jnp.sqrt(jnp.where(kappa > 0, kappa, 1)), 0)
         coef = (u * inv).T  # V = coef @ rows: the left singular vectors of G~ as rows
         # Singular values of G~ = 4**e sqrt(kappa); their square roots 2**e kappa**(1/4).
-        root_sigma = _sketches.ldexp(jnp.sqrt(jnp.sqrt(kappa)), state.scale_exp)
+        root_sigma = _sketches._ldexp(jnp.sqrt(jnp.sqrt(kappa)), state.scale_exp)
         # H's eigenvalues on span(V) are Sigma^{1/2} + delta; as weights over the identity they
         # are stored minus 1, which cannot hold values below eps: floor them there (a smaller,
         # finite step) rather than divide by a rounded 0 (delta < eps with tiny gradients).
@@ -628,9 +628,9 @@ def radagrad_metric(sketch_size: int, delta: float, key) -> _metrics.Metric:
         e_g = _sketches._exponent(jnp.max(jnp.abs(g), initial=0))
         exp = jnp.where(valid, jnp.maximum(state.scale_exp, e_g), state.scale_exp)
         shift = state.scale_exp - exp
-        rows = _sketches.ldexp(state.rows, 2 * shift)
-        gram = _sketches.ldexp(state.gram, 4 * shift)
-        gs = _sketches.ldexp(g, -exp).astype(dtype)
+        rows = _sketches._ldexp(state.rows, 2 * shift)
+        gram = _sketches._ldexp(state.gram, 4 * shift)
+        gs = _sketches._ldexp(g, -exp).astype(dtype)
         gt = _project(gs, state.signs, state.indices, tau)  # Pi g / 2**e
         p = _sketches._dot_d(rows, gs)  # G~^T g / 8**e (before the update)
         sq = jnp.sum(jnp.square(gs))
@@ -692,7 +692,7 @@ def ada_lr_metric(sketch_size: int, delta: float, key) -> _metrics.Metric:
         b = jnp.matmul(q.T, gram, precision=_HIGHEST)  # k x d
         _, sigma, vt = jnp.linalg.svd(b, full_matrices=False)
         sigma = jnp.where(sigma > sigma[0] * b.shape[0] * jnp.finfo(dtype).eps, sigma, 0)
-        root = _sketches.ldexp(jnp.sqrt(sigma), state.scale_exp)
+        root = _sketches._ldexp(jnp.sqrt(sigma), state.scale_exp)
         return _AdaLROperator(vt, root, jnp.asarray(delta, dtype))
 
     def update(state, g, valid=True):
@@ -703,8 +703,8 @@ def ada_lr_metric(sketch_size: int, delta: float, key) -> _metrics.Metric:
             jnp.max(jnp.diagonal(gram), initial=0),
         )
         exp = jnp.where(valid, exp, state.scale_exp)
-        gram = _sketches.ldexp(gram, 2 * (state.scale_exp - exp))
-        gs = _sketches.ldexp(g, -exp)
+        gram = _sketches._ldexp(gram, 2 * (state.scale_exp - exp))
+        gs = _sketches._ldexp(g, -exp)
         gram = jnp.where(valid, gram + jnp.outer(gs, gs), gram)  # bit-identical when skipped
         state = state._replace(gram=gram, scale_exp=exp)
         return state, operator(state), None

@@ -148,7 +148,7 @@ def full(delta: float) -> Metric:
         # The d x d eigendecomposition needs all of G_t on every device (under an explicit
         # mesh this must be said; automatic sharding gathers it by itself).
         mu, u = _sketches._eigh_desc(_sketches._replicate(state.gram))
-        sqrt_g = _sketches.ldexp(jnp.sqrt(mu), state.scale_exp)
+        sqrt_g = _sketches._ldexp(jnp.sqrt(mu), state.scale_exp)
         eye = jnp.eye(d, dtype=state.gram.dtype)
         # The eigenbasis is complete, so the smallest root (0 while G_t is rank deficient) can sit
         # in the scalar: the Woodbury solve then divides its round-off by delta + min root, not
@@ -164,8 +164,8 @@ def full(delta: float) -> Metric:
             state.scale_exp, jnp.max(jnp.abs(g), initial=0), jnp.max(diag, initial=0)
         )
         exp = jnp.where(valid, exp, state.scale_exp)
-        gram = _sketches.ldexp(gram, 2 * (state.scale_exp - exp))
-        gs = _sketches.ldexp(g, -exp)
+        gram = _sketches._ldexp(gram, 2 * (state.scale_exp - exp))
+        gs = _sketches._ldexp(g, -exp)
         state = FullMetricState(gram + jnp.outer(gs, gs), exp)
         return state, operator(state), None
 
@@ -196,9 +196,9 @@ def _sketched_operator(lr: _sketches.LowRank, delta):
         spans = jnp.sum(lam > 0) >= d
         floor = jnp.where(spans, jnp.min(jnp.where(lam > 0, weights, jnp.inf)), 0)
         weights = jnp.where(lam > 0, weights - floor, 0)
-    scalar = delta + _sketches.ldexp(root_alpha + floor, e)
+    scalar = delta + _sketches._ldexp(root_alpha + floor, e)
     return LowRankOperator(
-        scalar.astype(lam.dtype), lr.basis, lr.coef, _sketches.ldexp(weights, e), e
+        scalar.astype(lam.dtype), lr.basis, lr.coef, _sketches._ldexp(weights, e), e
     )
 
 
@@ -226,7 +226,7 @@ def sketched(sketch: _sketches.Sketch, delta: float) -> Metric:
         lr = _sketches.low_rank(state)
         op = _sketched_operator(lr, delta)
         x = op.weights / (op.scalar + op.weights) * lr.project_product(product)
-        return lr.coef.T @ _sketches.ldexp(x, -lr.scale_exp)
+        return lr.coef.T @ _sketches._ldexp(x, -lr.scale_exp)
 
     def update(state, g, valid=True):
         state, _, residual = sketch.absorb(state, g, valid, lift=lift_coefficients)

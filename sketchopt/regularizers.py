@@ -613,7 +613,7 @@ def _newton_dual(reg, u, c, op, shape, x0, tol, max_iter, z=None):
     # B materialized once as a k x d matrix (V = 2**-scale_exp coef @ basis; scale the basis, not
     # the possibly huge/tiny products). The Newton matrix is then assembled as a Gram matrix,
     # positive semidefinite by construction whatever the conditioning of coef and basis.
-    bm = jnp.matmul(cw, _sketches.ldexp(op.basis, scale_exp), precision=_HIGHEST)
+    bm = jnp.matmul(cw, _sketches._ldexp(op.basis, scale_exp), precision=_HIGHEST)
     projector = getattr(reg, "_jac_projector", False)
 
     def newton_matrix(jac):
@@ -770,7 +770,7 @@ def _l1_ball_polish(x, radius, op, u=None, z=None, skip=False):
     def solve(idx, sig, mask):
         sel = (iota[None, :] == idx[:, None]).astype(wd) * mask[:, None].astype(wd)  # (m, d)
         # B_A = W^{1/2} V[:, A] (k x m): columns of the basis by one contraction over d
-        cols = _sketches.ldexp(_sketches._dot_d(op.basis, sel.T), e)
+        cols = _sketches._ldexp(_sketches._dot_d(op.basis, sel.T), e)
         ba = sw[:, None] * jnp.matmul(op.coef, cols, precision=_HIGHEST)
         haa = jnp.matmul(ba.T, ba, precision=_HIGHEST) + s * jnp.eye(m, dtype=wd)
         on_a = jnp.matmul(mask.astype(wd), sel, precision=_HIGHEST) > 0  # (d,)

@@ -168,31 +168,31 @@ class LowRank(NamedTuple):
 
     def project(self, x):
         """``V x`` (the input is pre-scaled so that ``basis @ x`` cannot overflow)."""
-        return self.coef @ _dot_d(self.basis, ldexp(x, -self.scale_exp))
+        return self.coef @ _dot_d(self.basis, _ldexp(x, -self.scale_exp))
 
     def project_product(self, product):
         """``V g`` from ``product = basis @ g / 4**scale_exp`` (as returned by a sketch update)."""
-        return self.coef @ ldexp(product, self.scale_exp)
+        return self.coef @ _ldexp(product, self.scale_exp)
 
     def lift(self, a):
         """``V^T a`` (``a`` is scaled first: Oja's ``coef`` carries ``2**scale_exp`` itself)."""
-        return jnp.matmul(self.coef.T @ ldexp(a, -self.scale_exp), self.basis, precision=_HIGHEST)
+        return jnp.matmul(self.coef.T @ _ldexp(a, -self.scale_exp), self.basis, precision=_HIGHEST)
 
     def directions(self):
         """``V`` materialized (``k x d``)."""
-        return jnp.matmul(ldexp(self.coef, -self.scale_exp), self.basis, precision=_HIGHEST)
+        return jnp.matmul(_ldexp(self.coef, -self.scale_exp), self.basis, precision=_HIGHEST)
 
     def true_eigenvalues(self):
-        return ldexp(self.eigenvalues, 2 * self.scale_exp)
+        return _ldexp(self.eigenvalues, 2 * self.scale_exp)
 
     def true_alpha(self):
-        return ldexp(self.alpha, 2 * self.scale_exp)
+        return _ldexp(self.alpha, 2 * self.scale_exp)
 
     def sqrt_eigenvalues(self):
-        return ldexp(jnp.sqrt(self.eigenvalues), self.scale_exp)
+        return _ldexp(jnp.sqrt(self.eigenvalues), self.scale_exp)
 
     def sqrt_alpha(self):
-        return ldexp(jnp.sqrt(self.alpha), self.scale_exp)
+        return _ldexp(jnp.sqrt(self.alpha), self.scale_exp)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -219,7 +219,7 @@ def _state_dtype(dtype):
     return jnp.promote_types(jnp.dtype(dtype), jnp.float32)
 
 
-def ldexp(x, e):
+def _ldexp(x, e):
     """``x * 2**e`` exactly, as ``jnp.ldexp``, but cheap when ``e`` is one integer.
 
     ``jnp.ldexp`` decomposes every element (a ``frexp`` and a ``pow`` each): over a ``d``-sized
@@ -294,12 +294,16 @@ def _scaled_dot(rows, row, exp):
     materializing a scaled copy of the ``d``-vector. Short rows always take the first form: the
     copy costs nothing there, and the ``cond`` would cost compile time.
     """
+
+    def prescaled():
+        return _ldexp(_dot_d(rows, _ldexp(row, -exp)), -exp)
+
     if row.shape[-1] < _UNSCALED_MIN_DIM:
-        return ldexp(_dot_d(rows, ldexp(row, -exp)), -exp)
+        return prescaled()
     return jax.lax.cond(
         jnp.abs(exp) <= _UNSCALED_EXP,
-        lambda: ldexp(_dot_d(rows, row), -2 * exp),
-        lambda: ldexp(_dot_d(rows, ldexp(row, -exp)), -exp),
+        lambda: _ldexp(_dot_d(rows, row), -2 * exp),
+        prescaled,
     )
 
 
@@ -429,7 +433,7 @@ _GRAM_REFRESH = 32
 
 def _exact_gram(rows, scale_exp):
     """``B B^T / 4**scale_exp``, the rows scaled first so that nothing overflows."""
-    scaled = ldexp(rows, -scale_exp)
+    scaled = _ldexp(rows, -scale_exp)
     return _dot_d(scaled, scaled.T)
 
 
@@ -553,7 +557,7 @@ def _fd_family(
         exp = _rescale_exponent(state.scale_exp, jnp.max(jnp.abs(row), initial=0), quadratic)
         exp = jnp.where(valid, exp, state.scale_exp)
         factor = 2 * (state.scale_exp - exp)
-        gram = ldexp(state.gram, factor)
+        gram = _ldexp(state.gram, factor)
         j = state.fill
         # Insert first, then take the one pass over the rows: B g / 4**exp with the new row's own
         # squared norm at position j (the slot was zero). In this order the in-place insertion
@@ -571,8 +575,8 @@ def _fd_family(
             gram=gram,
             fill=j + step,
             scale_exp=exp,
-            alpha=jnp.where(valid, ldexp(state.alpha, factor), state.alpha),
-            compensation=jnp.where(valid, ldexp(state.compensation, factor), state.compensation),
+            alpha=jnp.where(valid, _ldexp(state.alpha, factor), state.alpha),
+            compensation=jnp.where(valid, _ldexp(state.compensation, factor), state.compensation),
             count=state.count + step,
         )
         if not fast:
@@ -768,8 +772,8 @@ def oja(
             jnp.max(jnp.abs(row), initial=0),
             jnp.max(state.eigenvalues, initial=0),
         )
-        lam = ldexp(state.eigenvalues, 2 * (state.scale_exp - exp))
-        scaled_row = ldexp(row, -exp)
+        lam = _ldexp(state.eigenvalues, 2 * (state.scale_exp - exp))
+        scaled_row = _ldexp(row, -exp)
         proj = _dot_d(v, scaled_row)  # V g / 2**exp
         t = state.count + 1
         g = jnp.asarray(gamma(t.astype(v.dtype)), v.dtype)
@@ -790,7 +794,7 @@ def oja(
         directions, v_unit = _oja_orthonormalize(v, keep, jnp.sign(proj) * take, unit_row)
         new = state._replace(directions=directions, eigenvalues=lam, scale_exp=exp, count=t)
         new = jax.tree.map(lambda a, b: jnp.where(valid, a, b), new, state)
-        prod = ldexp(gnorm * v_unit, -exp)  # V_t g / 4**exp, without another pass
+        prod = _ldexp(gnorm * v_unit, -exp)  # V_t g / 4**exp, without another pass
         return new, jnp.where(valid, prod, 0)
 
     return _make_sketch(init, absorb, m, "oja")
@@ -829,12 +833,12 @@ def random_projection(sketch_size: int, key: jax.Array) -> Sketch:
             state.scale_exp, jnp.max(jnp.abs(row), initial=0), jnp.max(diag, initial=0)
         )
         exp = jnp.where(valid, exp, state.scale_exp)
-        gram = ldexp(state.gram, 2 * (state.scale_exp - exp))
+        gram = _ldexp(state.gram, 2 * (state.scale_exp - exp))
         key, sub = jax.random.split(state.key)
         key = jnp.where(valid, key, state.key)
         dtype = state.rows.dtype
         r = jax.random.normal(sub, (m,), dtype) * jnp.asarray(1 / np.sqrt(m), dtype)
-        scaled_row = ldexp(row, -exp)
+        scaled_row = _ldexp(row, -exp)
         prod = _scaled_dot(state.rows, row, exp)
         sq = jnp.sum(jnp.square(scaled_row))
         q = prod + 0.5 * sq * r
@@ -878,7 +882,7 @@ def _(state: OjaState) -> LowRank:
     # Keep the directions sorted by eigenvalue like the other sketches.
     order = jnp.argsort(-lam)
     lam = lam[order]
-    coef = ldexp(jnp.eye(m, dtype=dtype)[order], state.scale_exp)
+    coef = _ldexp(jnp.eye(m, dtype=dtype)[order], state.scale_exp)
     coef = jnp.where((lam > 0)[:, None], coef, 0)  # V's rows with a zero eigenvalue are zero
     return LowRank(state.directions, coef, lam, jnp.zeros((), dtype), state.scale_exp)
 

@@ -240,7 +240,7 @@ def _mq_add(a, b):
     """Sum of two non-negative numbers in mantissa/exponent form (mantissa in ``[1/2, 2)``)."""
     (ma, qa), (mb, qb) = a, b
     q = jnp.maximum(qa, qb)
-    return _sketches.ldexp(ma, qa - q) + _sketches.ldexp(mb, qb - q), q
+    return _sketches._ldexp(ma, qa - q) + _sketches._ldexp(mb, qb - q), q
 
 
 # ----------------------------------------------------------------------------------------------
@@ -285,7 +285,7 @@ def _lift(lr: _sketches.LowRank, a):
     inside, which would flush a small ``a`` (e.g. ``1e-31`` against rows of norm ``1e30``)."""
     ea = _sketches._exponent(jnp.max(jnp.abs(a), initial=0))
     s = jnp.where(ea == _sketches._NO_EXPONENT, 0, -ea)
-    return _sketches.ldexp(lr.lift(_sketches.ldexp(a, s)), -s)
+    return _sketches._ldexp(lr.lift(_sketches._ldexp(a, s)), -s)
 
 
 def _lowrank_pinv(lr: _sketches.LowRank, alpha, y, vy=None, *, want_null=False):
@@ -312,10 +312,10 @@ def _lowrank_pinv(lr: _sketches.LowRank, alpha, y, vy=None, *, want_null=False):
     vy = jnp.where(mask, vy, 0)
     residual = _denoise(y - _lift(lr, vy), y, lr.basis.shape[0])
     # Exponent shifts below are <= 0, so every coefficient is at most 2 |V y|.
-    coef = jnp.where(mask, _sketches.ldexp(vy / jnp.where(mask, dm, 1), qmin - dq), 0)
+    coef = jnp.where(mask, _sketches._ldexp(vy / jnp.where(mask, dm, 1), qmin - dq), 0)
     ridge_factor = jnp.where(
         has_ridge,
-        _sketches.ldexp(1 / jnp.where(has_ridge, rm, 1), jnp.where(active, qmin - rq, 0)),
+        _sketches._ldexp(1 / jnp.where(has_ridge, rm, 1), jnp.where(active, qmin - rq, 0)),
         0,
     )
     zhat = jnp.where(active, _lift(lr, coef) + ridge_factor * residual, 0)
@@ -408,7 +408,7 @@ def _sketched_son(make_sketch, alpha, *, eta, curvature, diagonal_rescaling, ini
             lambda: lr.project(gz),
         )
         zhat, k, _ = _lowrank_pinv(lr, a, gz, vg)
-        return ls._replace(sketch=sk_state, alpha=a), _sketches.ldexp(zhat, k)
+        return ls._replace(sketch=sk_state, alpha=a), _sketches._ldexp(zhat, k)
 
     return _son_transform(
         init_leaf, step_leaf, eta=eta, curvature=curvature, diagonal_rescaling=diagonal_rescaling
@@ -562,7 +562,7 @@ def _rp_ridge(alpha, e, dtype):
     """``(alpha_s, ridge_mq)``: the ridge in the sketch's scaled units (floored, see
     :func:`_rp_floor`) and the true ridge it stands for, as mantissa/exponent."""
     alpha = jnp.asarray(alpha, dtype)
-    scaled = _sketches.ldexp(alpha, -2 * e)
+    scaled = _sketches._ldexp(alpha, -2 * e)
     floor = _rp_floor(dtype)
     floored = scaled < floor
     fm, fq = _mq(floor)
@@ -608,7 +608,7 @@ def _rp_paper_regime(ls: RandomProjectionNewtonState):
     the solve goes through the eigendecomposition of the tracked ``m x m`` Gram matrix.
     """
     dtype = ls.inverse.dtype
-    alpha_s = _sketches.ldexp(ls.alpha, -2 * ls.sketch.scale_exp)
+    alpha_s = _sketches._ldexp(ls.alpha, -2 * ls.sketch.scale_exp)
     limit = jnp.finfo(dtype).eps ** (-1.0 / 3.0)
     return alpha_s * limit >= alpha_s + jnp.trace(ls.sketch.gram)
 
@@ -628,17 +628,17 @@ def _rp_pinv(ls: RandomProjectionNewtonState, y, product=None, root=None):
 
     def s_times_y():  # S y / 2**e
         if product is None:
-            return _sketches._dot_d(sk.rows, _sketches.ldexp(y, -e))
+            return _sketches._dot_d(sk.rows, _sketches._ldexp(y, -e))
         return jax.lax.cond(
             root > 0,
-            lambda: _sketches.ldexp(product, e) / root,
-            lambda: _sketches._dot_d(sk.rows, _sketches.ldexp(y, -e)),
+            lambda: _sketches._ldexp(product, e) / root,
+            lambda: _sketches._dot_d(sk.rows, _sketches._ldexp(y, -e)),
         )
 
     def paper():
         _, (rm, rq) = _rp_ridge(ls.alpha, e, ls.inverse.dtype)
         z = ls.inverse @ s_times_y()
-        back = jnp.matmul(_sketches.ldexp(z, -e), sk.rows, precision=hi)
+        back = jnp.matmul(_sketches._ldexp(z, -e), sk.rows, precision=hi)
         return (y - back) / rm, -rq
 
     def eigen():
@@ -707,9 +707,9 @@ def rp_son(
         sk1, product = sketch0.absorb(sk0, ghat, valid)  # product = S_t ghat / 4**e1
         e0, e1 = sk0.scale_exp, sk1.scale_exp
         r = _rp_direction(sk0.key, m, dtype)
-        sq = jnp.sum(jnp.square(_sketches.ldexp(ghat, -e1)))
+        sq = jnp.sum(jnp.square(_sketches._ldexp(ghat, -e1)))
         q = product - 0.5 * sq * r  # (S_{t-1} ghat + |ghat|^2 r / 2) / 4**e1
-        h = _sketches.ldexp(ls.inverse, 2 * (e1 - e0))  # the same H in the new scaled units
+        h = _sketches._ldexp(ls.inverse, 2 * (e1 - e0))  # the same H in the new scaled units
         # A jump of the scale can leave H = 4**e (alpha I + S S^T)^{-1} unrepresentable (alpha
         # tiny in the new units): then H is rebuilt below, and the Woodbury path must not run
         # on infinities (no NaN, not even transiently).
@@ -723,7 +723,7 @@ def rp_son(
             | ~safe
             | ~jnp.all(jnp.isfinite(h_new))
             | (a != ls.alpha)
-            | (_sketches.ldexp(a, -2 * e1) < _rp_floor(dtype))
+            | (_sketches._ldexp(a, -2 * e1) < _rp_floor(dtype))
             | (sk1.count % m == 0)
         )
         h_new = jax.lax.cond(refresh, lambda: _rp_inverse(sk1.gram, alpha_s), lambda: h_new)
@@ -731,7 +731,7 @@ def rp_son(
         new = ls._replace(sketch=sk1, inverse=h_new, alpha=jnp.where(valid, a, ls.alpha))
         # S gz from the sketch's own product S_t ghat (one pass saved).
         zhat, k = _rp_pinv(new, gz, product, root)
-        return new, _sketches.ldexp(zhat, k)
+        return new, _sketches._ldexp(zhat, k)
 
     return _son_transform(
         init_leaf, step_leaf, eta=eta, curvature=curvature, diagonal_rescaling=diagonal_rescaling
@@ -790,7 +790,7 @@ def ons(
     def recompute(gram, e, a):
         """``(alpha I + 4**e gram)^{-1}`` by an eigendecomposition (never singular: alpha > 0)."""
         mu, u = jnp.linalg.eigh(0.5 * (gram + gram.T))
-        lam = _sketches.ldexp(jnp.maximum(mu, 0), 2 * e)  # may overflow to inf: 1/inf = 0 is right
+        lam = _sketches._ldexp(jnp.maximum(mu, 0), 2 * e)  # may overflow to inf: 1/inf = 0 is right
         return (u / (a + lam)) @ u.T
 
     def step_leaf(ls, gz, ghat, c, valid):
@@ -805,7 +805,7 @@ def ons(
         hi = jax.lax.Precision.HIGHEST
         m_inv = ls.inverse
         e = _sketches._exponent(jnp.max(jnp.abs(gz), initial=0))
-        ys = _sketches.ldexp(gz, -jnp.where(e == _sketches._NO_EXPONENT, 0, e))
+        ys = _sketches._ldexp(gz, -jnp.where(e == _sketches._NO_EXPONENT, 0, e))
         v = jnp.matmul(m_inv, ys, precision=hi)
         p = jnp.maximum(ys @ v, 0)
         # A_t^{-1} g = 2**e v / (1 + c 4**e p) and the Sherman-Morrison factor c 4**e / (...),
@@ -813,13 +813,13 @@ def ons(
         big = e > 0
         one = jnp.ones((), m_inv.dtype)
         den = jnp.where(
-            big, _sketches.ldexp(one, -2 * e) + c * p, 1 + c * _sketches.ldexp(p, 2 * e)
+            big, _sketches._ldexp(one, -2 * e) + c * p, 1 + c * _sketches._ldexp(p, 2 * e)
         )
         # den == 0 only if A_{t-1}^{-1} g underflowed to 0 (then so does the step).
         safe = jnp.where(den > 0, den, 1)
-        fac = jnp.where(den > 0, jnp.where(big, c, c * _sketches.ldexp(one, 2 * e)) / safe, 0)
+        fac = jnp.where(den > 0, jnp.where(big, c, c * _sketches._ldexp(one, 2 * e)) / safe, 0)
         sol = jnp.where(
-            den > 0, jnp.where(big, _sketches.ldexp(v, -e), _sketches.ldexp(v, e)) / safe, 0
+            den > 0, jnp.where(big, _sketches._ldexp(v, -e), _sketches._ldexp(v, e)) / safe, 0
         )
         m_new = m_inv - jnp.outer(v, v * fac)
         m_new = 0.5 * (m_new + m_new.T)
@@ -829,8 +829,8 @@ def ons(
             e_old, jnp.max(jnp.abs(ghat), initial=0), jnp.max(jnp.diagonal(ls.gram), initial=0)
         )
         e_new = jnp.where(valid, e_new, e_old)
-        hs = _sketches.ldexp(ghat, -e_new)
-        gram = _sketches.ldexp(ls.gram, 2 * (e_old - e_new)) + jnp.outer(hs, hs)
+        hs = _sketches._ldexp(ghat, -e_new)
+        gram = _sketches._ldexp(ls.gram, 2 * (e_old - e_new)) + jnp.outer(hs, hs)
         # Breakdown: the downdate cancelled below the precision (A^{-1} no longer PSD/finite).
         broken = (
             ~jnp.all(jnp.isfinite(m_new))
@@ -992,17 +992,17 @@ def project_bounded_prediction(opt_state, params, features, bound):
         initial=_sketches._NO_EXPONENT,
     )
     kx = jnp.where(kx == _sketches._NO_EXPONENT, 0, kx)
-    xh = [_sketches.ldexp(x, -kx) for x in xt]
+    xh = [_sketches._ldexp(x, -kx) for x in xt]
 
     terms = [_leaf_terms(ls, x) for ls, x in zip(leaf_states, xh, strict=True)]
     # A leaf whose A^+ x vanishes must not set the common scale.
     ks = [jnp.where(jnp.any(t.zhat != 0), t.k, _NO_EXP) for t in terms]
     big_k = jnp.max(jnp.stack(ks))
     terms = [t._replace(k=k) for t, k in zip(terms, ks, strict=True)]
-    ztil = [_sketches.ldexp(t.zhat, t.k - big_k) for t in terms]  # 2**-K A^+ xhat
+    ztil = [_sketches._ldexp(t.zhat, t.k - big_k) for t in terms]  # 2**-K A^+ xhat
     s1 = sum(jnp.sum(x * z) for x, z in zip(xh, ztil, strict=True))  # 2**-K xhat^T A^+ xhat
     nn = sum(jnp.sum(jnp.square(t.null)) for t in terms)  # |xhat_perp|^2
-    null_cost = sum(_sketches.ldexp(t.null_cost, t.null_cost_exp + big_k) for t in terms)
+    null_cost = sum(_sketches._ldexp(t.null_cost, t.null_cost_exp + big_k) for t in terms)
     # cost(w2) < cost(w1)  <=>  ||x_perp||_A^2 (x^T A^+ x) < |x_perp|^4  (tau^2 cancels).
     use_null = (nn > 0) & ((s1 <= 0) | (s1 * null_cost < jnp.square(nn)))
     ok_range = s1 > 0
@@ -1010,8 +1010,8 @@ def project_bounded_prediction(opt_state, params, features, bound):
     moves = []
     for x_leaf, t, z in zip(xh, terms, ztil, strict=True):
         del x_leaf
-        via_null = _sketches.ldexp(t.null / jnp.where(nn > 0, nn, 1), -kx)
-        via_range = _sketches.ldexp(z / jnp.where(ok_range, s1, 1), -kx)
+        via_null = _sketches._ldexp(t.null / jnp.where(nn > 0, nn, 1), -kx)
+        via_range = _sketches._ldexp(z / jnp.where(ok_range, s1, 1), -kx)
         step = jnp.where(use_null, via_null, jnp.where(ok_range, via_range, 0))
         moves.append(-tau * step)
     moves = [
