@@ -389,7 +389,9 @@ def test_lowrank_strength_zero_gives_unregularized():
     op = lr_op(random_lowrank(rng, d, 3, cond=1e4), jnp.float32)
     u = jnp.asarray(rng.normal(size=d), jnp.float32)
     x = jax.jit(lambda u: R.l1(0.0).prox(u, 2.0, op, shape=(d,)))(u)
-    np.testing.assert_array_equal(x, -op.solve(u))
+    # A jitted and an eager program may round differently (fused or reordered products): agree
+    # to float32 round-off, not bit for bit.
+    np.testing.assert_allclose(x, -op.solve(u), rtol=1e-6, atol=1e-6 * float(jnp.abs(x).max()))
 
 
 def test_warm_start_reduces_iterations():

@@ -679,12 +679,15 @@ def summary(state):
     return out, ints
 
 
-def assert_same_sketch(a, b, rtol):
+def assert_same_sketch(a, b, rtol, where=None):
+    """``a`` and ``b`` are the same sketch (their :func:`summary`, relative to ``rtol``), whatever
+    signs or rotations the two programs that made them chose for the rows; ``where`` labels a
+    failure."""
     (fa, ia), (fb, ib) = summary(a), summary(b)
-    assert ia == ib
+    assert ia == ib, (where, ia, ib)
     for key in fa:
         scale = max(np.abs(fb[key]).max(), np.abs(fb["quad"]).max() * 1e-6, 1e-300)
-        assert np.max(np.abs(fa[key] - fb[key])) <= rtol * scale, key
+        assert np.max(np.abs(fa[key] - fb[key])) <= rtol * scale, (where, key)
 
 
 @pytest.mark.parametrize("name", CODE_PATHS)
@@ -944,7 +947,14 @@ def test_blocked_rotation_matches_the_plain_matmul(monkeypatch, fast):
     unscaled at ordinary magnitudes; narrow sketches use one matmul and a pre-scaled row.
     Lowering both thresholds runs the wide paths (ragged tail, and huge and tiny rows, included)
     at a small ``dim``: they must give the same sketch and ADA-FD updates, and a NaN row must
-    leave the rows bit-identical (signed zeros too)."""
+    leave the sketch bit-identical (signed zeros too).
+
+    The two paths are different programs, and the rows after a shrink are eigenvectors of the
+    small Gram matrix, each defined only up to its sign (and up to a rotation within a repeated
+    eigenvalue): the paths are free to choose differently (a plain ``eigh`` on two CPUs may too).
+    So the sketches are compared through what is unique, ``B^T B``, ``alpha``, the compensation
+    and the counters (:func:`assert_same_sketch`); only the NaN step, within one program, is
+    checked bit for bit."""
     import sketchopt as so
 
     dim, tau = 70, 4  # 4 blocks of 16 columns and a tail of 6
@@ -967,18 +977,17 @@ def test_blocked_rotation_matches_the_plain_matmul(monkeypatch, fast):
         for g in grads:
             u, state = step(jnp.asarray(g), state, params)
             updates.append(np.asarray(u))
-            states.append(np.asarray(state.metric_state.rows))
-        return np.array(updates), np.array(states)
+            states.append(_to_numpy(state.metric_state))
+        return np.array(updates), states
 
     with x64():
         u_blocked, s_blocked = run(16, 0)
         u_plain, s_plain = run(8192, 2**15)
-    for t in range(len(grads)):  # per step: the updates and rows span 60 orders of magnitude
+    for t in range(len(grads)):  # per step: the updates and sketches span 60 orders of magnitude
         scale = np.abs(u_plain[t]).max()
         assert np.max(np.abs(u_blocked[t] - u_plain[t])) <= 1e-12 * scale, t
-        scale = np.abs(s_plain[t]).max()
-        assert np.max(np.abs(s_blocked[t] - s_plain[t])) <= 1e-12 * scale, t
+        assert_same_sketch(s_blocked[t], s_plain[t], 1e-12, where=t)
     np.testing.assert_array_equal(u_blocked[5], 0)  # the NaN step is skipped ...
-    np.testing.assert_array_equal(  # ... bit for bit, -0.0 included
-        s_blocked[5].view(np.int64), s_blocked[4].view(np.int64)
-    )
+    for states in (s_blocked, s_plain):  # ... bit for bit, -0.0 included, by either program
+        for field, old, new in zip(states[4]._fields, states[4], states[5], strict=True):
+            assert old.dtype == new.dtype and old.tobytes() == new.tobytes(), field
