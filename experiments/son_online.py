@@ -300,7 +300,7 @@ def online(alg: common.Algorithm, features, labels, *, diagnostics: bool):
                 out["active"] = (jnp.abs(before) > BOUND * (1 + 1e-6)).astype(jnp.float32)
                 out["wnorm"] = jnp.linalg.norm(w)
                 if rfd:
-                    sk = state.leaf_state.sketch  # alpha is stored divided by 4**scale_exp
+                    sk = state.leaf_state.leaf(0).sketch  # alpha is stored / 4**scale_exp
                     out["alpha"] = jnp.ldexp(sk.alpha, 2 * sk.scale_exp)
             return (w, state), out
 

@@ -18,7 +18,7 @@ from typing import NamedTuple
 
 import jax.numpy as jnp
 
-from sketchopt import sketches as _sketches
+from sketchopt import _numerics, _partitioning
 
 _HIGHEST = "highest"
 
@@ -64,14 +64,14 @@ class LowRankOperator(NamedTuple):
 
     def project(self, x):
         """``V x`` (k,), one pass over ``basis``."""
-        x = _sketches._ldexp(x, -jnp.asarray(self.scale_exp, jnp.int32))
-        return self.coef @ _sketches._dot_d(self.basis, x)
+        x = _numerics.ldexp(x, -jnp.asarray(self.scale_exp, jnp.int32))
+        return self.coef @ _partitioning.contract_d(self.basis, x)
 
     def lift(self, a):
         """``V^T a`` (d,), one pass over ``basis``."""
         # Scale a first: coef may carry 2**scale_exp itself (Oja's unit directions), and
         # coef.T @ a could then overflow where the result does not.
-        a = self.coef.T @ _sketches._ldexp(a, -jnp.asarray(self.scale_exp, jnp.int32))
+        a = self.coef.T @ _numerics.ldexp(a, -jnp.asarray(self.scale_exp, jnp.int32))
         return jnp.matmul(a, self.basis, precision=_HIGHEST)
 
     def solve_projected(self, y, vy):

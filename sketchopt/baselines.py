@@ -42,17 +42,16 @@ there.
 
 from __future__ import annotations
 
-import numbers
 from collections.abc import Callable
-from typing import Any, NamedTuple
+from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
 
+from sketchopt import _leafwise, _numerics, _partitioning, _validation
 from sketchopt import metrics as _metrics
-from sketchopt import sketches as _sketches
 from sketchopt import transforms as _transforms
 from sketchopt._operators import LowRankOperator
 
@@ -81,10 +80,16 @@ _NO_PARAMS_MSG = (
 
 
 class TruncatedGradientState(NamedTuple):
-    """State of :func:`simple_truncation`, :func:`truncated_gradient` and :func:`fobos_l1`."""
+    """State of :func:`simple_truncation`, :func:`truncated_gradient` and :func:`fobos_l1`.
+
+    These learners keep no per-leaf arrays; ``leaves`` (a :class:`~sketchopt.LeafGroups` of empty
+    values) records the leaf shapes the state was built for, so that gradients of other shapes
+    are rejected like everywhere else.
+    """
 
     count: jax.Array  # int32: number of update calls so far (t - 1 during step t)
     nonfinite_count: jax.Array  # int32: number of leaf updates skipped for non-finite input
+    leaves: Any = None
 
 
 class RDAState(NamedTuple):
@@ -107,61 +112,7 @@ class FTRLProximalState(NamedTuple):
 
 
 # --------------------------------------------------------------------------------------------
-# Hyperparameter validation. Values traced by jit/vmap (e.g. through optax.inject_hyperparams)
-# cannot be inspected and are accepted as they are.
-
-
-def _check(name: str, value: Any, requirement: str, ok: Callable[[np.ndarray], np.ndarray]):
-    if isinstance(value, jax.core.Tracer):
-        return
-    try:
-        array = np.asarray(value)
-    except Exception:  # not array-like: rejected below
-        array = None
-    if (
-        array is None
-        or isinstance(value, bool)
-        or array.dtype == bool
-        or not np.issubdtype(array.dtype, np.number)
-        or np.iscomplexobj(array)
-    ):
-        raise ValueError(f"{name} must be {requirement}, got {value!r}")
-    with np.errstate(invalid="ignore"):
-        if not np.all(ok(array.astype(np.float64))):
-            raise ValueError(f"{name} must be {requirement}, got {value!r}")
-
-
-def _check_positive(name, value):
-    _check(name, value, "a finite number > 0", lambda x: np.isfinite(x) & (x > 0))
-
-
-def _check_nonnegative(name, value):
-    _check(name, value, "a finite number >= 0", lambda x: np.isfinite(x) & (x >= 0))
-
-
-def _check_learning_rate(name, value):
-    if not callable(value):  # schedules are checked by their own constructors
-        _check_positive(name, value)
-
-
-def _check_period(value):
-    requirement = "an int >= 1"
-    dtype = getattr(value, "dtype", None)
-    if isinstance(value, bool) or not (
-        isinstance(value, numbers.Integral)
-        or (dtype is not None and jnp.issubdtype(dtype, jnp.integer))
-    ):
-        raise ValueError(f"period must be {requirement}, got {value!r}")
-    _check("period", value, requirement, lambda x: x >= 1)
-
-
-# --------------------------------------------------------------------------------------------
 # Shared helpers.
-
-
-def _acc_dtype(dtype) -> jnp.dtype:
-    """float32 for low-precision params, the param dtype when it is wider."""
-    return jnp.promote_types(dtype, jnp.float32)
 
 
 def _value(hyperparam, count, dtype):
@@ -176,44 +127,22 @@ def _soft_threshold(v, threshold):
     return jnp.sign(v) * jnp.maximum(jnp.abs(v) - threshold, 0)
 
 
-def _all_finite(*arrays) -> jax.Array:
-    return jnp.all(jnp.stack([jnp.all(jnp.isfinite(a)) for a in arrays]))
+def _learner(fields, init, step, state_class):
+    """A sparse learner on the shared driver (``sketchopt._leafwise``); all of them need params."""
+    rule = _leafwise.LeafRule(
+        fields, init, step, hyper=lambda count: count, needs_params="this sparse online learner"
+    )
+    return _leafwise.leafwise(rule, state_class)
 
 
-def _per_leaf(step, updates, params, states):
-    """Apply ``step`` leaf by leaf, skipping leaves whose input or output is not finite.
-
-    ``step(grad, param, *leaf_states) -> (delta, new_leaf_states)`` sees the gradient already
-    cast to the accumulation dtype and returns the delta in the param dtype. Returns the tree of
-    deltas, the list of new state trees and the number of skipped leaves (int32). Gradients that
-    are not floating point raise ``TypeError`` at trace time.
-    """
-    if params is None:
-        raise ValueError(_NO_PARAMS_MSG)
-    grads, treedef = jax.tree.flatten(updates)
-    param_leaves = treedef.flatten_up_to(params)
-    state_leaves = [treedef.flatten_up_to(s) for s in states]
-    deltas, new_states, skipped = [], [], jnp.zeros([], jnp.int32)
-    for i, (g, p) in enumerate(zip(grads, param_leaves, strict=True)):
-        _transforms._check_gradient_leaf(g)  # an integer gradient is a TypeError, not a cast
-        old = [s[i] for s in state_leaves]
-        delta, new = step(g.astype(_acc_dtype(p.dtype)), p, *old)
-        ok = _all_finite(g, delta, *new)
-        deltas.append(jnp.where(ok, delta, jnp.zeros_like(delta)))
-        new_states.append([jnp.where(ok, n, o) for n, o in zip(new, old, strict=True)])
-        skipped += (~ok).astype(jnp.int32)
-    new_state_trees = [
-        treedef.unflatten([leaf[j] for leaf in new_states]) for j in range(len(states))
-    ]
-    return treedef.unflatten(deltas), new_state_trees, skipped
+def _zeros(spec, param):
+    del param
+    return jnp.zeros((spec.size,), spec.dtype)
 
 
-def _leaf_zeros(params):
-    return jax.tree.map(lambda p: jnp.zeros(p.shape, _acc_dtype(p.dtype)), params)
-
-
-def _leaf_steps(params):
-    return jax.tree.map(lambda _: jnp.zeros([], jnp.int32), params)
+def _no_steps(spec, param):
+    del spec, param
+    return jnp.zeros((), jnp.int32)
 
 
 def _gradient_step_then_truncate(
@@ -222,34 +151,25 @@ def _gradient_step_then_truncate(
 ) -> optax.GradientTransformationExtraArgs:
     """``w_{t+1} = truncate(w_t - eta_t g_t, eta_t, t)``, the form shared by T_0, T_1 and FOBOS."""
 
-    def init_fn(params):
-        del params
-        return TruncatedGradientState(
-            count=jnp.zeros([], jnp.int32), nonfinite_count=jnp.zeros([], jnp.int32)
-        )
+    def init(spec, param):
+        del spec, param
+        return ((),)  # no per-leaf arrays: ``leaves`` only records the shapes
 
-    def update_fn(updates, state, params=None, **extra_args):
-        del extra_args
-        t = optax.safe_increment(state.count)  # slides' t, counted from 1
+    def step(ctx, g, values, w, valid):
+        del valid  # no per-leaf state: nothing to keep for a skipped leaf
+        count = ctx.hyper
+        t = optax.safe_increment(count)  # the slides' t, counted from 1
+        eta = _value(learning_rate, count, g.dtype)
+        return truncate(w - eta * g, eta, t) - w, values
 
-        def step(g, p):
-            eta = _value(learning_rate, state.count, g.dtype)
-            w = p.astype(g.dtype)
-            w_new = truncate(w - eta * g, eta, t)
-            return (w_new - w).astype(p.dtype), []
-
-        deltas, _, skipped = _per_leaf(step, updates, params, [])
-        return deltas, TruncatedGradientState(
-            count=t, nonfinite_count=state.nonfinite_count + skipped
-        )
-
-    return optax.GradientTransformationExtraArgs(init_fn, update_fn)
+    return _learner(("leaves",), init, step, TruncatedGradientState)
 
 
 # --------------------------------------------------------------------------------------------
 # The learners.
 
 
+@_leafwise.compiled
 def simple_truncation(
     learning_rate: ScalarOrSchedule, theta: float, period: int = 1
 ) -> optax.GradientTransformationExtraArgs:
@@ -267,9 +187,9 @@ def simple_truncation(
     Returns:
       An ``optax.GradientTransformationExtraArgs`` whose ``update`` needs ``params``.
     """
-    _check_learning_rate("learning_rate", learning_rate)
-    _check("theta", theta, "a number >= 0 (inf allowed)", lambda x: x >= 0)
-    _check_period(period)
+    _validation.step_size("learning_rate", learning_rate)
+    _validation.strength("theta", theta, allow_inf=True)
+    _validation.period("period", period)
 
     def truncate(v, eta, t):
         del eta
@@ -279,6 +199,7 @@ def simple_truncation(
     return _gradient_step_then_truncate(learning_rate, truncate)
 
 
+@_leafwise.compiled
 def truncated_gradient(
     learning_rate: ScalarOrSchedule, gravity: float, theta: float, period: int = 1
 ) -> optax.GradientTransformationExtraArgs:
@@ -300,10 +221,10 @@ def truncated_gradient(
     Returns:
       An ``optax.GradientTransformationExtraArgs`` whose ``update`` needs ``params``.
     """
-    _check_learning_rate("learning_rate", learning_rate)
-    _check_nonnegative("gravity", gravity)
-    _check("theta", theta, "a number >= 0 (inf allowed)", lambda x: x >= 0)
-    _check_period(period)
+    _validation.step_size("learning_rate", learning_rate)
+    _validation.strength("gravity", gravity)
+    _validation.strength("theta", theta, allow_inf=True)
+    _validation.period("period", period)
 
     def truncate(v, eta, t):
         lambda_t = jnp.where(t % period == 0, period * gravity, 0).astype(v.dtype)
@@ -313,6 +234,7 @@ def truncated_gradient(
     return _gradient_step_then_truncate(learning_rate, truncate)
 
 
+@_leafwise.compiled
 def fobos_l1(learning_rate: ScalarOrSchedule, l1: float) -> optax.GradientTransformationExtraArgs:
     """Forward-backward splitting with L1 regularization (L1-FOBOS), slides Alg. 4.
 
@@ -327,8 +249,8 @@ def fobos_l1(learning_rate: ScalarOrSchedule, l1: float) -> optax.GradientTransf
     Returns:
       An ``optax.GradientTransformationExtraArgs`` whose ``update`` needs ``params``.
     """
-    _check_learning_rate("learning_rate", learning_rate)
-    _check_nonnegative("l1", l1)
+    _validation.step_size("learning_rate", learning_rate)
+    _validation.strength("l1", l1)
 
     def truncate(v, eta, t):
         del t
@@ -337,6 +259,7 @@ def fobos_l1(learning_rate: ScalarOrSchedule, l1: float) -> optax.GradientTransf
     return _gradient_step_then_truncate(learning_rate, truncate)
 
 
+@_leafwise.compiled
 def rda_l1(gamma: float, l1: float) -> optax.GradientTransformationExtraArgs:
     """Regularized dual averaging with L1 regularization (L1-RDA), slides Alg. 5.
 
@@ -359,40 +282,25 @@ def rda_l1(gamma: float, l1: float) -> optax.GradientTransformationExtraArgs:
       An ``optax.GradientTransformationExtraArgs`` whose ``update`` needs ``params``; ``t`` is
       the number of (finite) gradients the leaf has seen, see the module docstring.
     """
-    _check_positive("gamma", gamma)
-    _check_nonnegative("l1", l1)
+    _validation.ridge("gamma", gamma, positive=True, why="the weights divide by gamma")
+    _validation.strength("l1", l1)
 
-    def init_fn(params):
-        return RDAState(
-            count=jnp.zeros([], jnp.int32),
-            nonfinite_count=jnp.zeros([], jnp.int32),
-            steps=_leaf_steps(params),
-            grad_avg=_leaf_zeros(params),
-        )
+    def init(spec, param):
+        return (_no_steps(spec, param), _zeros(spec, param))
 
-    def update_fn(updates, state, params=None, **extra_args):
-        del extra_args
+    def step(ctx, g, values, w, valid):
+        del ctx, valid  # a skipped leaf's steps and average are restored by the driver
+        steps, grad_avg = values
+        steps = optax.safe_increment(steps)
+        t = steps.astype(g.dtype)
+        grad_avg = (t - 1) / t * grad_avg + g / t  # Alg. 5 line 4
+        w_new = -(jnp.sqrt(t) / gamma) * _soft_threshold(grad_avg, l1)  # Alg. 5 line 5
+        return w_new - w, (steps, grad_avg)
 
-        def step(g, p, steps, grad_avg):
-            steps = optax.safe_increment(steps)
-            t = steps.astype(g.dtype)
-            grad_avg = (t - 1) / t * grad_avg + g / t  # Alg. 5 line 4
-            w = -(jnp.sqrt(t) / gamma) * _soft_threshold(grad_avg, l1)  # Alg. 5 line 5
-            return (w - p.astype(g.dtype)).astype(p.dtype), [steps, grad_avg]
-
-        deltas, (steps, grad_avg), skipped = _per_leaf(
-            step, updates, params, [state.steps, state.grad_avg]
-        )
-        return deltas, RDAState(
-            count=optax.safe_increment(state.count),
-            nonfinite_count=state.nonfinite_count + skipped,
-            steps=steps,
-            grad_avg=grad_avg,
-        )
-
-    return optax.GradientTransformationExtraArgs(init_fn, update_fn)
+    return _learner(("steps", "grad_avg"), init, step, RDAState)
 
 
+@_leafwise.compiled
 def ftrl_proximal(
     alpha: ScalarOrSchedule, beta: float = 1.0, l1: float = 0.0, l2: float = 0.0
 ) -> optax.GradientTransformationExtraArgs:
@@ -430,10 +338,12 @@ def ftrl_proximal(
     Returns:
       An ``optax.GradientTransformationExtraArgs`` whose ``update`` needs ``params``.
     """
-    _check_learning_rate("alpha", alpha)
-    _check_nonnegative("beta", beta)
-    _check_nonnegative("l1", l1)
-    _check_nonnegative("l2", l2)
+    _validation.step_size(
+        "alpha", alpha, positive=True, why="the rates alpha / (beta + sqrt(n)) divide by it"
+    )
+    _validation.strength("beta", beta)
+    _validation.strength("l1", l1)
+    _validation.strength("l2", l2)
 
     def weights(z, inv_eta):
         """Alg. 6 line 8; ``0/0 = 0`` for ``l2 = beta = n_i = 0`` (then ``z_i = 0`` too)."""
@@ -441,50 +351,29 @@ def ftrl_proximal(
         safe = jnp.where(denominator > 0, denominator, jnp.ones_like(denominator))
         return -_soft_threshold(z, l1) / safe
 
-    def init_fn(params):
-        return FTRLProximalState(
-            count=jnp.zeros([], jnp.int32),
-            nonfinite_count=jnp.zeros([], jnp.int32),
-            steps=_leaf_steps(params),
-            z=_leaf_zeros(params),
-            sqrt_n=_leaf_zeros(params),
-        )
+    def init(spec, param):
+        return (_no_steps(spec, param), _zeros(spec, param), _zeros(spec, param))
 
-    def update_fn(updates, state, params=None, **extra_args):
-        del extra_args
+    def step(ctx, g, values, w_params, valid):
+        del ctx, valid  # a skipped leaf's sums are restored by the driver
+        steps, z, sqrt_n = values
+        new_sqrt_n = jnp.hypot(sqrt_n, g)  # Alg. 6 line 6: n_i += g_i^2
+        if callable(alpha):
+            alpha_prev = _value(alpha, jnp.maximum(steps - 1, 0), g.dtype)
+            alpha_t = _value(alpha, steps, g.dtype)
+            # 1/eta_t - 1/eta_{t-1}, written so that beta cancels exactly for constant alpha
+            sigma = (
+                new_sqrt_n / alpha_t - sqrt_n / alpha_prev + beta * (1 / alpha_t - 1 / alpha_prev)
+            )
+        else:
+            alpha_prev = alpha_t = jnp.asarray(alpha, g.dtype)
+            sigma = (new_sqrt_n - sqrt_n) / alpha_t  # Alg. 6 line 6
+        w = weights(z, (beta + sqrt_n) / alpha_prev)  # the weights played at this step
+        z = z + g - sigma * w  # Alg. 6 line 7
+        w_new = weights(z, (beta + new_sqrt_n) / alpha_t)  # Alg. 6 line 8
+        return w_new - w_params, (optax.safe_increment(steps), z, new_sqrt_n)
 
-        def step(g, p, steps, z, sqrt_n):
-            new_sqrt_n = jnp.hypot(sqrt_n, g)  # Alg. 6 line 6: n_i += g_i^2
-            if callable(alpha):
-                alpha_prev = _value(alpha, jnp.maximum(steps - 1, 0), g.dtype)
-                alpha_t = _value(alpha, steps, g.dtype)
-                # 1/eta_t - 1/eta_{t-1}, written so that beta cancels exactly for constant alpha
-                sigma = (
-                    new_sqrt_n / alpha_t
-                    - sqrt_n / alpha_prev
-                    + beta * (1 / alpha_t - 1 / alpha_prev)
-                )
-            else:
-                alpha_prev = alpha_t = jnp.asarray(alpha, g.dtype)
-                sigma = (new_sqrt_n - sqrt_n) / alpha_t  # Alg. 6 line 6
-            w = weights(z, (beta + sqrt_n) / alpha_prev)  # the weights played at this step
-            z = z + g - sigma * w  # Alg. 6 line 7
-            w_new = weights(z, (beta + new_sqrt_n) / alpha_t)  # Alg. 6 line 8
-            delta = (w_new - p.astype(g.dtype)).astype(p.dtype)
-            return delta, [optax.safe_increment(steps), z, new_sqrt_n]
-
-        deltas, (steps, z, sqrt_n), skipped = _per_leaf(
-            step, updates, params, [state.steps, state.z, state.sqrt_n]
-        )
-        return deltas, FTRLProximalState(
-            count=optax.safe_increment(state.count),
-            nonfinite_count=state.nonfinite_count + skipped,
-            steps=steps,
-            z=z,
-            sqrt_n=sqrt_n,
-        )
-
-    return optax.GradientTransformationExtraArgs(init_fn, update_fn)
+    return _learner(("steps", "z", "sqrt_n"), init, step, FTRLProximalState)
 
 
 # ------------------------------------------------------------------------------------------------
@@ -533,7 +422,7 @@ def _project(x, signs, idx, sketch_size):
         return jnp.zeros(x.shape[:-1] + (sketch_size,), x.dtype)
     # The DCT mixes all of d: under an explicit mesh it runs on the gathered d-vector (the
     # tau x d sketch itself is never gathered), which also lets the take below read any index.
-    x = _sketches._replicate(x) * _sketches._replicate(signs).astype(x.dtype)
+    x = _partitioning.replicate(x) * _partitioning.replicate(signs).astype(x.dtype)
     # The orthonormal DCT-II of length 1 is the identity (and XLA's CPU FFT rejects that size).
     y = x if d == 1 else jax.scipy.fft.dct(x, type=2, norm="ortho", axis=-1)
     # Scale by the number of coordinates actually kept (min(tau, d)): with tau > d the padded
@@ -590,11 +479,12 @@ class RadagradMetricState(NamedTuple):
 
 def radagrad_metric(sketch_size: int, delta: float, key) -> _metrics.Metric:
     """RADAGRAD's metric ``H_t = I + V^T diag(Sigma^{1/2} + delta - 1) V`` (Ada-FD eq. 4)."""
-    tau = _sketches._check_size(sketch_size)
+    tau = _validation.size("sketch_size", sketch_size)
     _metrics.check_delta(delta)
+    key = _validation.prng_key("key", key)
 
-    def init(dim, dtype=jnp.float32):
-        dtype = _metrics.state_dtype(dtype)
+    def init(shape, dtype=jnp.float32):
+        dim, dtype = _numerics.flat_size(shape), _numerics.state_dtype(dtype)
         signs, idx = _projection_init(key, dim, tau)
         return RadagradMetricState(
             rows=jnp.zeros((tau, dim), dtype),
@@ -605,11 +495,11 @@ def radagrad_metric(sketch_size: int, delta: float, key) -> _metrics.Metric:
         )
 
     def operator(state):
-        kappa, u = _sketches._eigh_desc(state.gram)
+        kappa, u = _numerics.eigh_desc(state.gram)
         inv = jnp.where(kappa > 0, 1 / jnp.sqrt(jnp.where(kappa > 0, kappa, 1)), 0)
         coef = (u * inv).T  # V = coef @ rows: the left singular vectors of G~ as rows
         # Singular values of G~ = 4**e sqrt(kappa); their square roots 2**e kappa**(1/4).
-        root_sigma = _sketches._ldexp(jnp.sqrt(jnp.sqrt(kappa)), state.scale_exp)
+        root_sigma = _numerics.ldexp(jnp.sqrt(jnp.sqrt(kappa)), state.scale_exp)
         # H's eigenvalues on span(V) are Sigma^{1/2} + delta; as weights over the identity they
         # are stored minus 1, which cannot hold values below eps: floor them there (a smaller,
         # finite step) rather than divide by a rounded 0 (delta < eps with tiny gradients).
@@ -625,14 +515,14 @@ def radagrad_metric(sketch_size: int, delta: float, key) -> _metrics.Metric:
         # e never decreases: H = I + V^T diag(Sigma^{1/2} + delta - 1) V cannot represent
         # Sigma^{1/2} + delta below eps (the weight rounds to -1), so for float32 gradients so
         # small that G~ underflows (|g| < ~1e-10) RADAGRAD takes plain gradient steps instead.
-        e_g = _sketches._exponent(jnp.max(jnp.abs(g), initial=0))
+        e_g = _numerics.exponent(jnp.max(jnp.abs(g), initial=0))
         exp = jnp.where(valid, jnp.maximum(state.scale_exp, e_g), state.scale_exp)
         shift = state.scale_exp - exp
-        rows = _sketches._ldexp(state.rows, 2 * shift)
-        gram = _sketches._ldexp(state.gram, 4 * shift)
-        gs = _sketches._ldexp(g, -exp).astype(dtype)
+        rows = _numerics.ldexp(state.rows, 2 * shift)
+        gram = _numerics.ldexp(state.gram, 4 * shift)
+        gs = _numerics.ldexp(g, -exp).astype(dtype)
         gt = _project(gs, state.signs, state.indices, tau)  # Pi g / 2**e
-        p = _sketches._dot_d(rows, gs)  # G~^T g / 8**e (before the update)
+        p = _partitioning.contract_d(rows, gs)  # G~^T g / 8**e (before the update)
         sq = jnp.sum(jnp.square(gs))
         # A skipped step (zero g, unchanged exp) must leave the state bit-identical: adding +0
         # would turn its -0 entries into +0, hence the selects.
@@ -643,9 +533,11 @@ def radagrad_metric(sketch_size: int, delta: float, key) -> _metrics.Metric:
         state = state._replace(rows=rows, gram=gram, scale_exp=exp)
         return state, operator(state), None
 
-    return _metrics.Metric(init, update, operator, "radagrad")
+    spec = _validation.spec_key("radagrad", tau, delta, key)
+    return _metrics.Metric(init, update, operator, "radagrad", spec)
 
 
+@_leafwise.compiled
 def radagrad(learning_rate, sketch_size: int, delta: float, key):
     """RADAGRAD (Krummenacher et al. 2016; Ada-FD paper eq. 4) with a randomized DCT projection.
 
@@ -667,24 +559,25 @@ class AdaLRMetricState(NamedTuple):
 
 def ada_lr_metric(sketch_size: int, delta: float, key) -> _metrics.Metric:
     """ADA-LR's metric (Ada-FD eq. 3): ``H_t^{-1} = V (Sigma^{1/2} + delta I)^{-1} V^T``."""
-    tau = _sketches._check_size(sketch_size)
+    tau = _validation.size("sketch_size", sketch_size)
     _metrics.check_delta(delta)
+    key = _validation.prng_key("key", key)
 
-    def init(dim, dtype=jnp.float32):
-        dtype = _metrics.state_dtype(dtype)
+    def init(shape, dtype=jnp.float32):
+        dim, dtype = _numerics.flat_size(shape), _numerics.state_dtype(dtype)
         signs, idx = _projection_init(key, dim, tau)
         return AdaLRMetricState(jnp.zeros((dim, dim), dtype), jnp.zeros((), jnp.int32), signs, idx)
 
     def operator(state):
         # The d x d decompositions need all of G_t on every device (under an explicit mesh this
         # must be said; automatic sharding gathers it by itself): an O(tau d^2) baseline.
-        gram = _sketches._replicate(state.gram)
+        gram = _partitioning.replicate(state.gram)
         dtype, d = gram.dtype, gram.shape[0]
         if d == 0:  # static: nothing to decompose
             vt, root = jnp.zeros((0, 0), dtype), jnp.zeros((0,), dtype)
             return _AdaLROperator(vt, root, jnp.asarray(delta, dtype))
         pi = _projection_matrix(
-            _sketches._replicate(state.signs), _sketches._replicate(state.indices), tau, dtype
+            _partitioning.replicate(state.signs), _partitioning.replicate(state.indices), tau, dtype
         )
         # Eq. 3: G~ = G Pi^T (d x tau), Q R = G~, B = Q^T G = U Sigma V^T.
         g_tilde = jnp.matmul(gram, pi.T, precision=_HIGHEST)
@@ -692,24 +585,25 @@ def ada_lr_metric(sketch_size: int, delta: float, key) -> _metrics.Metric:
         b = jnp.matmul(q.T, gram, precision=_HIGHEST)  # k x d
         _, sigma, vt = jnp.linalg.svd(b, full_matrices=False)
         sigma = jnp.where(sigma > sigma[0] * b.shape[0] * jnp.finfo(dtype).eps, sigma, 0)
-        root = _sketches._ldexp(jnp.sqrt(sigma), state.scale_exp)
+        root = _numerics.ldexp(jnp.sqrt(sigma), state.scale_exp)
         return _AdaLROperator(vt, root, jnp.asarray(delta, dtype))
 
     def update(state, g, valid=True):
-        g, gram = _sketches._replicate(g), _sketches._replicate(state.gram)  # see operator
-        exp = _sketches._rescale_exponent(
+        g, gram = _partitioning.replicate(g), _partitioning.replicate(state.gram)  # see operator
+        exp = _numerics.rescale_exponent(
             state.scale_exp,
             jnp.max(jnp.abs(g), initial=0),
             jnp.max(jnp.diagonal(gram), initial=0),
         )
         exp = jnp.where(valid, exp, state.scale_exp)
-        gram = _sketches._ldexp(gram, 2 * (state.scale_exp - exp))
-        gs = _sketches._ldexp(g, -exp)
+        gram = _numerics.ldexp(gram, 2 * (state.scale_exp - exp))
+        gs = _numerics.ldexp(g, -exp)
         gram = jnp.where(valid, gram + jnp.outer(gs, gs), gram)  # bit-identical when skipped
         state = state._replace(gram=gram, scale_exp=exp)
         return state, operator(state), None
 
-    return _metrics.Metric(init, update, operator, "ada_lr")
+    spec = _validation.spec_key("ada_lr", tau, delta, key)
+    return _metrics.Metric(init, update, operator, "ada_lr", spec)
 
 
 class _AdaLROperator(NamedTuple):
@@ -720,10 +614,11 @@ class _AdaLROperator(NamedTuple):
     delta: jax.Array
 
     def solve(self, y):
-        coef = _sketches._dot_d(self.vt, y) / (self.root + self.delta)
+        coef = _partitioning.contract_d(self.vt, y) / (self.root + self.delta)
         return jnp.matmul(coef, self.vt, precision=_HIGHEST)
 
 
+@_leafwise.compiled
 def ada_lr(learning_rate, sketch_size: int, delta: float, key):
     """ADA-LR (Krummenacher et al. 2016; Ada-FD paper eq. 3) with a randomized DCT projection.
 

@@ -20,10 +20,12 @@ from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 
+from sketchopt import _validation
 from sketchopt import sketches as _sketches
+from sketchopt._numerics import eigh_desc, flat_size, ldexp, rescale_exponent, state_dtype
 from sketchopt._operators import DiagonalOperator, LowRankOperator
+from sketchopt._partitioning import replicate
 
 __all__ = [
     "DiagonalMetricState",
@@ -39,7 +41,9 @@ class Metric(NamedTuple):
     """A preconditioner metric of one flat parameter vector.
 
     Attributes:
-      init: ``init(dim, dtype) -> state``.
+      init: ``init(shape, dtype) -> state`` for a leaf of that shape (a tuple; an ``int`` is
+        read as a vector's length), flattened to ``d = prod(shape)`` coordinates; a metric with
+        per-axis structure may use the shape itself.
       update: ``update(state, g, valid=True) -> (state, op, solved)``: absorb ``g`` and return
         ``H_t`` as an operator together with ``H_t^{-1} g`` when the update computes it on the
         way (the sketched metrics do, fused into the pass over the sketch), ``None`` otherwise.
@@ -48,12 +52,19 @@ class Metric(NamedTuple):
         which would make XLA copy large states.
       operator: ``operator(state) -> op``, the current ``H_t``.
       name: a short name for reports.
+      spec: what identifies the metric by value (``sketchopt._validation.spec_key`` of its
+        constructor's arguments), or ``None``: equal specs make equal metrics, so a transform
+        rebuilt with an equal metric reuses its compiled update.
     """
 
     init: Callable[[int, Any], Any]
     update: Callable[[Any, jax.Array], tuple[Any, Any, Any]]
     operator: Callable[[Any], Any]
     name: str
+    spec: Any = None
+
+    __eq__ = _validation.value_eq
+    __hash__ = _validation.value_hash
 
 
 def solve_new_gradient(op, g, solved):
@@ -61,28 +72,13 @@ def solve_new_gradient(op, g, solved):
     return op.solve(g) if solved is None else solved
 
 
-def _is_concrete(x):
-    try:
-        float(x)
-    except (TypeError, jax.errors.ConcretizationTypeError):
-        return False
-    return True
-
-
 def check_delta(delta, *, allow_zero=False):
-    """Validate ``delta`` at construction (skipped for traced values, e.g. under ``vmap``)."""
-    if _is_concrete(delta):
-        value = float(delta)
-        ok = np.isfinite(value) and (value >= 0 if allow_zero else value > 0)
-        if not ok:
-            bound = ">= 0" if allow_zero else "> 0"
-            raise ValueError(f"delta must be a finite number {bound}, got {value}")
-    return delta
-
-
-def state_dtype(dtype):
-    """Metric state is at least float32 (float64 when enabled and the parameters are)."""
-    return jnp.promote_types(jnp.dtype(dtype), jnp.float32)
+    """Validate ``delta`` at construction (traced values pass, see ``sketchopt._validation``)."""
+    if allow_zero:
+        return _validation.ridge("delta", delta)
+    return _validation.ridge(
+        "delta", delta, positive=True, why="H = delta I + ... must be invertible"
+    )
 
 
 # ----------------------------------------------------------------------------------------------
@@ -104,8 +100,8 @@ def diagonal(delta: float) -> Metric:
     """
     check_delta(delta, allow_zero=True)
 
-    def init(dim, dtype=jnp.float32):
-        return DiagonalMetricState(jnp.zeros((dim,), state_dtype(dtype)))
+    def init(shape, dtype=jnp.float32):
+        return DiagonalMetricState(jnp.zeros((flat_size(shape),), state_dtype(dtype)))
 
     def operator(state):
         return DiagonalOperator(delta + state.rss)
@@ -115,7 +111,7 @@ def diagonal(delta: float) -> Metric:
         state = DiagonalMetricState(jnp.hypot(state.rss, g))
         return state, operator(state), None
 
-    return Metric(init, update, operator, "diag")
+    return Metric(init, update, operator, "diag", _validation.spec_key("diagonal", delta))
 
 
 # ----------------------------------------------------------------------------------------------
@@ -137,8 +133,8 @@ def full(delta: float) -> Metric:
     """
     check_delta(delta)
 
-    def init(dim, dtype=jnp.float32):
-        dtype = state_dtype(dtype)
+    def init(shape, dtype=jnp.float32):
+        dim, dtype = flat_size(shape), state_dtype(dtype)
         return FullMetricState(jnp.zeros((dim, dim), dtype), jnp.zeros((), jnp.int32))
 
     def operator(state):
@@ -147,8 +143,8 @@ def full(delta: float) -> Metric:
         # sketches: their square roots (~sqrt(eps) * ||G_t||^{1/2}) would be spurious curvature.
         # The d x d eigendecomposition needs all of G_t on every device (under an explicit
         # mesh this must be said; automatic sharding gathers it by itself).
-        mu, u = _sketches._eigh_desc(_sketches._replicate(state.gram))
-        sqrt_g = _sketches._ldexp(jnp.sqrt(mu), state.scale_exp)
+        mu, u = eigh_desc(replicate(state.gram))
+        sqrt_g = ldexp(jnp.sqrt(mu), state.scale_exp)
         eye = jnp.eye(d, dtype=state.gram.dtype)
         # The eigenbasis is complete, so the smallest root (0 while G_t is rank deficient) can sit
         # in the scalar: the Woodbury solve then divides its round-off by delta + min root, not
@@ -158,18 +154,18 @@ def full(delta: float) -> Metric:
         return LowRankOperator(scalar, u.T, eye, sqrt_g - floor)
 
     def update(state, g, valid=True):
-        g, gram = _sketches._replicate(g), _sketches._replicate(state.gram)  # see operator
+        g, gram = replicate(g), replicate(state.gram)  # see operator
         diag = jnp.diagonal(gram)
-        exp = _sketches._rescale_exponent(
+        exp = rescale_exponent(
             state.scale_exp, jnp.max(jnp.abs(g), initial=0), jnp.max(diag, initial=0)
         )
         exp = jnp.where(valid, exp, state.scale_exp)
-        gram = _sketches._ldexp(gram, 2 * (state.scale_exp - exp))
-        gs = _sketches._ldexp(g, -exp)
+        gram = ldexp(gram, 2 * (state.scale_exp - exp))
+        gs = ldexp(g, -exp)
         state = FullMetricState(gram + jnp.outer(gs, gs), exp)
         return state, operator(state), None
 
-    return Metric(init, update, operator, "full")
+    return Metric(init, update, operator, "full", _validation.spec_key("full", delta))
 
 
 # ----------------------------------------------------------------------------------------------
@@ -196,10 +192,8 @@ def _sketched_operator(lr: _sketches.LowRank, delta):
         spans = jnp.sum(lam > 0) >= d
         floor = jnp.where(spans, jnp.min(jnp.where(lam > 0, weights, jnp.inf)), 0)
         weights = jnp.where(lam > 0, weights - floor, 0)
-    scalar = delta + _sketches._ldexp(root_alpha + floor, e)
-    return LowRankOperator(
-        scalar.astype(lam.dtype), lr.basis, lr.coef, _sketches._ldexp(weights, e), e
-    )
+    scalar = delta + ldexp(root_alpha + floor, e)
+    return LowRankOperator(scalar.astype(lam.dtype), lr.basis, lr.coef, ldexp(weights, e), e)
 
 
 def sketched(sketch: _sketches.Sketch, delta: float) -> Metric:
@@ -214,8 +208,8 @@ def sketched(sketch: _sketches.Sketch, delta: float) -> Metric:
     """
     check_delta(delta)
 
-    def init(dim, dtype=jnp.float32):
-        return sketch.init(dim, state_dtype(dtype))
+    def init(shape, dtype=jnp.float32):
+        return sketch.init(flat_size(shape), state_dtype(dtype))
 
     def operator(state):
         return _sketched_operator(_sketches.low_rank(state), delta)
@@ -226,11 +220,12 @@ def sketched(sketch: _sketches.Sketch, delta: float) -> Metric:
         lr = _sketches.low_rank(state)
         op = _sketched_operator(lr, delta)
         x = op.weights / (op.scalar + op.weights) * lr.project_product(product)
-        return lr.coef.T @ _sketches._ldexp(x, -lr.scale_exp)
+        return lr.coef.T @ ldexp(x, -lr.scale_exp)
 
     def update(state, g, valid=True):
         state, _, residual = sketch.absorb(state, g, valid, lift=lift_coefficients)
         op = operator(state)
         return state, op, residual / op.scalar
 
-    return Metric(init, update, operator, f"sketched_{sketch.name}")
+    spec = _validation.spec_key("sketched", sketch, delta)
+    return Metric(init, update, operator, f"sketched_{sketch.name}", spec)

@@ -155,7 +155,7 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-from sketchopt import sketches as _sketches
+from sketchopt import _numerics, _partitioning, _validation
 from sketchopt._operators import DiagonalOperator, LowRankOperator
 
 __all__ = [
@@ -175,12 +175,12 @@ _HIGHEST = "highest"
 
 def _vdot(a, b):
     """``<a, b>`` over the (possibly sharded) long axis, a replicated scalar."""
-    return _sketches._dot_d(jnp.ravel(a), jnp.ravel(b))
+    return _partitioning.contract_d(jnp.ravel(a), jnp.ravel(b))
 
 
 def _einsum_small(spec, a, b):
     """An einsum contracting (part of) the long axis into a small, replicated result."""
-    if _sketches._explicit_mesh():
+    if _partitioning.explicit_mesh():
         return jnp.einsum(spec, a, b, precision=_HIGHEST, out_sharding=jax.sharding.PartitionSpec())
     return jnp.einsum(spec, a, b, precision=_HIGHEST)
 
@@ -254,7 +254,7 @@ def _threshold(keys, weights, wk, radius):
     if keys.shape[-1] == 0:
         return jnp.zeros(keys.shape[:-1], keys.dtype)
     # The sort needs the whole axis on each device (under an explicit mesh, gather it).
-    keys, weights, wk = (_sketches._replicate(a) for a in (keys, weights, wk))
+    keys, weights, wk = (_partitioning.replicate(a) for a in (keys, weights, wk))
     order = jnp.argsort(-keys, axis=-1)
     ks = jnp.take_along_axis(keys, order, axis=-1)
     s1 = jnp.cumsum(jnp.take_along_axis(wk, order, axis=-1), axis=-1)
@@ -334,20 +334,6 @@ class _Jac(NamedTuple):
     a: Any  # (R,) or None
 
 
-def _check_nonneg(name, value):
-    if isinstance(value, bool):
-        raise ValueError(f"{name}: expected a finite number >= 0, got {value!r}")
-    try:
-        v = float(value)
-    except (TypeError, ValueError, jax.errors.ConcretizationTypeError):
-        raise ValueError(
-            f"{name}: expected a finite number >= 0 (a concrete value), got {value!r}"
-        ) from None
-    if not math.isfinite(v) or v < 0:
-        raise ValueError(f"{name}: expected a finite number >= 0, got {value!r}")
-    return v
-
-
 @dataclasses.dataclass(frozen=True)
 class Regularizer:
     """Base class of the composite terms; build instances with the module's constructors.
@@ -368,7 +354,13 @@ class Regularizer:
     _homogeneous = True  # phi(a x) = a phi(x) for a > 0: the prox problem can be rescaled
 
     def __post_init__(self):
-        strength = _check_nonneg(f"{self.name}: `strength`", self.strength)
+        # One rule for every constructor (sketchopt._validation): a concrete strength is checked
+        # and kept as a float, a traced one (vmap, inject_hyperparams) is accepted as it is.
+        strength = _validation.strength(
+            "strength" if self.name != "l1_ball" else "radius", self.strength
+        )
+        if not _validation.is_traced(strength):
+            strength = float(strength)
         object.__setattr__(self, "strength", strength)
         tol = self.tol
         if isinstance(tol, bool) or not isinstance(tol, (int, float)) or not 0 < tol < 1:
@@ -613,7 +605,7 @@ def _newton_dual(reg, u, c, op, shape, x0, tol, max_iter, z=None):
     # B materialized once as a k x d matrix (V = 2**-scale_exp coef @ basis; scale the basis, not
     # the possibly huge/tiny products). The Newton matrix is then assembled as a Gram matrix,
     # positive semidefinite by construction whatever the conditioning of coef and basis.
-    bm = jnp.matmul(cw, _sketches._ldexp(op.basis, scale_exp), precision=_HIGHEST)
+    bm = jnp.matmul(cw, _numerics.ldexp(op.basis, scale_exp), precision=_HIGHEST)
     projector = getattr(reg, "_jac_projector", False)
 
     def newton_matrix(jac):
@@ -627,7 +619,7 @@ def _newton_dual(reg, u, c, op, shape, x0, tol, max_iter, z=None):
                 y = y + jnp.einsum("kr,rc->krc", qm * jac.a, jac.g).reshape(k, -1)
             else:  # a_r >= 0: a sum of positive semidefinite terms
                 m = jnp.matmul(qm * jac.a, qm.T, precision=_HIGHEST)
-        g = _sketches._dot_d(y, y.T)
+        g = _partitioning.contract_d(y, y.T)
         m = g if m is None else g + m
         return jnp.eye(k, dtype=wd) + m / s
 
@@ -751,7 +743,7 @@ def _l1_ball_polish(x, radius, op, u=None, z=None, skip=False):
     s = op.scalar
     sw = jnp.sqrt(op.weights)
     e = -jnp.asarray(op.scale_exp, jnp.int32)
-    iota = _sketches._like_last_axis(jnp.arange(d), x)
+    iota = _partitioning.like_last_axis(jnp.arange(d), x)
 
     # Everything on the support goes through one-hot contractions and reductions over d (sharded
     # like x): nothing is gathered. The m <= k largest |x_i| by m rounds of argmax.
@@ -770,15 +762,15 @@ def _l1_ball_polish(x, radius, op, u=None, z=None, skip=False):
     def solve(idx, sig, mask):
         sel = (iota[None, :] == idx[:, None]).astype(wd) * mask[:, None].astype(wd)  # (m, d)
         # B_A = W^{1/2} V[:, A] (k x m): columns of the basis by one contraction over d
-        cols = _sketches._ldexp(_sketches._dot_d(op.basis, sel.T), e)
+        cols = _numerics.ldexp(_partitioning.contract_d(op.basis, sel.T), e)
         ba = sw[:, None] * jnp.matmul(op.coef, cols, precision=_HIGHEST)
         haa = jnp.matmul(ba.T, ba, precision=_HIGHEST) + s * jnp.eye(m, dtype=wd)
         on_a = jnp.matmul(mask.astype(wd), sel, precision=_HIGHEST) > 0  # (d,)
         if z is None:
             za = jnp.zeros((m,), wd)
-            b = -_sketches._dot_d(sel, u)
+            b = -_partitioning.contract_d(sel, u)
         else:
-            za = _sketches._dot_d(sel, z)
+            za = _partitioning.contract_d(sel, z)
             z_off = jnp.where(on_a, 0, z)
             b = jnp.matmul(ba.T, sw * op.project(z_off), precision=_HIGHEST)
         b = jnp.where(mask, b, 0)
@@ -838,7 +830,7 @@ def _l1_ball_polish(x, radius, op, u=None, z=None, skip=False):
 def _dot_rows(iota, idx, v):
     """``v[idx]`` as a contraction with one-hot rows (no gather of a sharded ``v``)."""
     sel = (iota[None, :] == idx[:, None]).astype(v.dtype)
-    return _sketches._dot_d(sel, v)
+    return _partitioning.contract_d(sel, v)
 
 
 def _l1_ball_newton(u, radius, op, shape, x0, tol, max_iter, z=None):
@@ -1166,7 +1158,7 @@ def _l1_ball_euclid(v, radius, rows, cols):
     # Far outside a small ball, |v_i| - theta can round to 0 for every i (|v| ~ radius / eps):
     # the projection then sits on the largest entry (exactly, for a strict maximum).
     if cols > 0:
-        iota = _sketches._like_last_axis(jnp.arange(cols), v)
+        iota = _partitioning.like_last_axis(jnp.arange(cols), v)
         top = iota[None, :] == _argmax_last(av, iota)[:, None]
         lost = ~inside & ~jnp.any(act, axis=-1, keepdims=True) & (radius > 0)
         x = jnp.where(lost, jnp.where(top, jnp.sign(vr) * radius, 0), x)

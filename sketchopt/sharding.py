@@ -67,6 +67,8 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import NamedSharding, PartitionSpec
 
+from sketchopt import _leafwise
+
 __all__ = ["abstract_state", "constrain", "flat_axes", "init", "state_sharding"]
 
 
@@ -176,31 +178,38 @@ def state_sharding(
     def replicated(_):
         return make(PartitionSpec())
 
-    def per_leaf(info):
+    def per_leaf(info, stacked=0):
         leaf_mesh, spec, shape = info
-        ndim = len(shape)
-        d = math.prod(shape)
-        axes = flat_axes(spec, ndim) if leaf_mesh is not None else ()
-        devices = math.prod(leaf_mesh.shape[a] for a in axes) if axes else 1
-        flat = axes[0] if len(axes) == 1 else axes
-        shardable = bool(axes) and d > 0 and d % devices == 0
 
         def assign(x):
-            x_shape = tuple(np.shape(x))
             if leaf_mesh is None:
                 return replicated(x)
-            if x_shape == shape and ndim > 0 and axes:
-                return make(PartitionSpec(*tuple(spec)), leaf_mesh)
-            floating = jnp.issubdtype(x.dtype, jnp.inexact)
-            if shardable and floating and x_shape and x_shape[-1] == d:
-                return make(PartitionSpec(*([None] * (len(x_shape) - 1)), flat), leaf_mesh)
-            return replicated(x)
+            target = _array_spec(spec, shape, tuple(np.shape(x)), x.dtype, leaf_mesh, stacked)
+            return make(target, leaf_mesh)
 
         return assign
 
     assigners = [per_leaf(info) for info in infos]
 
+    def group_assigner(members):
+        """One group of a LeafGroups: the members' common layout, or replicated."""
+        layouts = {(infos[i][0], tuple(infos[i][1])) for i in members}
+        if len(layouts) != 1:  # members sharded differently cannot share a stacked layout
+            return replicated
+        return per_leaf(infos[members[0]], stacked=1)
+
     def visit(node):
+        if isinstance(node, _leafwise.LeafGroups):
+            if node.layout.num_leaves != len(infos):
+                raise ValueError(
+                    f"state_sharding: the state covers {node.layout.num_leaves} parameter leaves, "
+                    f"params_shardings has {len(infos)}"
+                )
+            groups = [
+                jax.tree.map(group_assigner(members), group)
+                for members, group in zip(node.layout.groups, node.groups, strict=True)
+            ]
+            return _leafwise.LeafGroups(tuple(groups), node.layout)
         try:
             subtrees = treedef.flatten_up_to(node)
         except (ValueError, TypeError):
@@ -214,6 +223,32 @@ def state_sharding(
         return node_def.unflatten([visit(c) for c in children])
 
     return visit(state)
+
+
+def _array_spec(spec, shape, x_shape, dtype, mesh, stacked=0) -> PartitionSpec:
+    """The spec of one state array of a parameter leaf (``stacked`` leading group axes).
+
+    Arrays with the parameter's shape take its spec, floating ``(..., d)`` arrays are sharded
+    along ``d`` like the flattened parameter (when ``d`` divides evenly), the rest is replicated.
+    """
+    ndim = len(shape)
+    d = math.prod(shape)
+    axes = flat_axes(spec, ndim)
+    devices = math.prod(mesh.shape[a] for a in axes) if axes else 1
+    flat = axes[0] if len(axes) == 1 else axes
+    rest = x_shape[stacked:]
+    if rest == tuple(shape) and ndim > 0 and axes:
+        return PartitionSpec(*([None] * stacked), *tuple(spec))
+    floating = jnp.issubdtype(dtype, jnp.inexact)
+    if axes and d > 0 and d % devices == 0 and floating and rest and rest[-1] == d:
+        return PartitionSpec(*([None] * (len(x_shape) - 1)), flat)
+    return PartitionSpec()
+
+
+def stacked_leaf_spec(spec, shape, x, mesh) -> PartitionSpec:
+    """The spec of a stacked group array ``x`` (``(k, ...)``) of parameters of ``shape`` and
+    ``spec``: what ``init`` lays out under an explicit mesh."""
+    return _array_spec(tuple(spec), tuple(shape), tuple(x.shape), x.dtype, mesh, stacked=1)
 
 
 def _shardings_of(params, params_shardings):

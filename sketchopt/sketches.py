@@ -52,6 +52,17 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from sketchopt import _leafwise, _validation
+from sketchopt._numerics import (
+    HIGHEST,
+    eigh_desc,
+    flat_size,
+    ldexp,
+    rescale_exponent,
+    state_dtype,
+)
+from sketchopt._partitioning import contract_d, like_last_axis
+
 __all__ = [
     "FrequentDirectionsState",
     "LowRank",
@@ -68,10 +79,6 @@ __all__ = [
     "random_projection",
     "robust_frequent_directions",
 ]
-
-_HIGHEST = jax.lax.Precision.HIGHEST
-# Exponent used for "no scale information yet" (an all-zero sketch and an all-zero row).
-_NO_EXPONENT = -(2**20)
 
 
 class Sketch(NamedTuple):
@@ -104,6 +111,10 @@ class Sketch(NamedTuple):
     name: str
     update_with_product: Callable[[Any, jax.Array], tuple[Any, jax.Array]]
     absorb: Callable[[Any, jax.Array], tuple[Any, jax.Array]]
+    spec: Any = None
+
+    __eq__ = _validation.value_eq
+    __hash__ = _validation.value_hash
 
 
 class FrequentDirectionsState(NamedTuple):
@@ -125,6 +136,11 @@ class FrequentDirectionsState(NamedTuple):
     count: jax.Array
     nonfinite_count: jax.Array
 
+    #: Arrays the non-finite policy of the transforms does not re-read after a step (see
+    #: ``sketchopt._leafwise``): the rows are rotated and shrunk from finite, power-of-two
+    #: scaled quantities only, and a re-check would cost a pass over the sketch per step.
+    GUARDED = ("rows",)
+
 
 class OjaState(NamedTuple):
     """State of Oja's sketch: orthonormal ``directions`` (m x d), running eigenvalue estimates
@@ -135,6 +151,9 @@ class OjaState(NamedTuple):
     scale_exp: jax.Array
     count: jax.Array
     nonfinite_count: jax.Array
+
+    #: Orthonormal by construction (see :class:`FrequentDirectionsState`).
+    GUARDED = ("directions",)
 
 
 class RandomProjectionState(NamedTuple):
@@ -168,114 +187,35 @@ class LowRank(NamedTuple):
 
     def project(self, x):
         """``V x`` (the input is pre-scaled so that ``basis @ x`` cannot overflow)."""
-        return self.coef @ _dot_d(self.basis, _ldexp(x, -self.scale_exp))
+        return self.coef @ contract_d(self.basis, ldexp(x, -self.scale_exp))
 
     def project_product(self, product):
         """``V g`` from ``product = basis @ g / 4**scale_exp`` (as returned by a sketch update)."""
-        return self.coef @ _ldexp(product, self.scale_exp)
+        return self.coef @ ldexp(product, self.scale_exp)
 
     def lift(self, a):
         """``V^T a`` (``a`` is scaled first: Oja's ``coef`` carries ``2**scale_exp`` itself)."""
-        return jnp.matmul(self.coef.T @ _ldexp(a, -self.scale_exp), self.basis, precision=_HIGHEST)
+        return jnp.matmul(self.coef.T @ ldexp(a, -self.scale_exp), self.basis, precision=HIGHEST)
 
     def directions(self):
         """``V`` materialized (``k x d``)."""
-        return jnp.matmul(_ldexp(self.coef, -self.scale_exp), self.basis, precision=_HIGHEST)
+        return jnp.matmul(ldexp(self.coef, -self.scale_exp), self.basis, precision=HIGHEST)
 
     def true_eigenvalues(self):
-        return _ldexp(self.eigenvalues, 2 * self.scale_exp)
+        return ldexp(self.eigenvalues, 2 * self.scale_exp)
 
     def true_alpha(self):
-        return _ldexp(self.alpha, 2 * self.scale_exp)
+        return ldexp(self.alpha, 2 * self.scale_exp)
 
     def sqrt_eigenvalues(self):
-        return _ldexp(jnp.sqrt(self.eigenvalues), self.scale_exp)
+        return ldexp(jnp.sqrt(self.eigenvalues), self.scale_exp)
 
     def sqrt_alpha(self):
-        return _ldexp(jnp.sqrt(self.alpha), self.scale_exp)
+        return ldexp(jnp.sqrt(self.alpha), self.scale_exp)
 
 
 # ----------------------------------------------------------------------------------------------
 # Validation and small numerical helpers.
-
-
-def _check_size(sketch_size):
-    if isinstance(sketch_size, bool) or not isinstance(sketch_size, (int, np.integer)):
-        raise ValueError(f"sketch_size must be an integer >= 1, got {sketch_size!r}")
-    if sketch_size < 1:
-        raise ValueError(f"sketch_size must be an integer >= 1, got {sketch_size}")
-    return int(sketch_size)
-
-
-def _check_nonneg(name, value):
-    value = float(value)
-    if not np.isfinite(value) or value < 0:
-        raise ValueError(f"{name} must be a finite number >= 0, got {value}")
-    return value
-
-
-def _state_dtype(dtype):
-    """Sketches accumulate in at least float32 (float64 when enabled and asked for)."""
-    return jnp.promote_types(jnp.dtype(dtype), jnp.float32)
-
-
-def _ldexp(x, e):
-    """``x * 2**e`` exactly, as ``jnp.ldexp``, but cheap when ``e`` is one integer.
-
-    ``jnp.ldexp`` decomposes every element (a ``frexp`` and a ``pow`` each): over a ``d``-sized
-    gradient that cost about 5x a multiply, and the sketch rescales ``g`` at every step. With a
-    scalar ``e`` the power of two is formed once, as (at most) three normal powers of two
-    multiplied in one after the other: exact wherever the result is a normal number, and never
-    ``0 * inf`` (``e`` is first clipped to where the result is already ``0`` or ``inf`` for every
-    ``x``). An array of exponents falls back to ``jnp.ldexp``.
-    """
-    x = jnp.asarray(x)
-    if jnp.ndim(e) != 0 or not jnp.issubdtype(x.dtype, jnp.floating):
-        return jnp.ldexp(x, e)
-    info = jnp.finfo(x.dtype)
-    lo, hi = int(info.minexp), int(info.maxexp) - 1
-    span = hi - lo + int(info.nmant) + 2  # |e| beyond this leaves only 0 or +-inf
-    rest = jnp.clip(jnp.asarray(e, jnp.int32), -span, span)
-    one = jnp.ones((), x.dtype)
-    for _ in range(3):  # three normal factors cover |e| <= span
-        part = jnp.clip(rest, lo, hi)
-        x = x * jnp.ldexp(one, part)
-        rest = rest - part
-    return x
-
-
-def _exponent(x):
-    """The power-of-two exponent ``e`` with ``2**(e-1) <= x < 2**e`` (``_NO_EXPONENT`` for 0)."""
-    _, e = jnp.frexp(x)
-    return jnp.where(x > 0, e, _NO_EXPONENT).astype(jnp.int32)
-
-
-def _rescale_exponent(old_exp, row_max, gram_diag_max):
-    """New scale exponent covering both the incoming row and the current sketch rows."""
-    e_row = _exponent(row_max)
-    e_sketch = jnp.where(
-        gram_diag_max > 0, _exponent(jnp.sqrt(gram_diag_max)) + old_exp, _NO_EXPONENT
-    )
-    new = jnp.maximum(e_row, e_sketch)
-    return jnp.where(new == _NO_EXPONENT, old_exp, new).astype(jnp.int32)
-
-
-def _explicit_mesh():
-    """Whether the current mesh (``jax.set_mesh``) has an axis in explicit-sharding mode."""
-    mesh = jax.sharding.get_abstract_mesh()
-    return not mesh.empty and bool(mesh.explicit_axes)
-
-
-def _dot_d(a, b):
-    """``a @ b`` contracting the long axis ``d`` (possibly sharded) into a small result.
-
-    Every such product here is sketch-sized (``n`` or ``n x n``), so it is asked for replicated:
-    each device contracts its slice of ``d`` and only the small result is all-reduced. Under an
-    explicit-sharding mesh JAX requires that output sharding to be spelled out.
-    """
-    if _explicit_mesh():
-        return jnp.matmul(a, b, precision=_HIGHEST, out_sharding=jax.sharding.PartitionSpec())
-    return jnp.matmul(a, b, precision=_HIGHEST)
 
 
 # Up to this |scale_exp| a product of the rows with the new row needs no pre-scaling: 2**scale_exp
@@ -296,57 +236,20 @@ def _scaled_dot(rows, row, exp):
     """
 
     def prescaled():
-        return _ldexp(_dot_d(rows, _ldexp(row, -exp)), -exp)
+        return ldexp(contract_d(rows, ldexp(row, -exp)), -exp)
 
     if row.shape[-1] < _UNSCALED_MIN_DIM:
         return prescaled()
     return jax.lax.cond(
-        jnp.abs(exp) <= _UNSCALED_EXP,
-        lambda: _ldexp(_dot_d(rows, row), -2 * exp),
+        _leafwise.all_leaves(jnp.abs(exp) <= _UNSCALED_EXP),
+        lambda: ldexp(contract_d(rows, row), -2 * exp),
         prescaled,
     )
 
 
-def _replicate(x):
-    """``x`` resharded to replicated under an explicit mesh (a no-op otherwise)."""
-    if not _explicit_mesh():
-        return x
-    if all(entry is None for entry in jax.typeof(x).sharding.spec):
-        return x
-    return jax.sharding.reshard(x, jax.sharding.PartitionSpec())
-
-
-def _like_last_axis(x, ref):
-    """``x`` resharded, under an explicit mesh, to the sharding of ``ref``'s last axis (``d``).
-
-    A no-op otherwise (and when the shardings already agree): with automatic sharding the
-    compiler propagates the shardings of the state and the gradient by itself.
-    """
-    if not _explicit_mesh():
-        return x
-    spec = tuple(jax.typeof(ref).sharding.spec)
-    last = spec[ref.ndim - 1] if 0 < ref.ndim <= len(spec) else None
-    target = jax.sharding.PartitionSpec(*([None] * (x.ndim - 1) + [last]))
-    if tuple(jax.typeof(x).sharding.spec) == tuple(target):
-        return x
-    return jax.sharding.reshard(x, target)
-
-
-def _eigh_desc(gram):
-    """Eigendecomposition of a small symmetric PSD matrix, descending, with round-off zeroed."""
-    n = gram.shape[0]
-    gram = 0.5 * (gram + gram.T)
-    mu, u = jnp.linalg.eigh(gram)
-    mu, u = mu[::-1], u[:, ::-1]
-    top = jnp.max(mu, initial=0)
-    tol = top * n * jnp.finfo(gram.dtype).eps
-    mu = jnp.where(mu > tol, mu, 0)
-    return mu, u
-
-
 def _gram_low_rank(rows, gram, scale_exp, alpha, drop_last):
     """``LowRank`` of rows whose (scaled) Gram matrix is ``gram``: V = diag(mu^-1/2) U^T B."""
-    mu, u = _eigh_desc(gram)
+    mu, u = eigh_desc(gram)
     if drop_last:  # the buffer can never hold more than n-1 non-zero directions
         mu, u = mu[:-1], u[:, :-1]
     inv_sqrt = jnp.where(mu > 0, 1 / jnp.sqrt(jnp.where(mu > 0, mu, 1)), 0)
@@ -379,22 +282,26 @@ def _rotate_rows(rot, rows, valid=True, coef=None, base=None):
     """
     n, d = rows.shape
     block = _ROTATION_BLOCK
-    single_cpu = jax.default_backend() == "cpu" and jax.device_count() == 1
+    # Inside the vmap over a group of leaves the per-leaf trip count and tail cond below would
+    # become selects over whole buffers: the group takes the plain (batched) matmul instead.
+    single_cpu = (
+        jax.default_backend() == "cpu" and jax.device_count() == 1 and not _leafwise.grouped()
+    )
 
     def apply(tile):  # the rows below rot's (all zero) are written as zeros, not multiplied
-        out = jnp.matmul(rot, tile, precision=_HIGHEST)
-        pad = _like_last_axis(jnp.zeros((n - rot.shape[0], tile.shape[1]), tile.dtype), tile)
+        out = jnp.matmul(rot, tile, precision=HIGHEST)
+        pad = like_last_axis(jnp.zeros((n - rot.shape[0], tile.shape[1]), tile.dtype), tile)
         return jnp.concatenate([out, pad]) if n > rot.shape[0] else out
 
     if d <= 2 * block or not single_cpu:
         rotated = jnp.where(valid, apply(rows), rows)
         if coef is None:
             return rotated
-        return rotated, base - jnp.where(valid, jnp.matmul(coef, rows, precision=_HIGHEST), 0)
+        return rotated, base - jnp.where(valid, jnp.matmul(coef, rows, precision=HIGHEST), 0)
 
     def rotate(tile, base_tile):
         if coef is not None:
-            base_tile = base_tile - jnp.matmul(coef, tile, precision=_HIGHEST)
+            base_tile = base_tile - jnp.matmul(coef, tile, precision=HIGHEST)
         return apply(tile), base_tile
 
     def body(i, carry):
@@ -433,11 +340,11 @@ _GRAM_REFRESH = 32
 
 def _exact_gram(rows, scale_exp):
     """``B B^T / 4**scale_exp``, the rows scaled first so that nothing overflows."""
-    scaled = _ldexp(rows, -scale_exp)
-    return _dot_d(scaled, scaled.T)
+    scaled = ldexp(rows, -scale_exp)
+    return contract_d(scaled, scaled.T)
 
 
-def _make_sketch(init, absorb, sketch_size, name, *, fused_lift=False):
+def _make_sketch(init, absorb, sketch_size, name, *, fused_lift=False, spec=None):
     """Wrap ``absorb(state, row, valid) -> (state, product)`` into a :class:`Sketch`.
 
     ``absorb`` must leave the state bit-identical when ``valid`` is false (it then receives a zero
@@ -467,9 +374,11 @@ def _make_sketch(init, absorb, sketch_size, name, *, fused_lift=False):
             return absorb(state, row, valid, lift)
         state, product = absorb(state, row, valid)
         basis = low_rank(state).basis
-        return state, product, row - jnp.matmul(lift(state, product), basis, precision=_HIGHEST)
+        return state, product, row - jnp.matmul(lift(state, product), basis, precision=HIGHEST)
 
-    return Sketch(init, update, update_many, sketch_size, name, update_with_product, absorb_flat)
+    return Sketch(
+        init, update, update_many, sketch_size, name, update_with_product, absorb_flat, spec
+    )
 
 
 # ----------------------------------------------------------------------------------------------
@@ -499,7 +408,7 @@ def _fd_family(
     num_shrunk = tau if num_shrunk is None else num_shrunk
 
     def init(dim, dtype=jnp.float32):
-        dtype = _state_dtype(dtype)
+        dim, dtype = flat_size(dim), state_dtype(dtype)
         zero = jnp.zeros((), dtype)
         return FrequentDirectionsState(
             rows=jnp.zeros((n, dim), dtype),
@@ -519,7 +428,7 @@ def _fd_family(
         With ``lift`` (see :class:`Sketch`) also returns ``row - B'^T a``, taken in the pass that
         rotates the rows.
         """
-        mu, u = _eigh_desc(state.gram)
+        mu, u = eigh_desc(state.gram)
         delta = mu[tau - 1]  # (sigma_tau)^2: the tau-th largest squared singular value
         idx = jnp.arange(n)
         shrunk = jnp.where(idx >= tau - num_shrunk, jnp.maximum(mu - delta, 0), mu)
@@ -547,17 +456,17 @@ def _fd_family(
 
     def absorb(state, row, valid, lift=None):
         """Append ``row`` at position ``fill`` and update the Gram matrix's row and column."""
-        row = _like_last_axis(row.astype(state.rows.dtype), state.rows)
+        row = like_last_axis(row.astype(state.rows.dtype), state.rows)
         diag = jnp.diagonal(state.gram)
         # alpha and compensation live under the same scale as the Gram matrix: cover them too, or
         # a large alpha0 followed by tiny rows would be scaled up to overflow.
         quadratic = jnp.maximum(
             jnp.max(diag, initial=0), jnp.maximum(state.alpha, state.compensation)
         )
-        exp = _rescale_exponent(state.scale_exp, jnp.max(jnp.abs(row), initial=0), quadratic)
+        exp = rescale_exponent(state.scale_exp, jnp.max(jnp.abs(row), initial=0), quadratic)
         exp = jnp.where(valid, exp, state.scale_exp)
         factor = 2 * (state.scale_exp - exp)
-        gram = _ldexp(state.gram, factor)
+        gram = ldexp(state.gram, factor)
         j = state.fill
         # Insert first, then take the one pass over the rows: B g / 4**exp with the new row's own
         # squared norm at position j (the slot was zero). In this order the in-place insertion
@@ -575,8 +484,8 @@ def _fd_family(
             gram=gram,
             fill=j + step,
             scale_exp=exp,
-            alpha=jnp.where(valid, _ldexp(state.alpha, factor), state.alpha),
-            compensation=jnp.where(valid, _ldexp(state.compensation, factor), state.compensation),
+            alpha=jnp.where(valid, ldexp(state.alpha, factor), state.alpha),
+            compensation=jnp.where(valid, ldexp(state.compensation, factor), state.compensation),
             count=state.count + step,
         )
         if not fast:
@@ -586,8 +495,12 @@ def _fd_family(
             state, prod = shrink(state, prod, valid)
             return refresh_gram(state, valid), prod
         full = state.fill == n
+
+        def shrink_full(s, p):  # in a group: only the leaves whose buffer is full
+            return _leafwise.select_leaves(full, shrink(s, p, True), (s, p))
+
         state, prod = jax.lax.cond(
-            full, lambda s, p: shrink(s, p, True), lambda s, p: (s, p), state, prod
+            _leafwise.any_leaf(full), shrink_full, lambda s, p: (s, p), state, prod
         )
         return refresh_gram(state, full), prod
 
@@ -597,12 +510,19 @@ def _fd_family(
         doubling buffer's ``lax.cond``: nested there, reading the rows made XLA copy them."""
         index = (state.count - n) // (n - tau + 1)  # 0 for the first shrink with a full buffer
         refresh = shrank & (index % _GRAM_REFRESH == _GRAM_REFRESH - 1)
-        gram = jax.lax.cond(
-            refresh, lambda: _exact_gram(state.rows, state.scale_exp), lambda: state.gram
-        )
+
+        def exact():
+            return _leafwise.select_leaves(
+                refresh, _exact_gram(state.rows, state.scale_exp), state.gram
+            )
+
+        gram = jax.lax.cond(_leafwise.any_leaf(refresh), exact, lambda: state.gram)
         return state._replace(gram=gram)
 
-    return _make_sketch(init, absorb, tau, name, fused_lift=not fast)
+    spec = _validation.spec_key(
+        "fd_family", tau, fast, name, alpha0, alpha_fraction, compensate, num_shrunk
+    )
+    return _make_sketch(init, absorb, tau, name, fused_lift=not fast, spec=spec)
 
 
 def frequent_directions(sketch_size: int, *, fast: bool = False) -> Sketch:
@@ -615,8 +535,8 @@ def frequent_directions(sketch_size: int, *, fast: bool = False) -> Sketch:
     is full (RFD paper Alg. 4). Guarantee: ``||A^T A - B^T B||_2 <= ||A - A_k||_F^2 / (tau - k)``
     for every ``k < tau`` and ``B^T B <= A^T A``.
     """
-    tau = _check_size(sketch_size)
-    return _fd_family(tau, fast=fast, name="fast_fd" if fast else "fd")
+    tau = _validation.size("sketch_size", sketch_size)
+    return _fd_family(tau, fast=_validation.flag("fast", fast), name="fast_fd" if fast else "fd")
 
 
 def robust_frequent_directions(
@@ -635,14 +555,12 @@ def robust_frequent_directions(
         ``1/2`` (Theorem 2); ``1`` adds all the "escaped mass", as S-AdaGrad (Feinberg et al.
         2023) does. Must lie in ``[0, 1]``.
     """
-    tau = _check_size(sketch_size)
-    alpha0 = _check_nonneg("alpha0", alpha0)
-    alpha_fraction = _check_nonneg("alpha_fraction", alpha_fraction)
-    if alpha_fraction > 1:
-        raise ValueError(f"alpha_fraction must lie in [0, 1], got {alpha_fraction}")
+    tau = _validation.size("sketch_size", sketch_size)
+    _validation.ridge("alpha0", alpha0)
+    _validation.fraction("alpha_fraction", alpha_fraction)
     return _fd_family(
         tau,
-        fast=fast,
+        fast=_validation.flag("fast", fast),
         name="fast_rfd" if fast else "rfd",
         alpha0=alpha0,
         alpha_fraction=alpha_fraction,
@@ -658,12 +576,12 @@ def parameterized_frequent_directions(
     ``sketch_size`` squared singular values are reduced by the shrink amount; the larger ones are
     kept intact. ``beta = 1`` is FD. ``beta`` must lie in ``(0, 1]``.
     """
-    tau = _check_size(sketch_size)
-    beta = float(beta)
-    if not (0 < beta <= 1):
-        raise ValueError(f"beta must lie in (0, 1], got {beta}")
+    tau = _validation.size("sketch_size", sketch_size)
+    if _validation.is_traced(beta):
+        raise ValueError("beta fixes how many directions a shrink reduces: it cannot be traced")
+    beta = float(_validation.fraction("beta", beta, low_open=True))
     num_shrunk = max(1, int(np.floor(beta * tau)))
-    return _fd_family(tau, fast=fast, name="pfd", num_shrunk=num_shrunk)
+    return _fd_family(tau, fast=_validation.flag("fast", fast), name="pfd", num_shrunk=num_shrunk)
 
 
 def compensative_frequent_directions(sketch_size: int, *, fast: bool = False) -> Sketch:
@@ -672,8 +590,8 @@ def compensative_frequent_directions(sketch_size: int, *, fast: bool = False) ->
     The FD sketch plus the running total of all shrink amounts, which :func:`factors` adds back
     to every non-zero sketched squared singular value.
     """
-    tau = _check_size(sketch_size)
-    return _fd_family(tau, fast=fast, name="cfd", compensate=True)
+    tau = _validation.size("sketch_size", sketch_size)
+    return _fd_family(tau, fast=_validation.flag("fast", fast), name="cfd", compensate=True)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -704,10 +622,10 @@ def _oja_orthonormalize(v, keep, c, u):
     ``d``. Zero rows of ``V`` (``m > d``) stay exactly zero. Also returns ``V_new u``.
     """
     m = v.shape[0]
-    p = _dot_d(v, u)
-    w = u - jnp.matmul(p, v, precision=_HIGHEST)
-    p2 = _dot_d(v, w)
-    w = w - jnp.matmul(p2, v, precision=_HIGHEST)
+    p = contract_d(v, u)
+    w = u - jnp.matmul(p, v, precision=HIGHEST)
+    p2 = contract_d(v, w)
+    w = w - jnp.matmul(p2, v, precision=HIGHEST)
     p = p + p2
     rho = jnp.sqrt(jnp.sum(jnp.square(w)))
     has_w = rho > 0
@@ -716,7 +634,7 @@ def _oja_orthonormalize(v, keep, c, u):
     mt = jnp.concatenate([(jnp.diag(keep) + jnp.outer(c, p)).T, (c * rho)[None, :]])
     q, r = jnp.linalg.qr(mt)  # (m + 1, m), (m, m)
     q = q * jnp.where(jnp.diagonal(r) < 0, -1, 1).astype(q.dtype)
-    new = jnp.matmul(q[:m].T, v, precision=_HIGHEST) + jnp.outer(q[m], w)
+    new = jnp.matmul(q[:m].T, v, precision=HIGHEST) + jnp.outer(q[m], w)
     return new, q[:m].T @ p + q[m] * rho
 
 
@@ -739,12 +657,10 @@ def oja(
         paper's ``1/t``.
       key: PRNG key for the random orthonormal initial directions (default ``PRNGKey(0)``).
     """
-    m = _check_size(sketch_size)
+    m = _validation.size("sketch_size", sketch_size)
     if learning_rate is not None and not callable(learning_rate):
-        lr = float(learning_rate)
-        if not (np.isfinite(lr) and 0 < lr <= 1):
-            raise ValueError(f"learning_rate must lie in (0, 1], got {learning_rate}")
-    key = jax.random.PRNGKey(0) if key is None else key
+        _validation.fraction("learning_rate", learning_rate, low_open=True)
+    key = jax.random.PRNGKey(0) if key is None else _validation.prng_key("key", key)
 
     def gamma(t):
         if learning_rate is None:
@@ -754,7 +670,7 @@ def oja(
         return learning_rate
 
     def init(dim, dtype=jnp.float32):
-        dtype = _state_dtype(dtype)
+        dim, dtype = flat_size(dim), state_dtype(dtype)
         gauss = jax.random.normal(key, (m, dim), dtype)
         return OjaState(
             directions=_orthonormalize_rows(gauss),
@@ -766,15 +682,15 @@ def oja(
 
     def absorb(state, row, valid):
         v = state.directions
-        row = _like_last_axis(row.astype(v.dtype), v)
-        exp = _rescale_exponent(
+        row = like_last_axis(row.astype(v.dtype), v)
+        exp = rescale_exponent(
             state.scale_exp,
             jnp.max(jnp.abs(row), initial=0),
             jnp.max(state.eigenvalues, initial=0),
         )
-        lam = _ldexp(state.eigenvalues, 2 * (state.scale_exp - exp))
-        scaled_row = _ldexp(row, -exp)
-        proj = _dot_d(v, scaled_row)  # V g / 2**exp
+        lam = ldexp(state.eigenvalues, 2 * (state.scale_exp - exp))
+        scaled_row = ldexp(row, -exp)
+        proj = contract_d(v, scaled_row)  # V g / 2**exp
         t = state.count + 1
         g = jnp.asarray(gamma(t.astype(v.dtype)), v.dtype)
         lam = (1 - g) * lam + g * jnp.square(proj)
@@ -794,10 +710,11 @@ def oja(
         directions, v_unit = _oja_orthonormalize(v, keep, jnp.sign(proj) * take, unit_row)
         new = state._replace(directions=directions, eigenvalues=lam, scale_exp=exp, count=t)
         new = jax.tree.map(lambda a, b: jnp.where(valid, a, b), new, state)
-        prod = _ldexp(gnorm * v_unit, -exp)  # V_t g / 4**exp, without another pass
+        prod = ldexp(gnorm * v_unit, -exp)  # V_t g / 4**exp, without another pass
         return new, jnp.where(valid, prod, 0)
 
-    return _make_sketch(init, absorb, m, "oja")
+    spec = _validation.spec_key("oja", m, learning_rate, key)
+    return _make_sketch(init, absorb, m, "oja", spec=spec)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -812,10 +729,12 @@ def random_projection(sketch_size: int, key: jax.Array) -> Sketch:
     matrix ``S S^T`` is tracked with the paper's two rank-one updates
     ``S S^T += r q^T + q r^T``, ``q = S_{t-1} g + |g|^2 r / 2``.
     """
-    m = _check_size(sketch_size)
+    m = _validation.size("sketch_size", sketch_size)
+    key = _validation.prng_key("key", key)
 
     def init(dim, dtype=jnp.float32):
-        dtype = _state_dtype(dtype)
+        dim = flat_size(dim)
+        dtype = state_dtype(dtype)
         return RandomProjectionState(
             rows=jnp.zeros((m, dim), dtype),
             gram=jnp.zeros((m, m), dtype),
@@ -827,18 +746,18 @@ def random_projection(sketch_size: int, key: jax.Array) -> Sketch:
 
     def absorb(state, row, valid):
         # A zero row changes nothing below (S + r 0^T = S, q = 0) but the key and the scale.
-        row = _like_last_axis(row.astype(state.rows.dtype), state.rows)
+        row = like_last_axis(row.astype(state.rows.dtype), state.rows)
         diag = jnp.diagonal(state.gram)
-        exp = _rescale_exponent(
+        exp = rescale_exponent(
             state.scale_exp, jnp.max(jnp.abs(row), initial=0), jnp.max(diag, initial=0)
         )
         exp = jnp.where(valid, exp, state.scale_exp)
-        gram = _ldexp(state.gram, 2 * (state.scale_exp - exp))
+        gram = ldexp(state.gram, 2 * (state.scale_exp - exp))
         key, sub = jax.random.split(state.key)
         key = jnp.where(valid, key, state.key)
         dtype = state.rows.dtype
         r = jax.random.normal(sub, (m,), dtype) * jnp.asarray(1 / np.sqrt(m), dtype)
-        scaled_row = _ldexp(row, -exp)
+        scaled_row = ldexp(row, -exp)
         prod = _scaled_dot(state.rows, row, exp)
         sq = jnp.sum(jnp.square(scaled_row))
         q = prod + 0.5 * sq * r
@@ -848,7 +767,8 @@ def random_projection(sketch_size: int, key: jax.Array) -> Sketch:
         new = state._replace(rows=rows, gram=gram, scale_exp=exp, key=key, count=count)
         return new, prod + sq * r  # S_t g / 4**exp
 
-    return _make_sketch(init, absorb, m, "random_projection")
+    spec = _validation.spec_key("random_projection", m, key)
+    return _make_sketch(init, absorb, m, "random_projection", spec=spec)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -882,7 +802,7 @@ def _(state: OjaState) -> LowRank:
     # Keep the directions sorted by eigenvalue like the other sketches.
     order = jnp.argsort(-lam)
     lam = lam[order]
-    coef = _ldexp(jnp.eye(m, dtype=dtype)[order], state.scale_exp)
+    coef = ldexp(jnp.eye(m, dtype=dtype)[order], state.scale_exp)
     coef = jnp.where((lam > 0)[:, None], coef, 0)  # V's rows with a zero eigenvalue are zero
     return LowRank(state.directions, coef, lam, jnp.zeros((), dtype), state.scale_exp)
 
@@ -902,5 +822,5 @@ def factors(state) -> tuple[jax.Array, jax.Array, jax.Array]:
 def covariance(state) -> jax.Array:
     """The dense ``d x d`` sketched covariance ``V^T diag(lam) V + alpha I`` (for tests)."""
     v, lam, alpha = factors(state)
-    cov = jnp.matmul(v.T * lam, v, precision=_HIGHEST)
+    cov = jnp.matmul(v.T * lam, v, precision=HIGHEST)
     return cov + alpha * jnp.eye(v.shape[1], dtype=v.dtype)

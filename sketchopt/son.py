@@ -85,9 +85,8 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from sketchopt import metrics as _metrics
+from sketchopt import _leafwise, _numerics, _partitioning, _validation
 from sketchopt import sketches as _sketches
-from sketchopt import transforms as _transforms
 
 __all__ = [
     "ONSLeafState",
@@ -106,9 +105,6 @@ ScalarOrSchedule = float | jax.Array | Callable[[jax.Array], jax.Array]
 
 # D_1 = 0.1 I (SON sec. 5.2, footnote 6).
 _DIAGONAL_INIT = 0.1
-# Exponent of "no scale": zero mantissas carry it, so that they vanish in every ldexp.
-_NO_EXP = -(2**20)
-_BIG_EXP = 2**20
 
 
 # ----------------------------------------------------------------------------------------------
@@ -174,50 +170,17 @@ class ONSLeafState(NamedTuple):
 # Validation and small helpers.
 
 
-def _check_scalar(name, value, *, positive=False, allow_callable=True):
-    """Validate a finite scalar ``>= 0`` (``> 0`` with ``positive``); skip traced values."""
-    if allow_callable and callable(value):
-        return value
-    if not _metrics._is_concrete(value):
-        return value
-    try:
-        number = float(value)
-    except (TypeError, ValueError):
-        raise ValueError(f"{name} must be a finite number, got {value!r}") from None
-    bound = "> 0" if positive else ">= 0"
-    if (
-        isinstance(value, bool)
-        or not np.isfinite(number)
-        or number < 0
-        or (positive and not number)
-    ):
-        raise ValueError(f"{name} must be a finite number {bound}, got {value!r}")
-    return value
-
-
-def _check_flag(name, value):
-    if not isinstance(value, (bool, np.bool_)):
-        raise ValueError(f"{name} must be a bool, got {value!r}")
-    return bool(value)
-
-
-def _check_key(key):
-    if key is None:
-        raise ValueError("key must be a JAX PRNG key, got None")
-    return key
-
-
 def _check_son_options(eta, default_eta, curvature, diagonal_rescaling):
     """Validate the options every SON transform shares; ``eta=None`` takes ``default_eta``."""
-    eta = default_eta if eta is None else _check_scalar("eta", eta)
-    _check_scalar("curvature", curvature)
-    return eta, _check_flag("diagonal_rescaling", diagonal_rescaling)
+    eta = default_eta if eta is None else _validation.step_size("eta", eta)
+    _validation.step_size("curvature", curvature)
+    return eta, _validation.flag("diagonal_rescaling", diagonal_rescaling)
 
 
 def _at(value, count, dtype):
     """A hyperparameter at step ``count`` (schedules get the 0-based count, as in Optax)."""
     value = value(count) if callable(value) else value
-    return jnp.asarray(value, dtype)
+    return value if dtype is None else jnp.asarray(value, dtype)
 
 
 def _inverse_sqrt_time(count):
@@ -230,19 +193,6 @@ def _inverse_time(count):
     return 1.0 / (jnp.asarray(count) + 1.0)
 
 
-def _mq(x):
-    """``x >= 0`` as ``(m, q)`` with ``x = m 2**q``, ``m in [1/2, 1)`` (0: ``(0, -inf)``)."""
-    m, q = jnp.frexp(x)
-    return m, jnp.where(x > 0, q, _NO_EXP).astype(jnp.int32)
-
-
-def _mq_add(a, b):
-    """Sum of two non-negative numbers in mantissa/exponent form (mantissa in ``[1/2, 2)``)."""
-    (ma, qa), (mb, qb) = a, b
-    q = jnp.maximum(qa, qb)
-    return _sketches._ldexp(ma, qa - q) + _sketches._ldexp(mb, qb - q), q
-
-
 # ----------------------------------------------------------------------------------------------
 # A^+ y for A = alpha I + V^T diag(lam) V + alpha_sketch I (FD, RFD, Oja).
 
@@ -250,18 +200,13 @@ def _mq_add(a, b):
 def _lowrank_terms(lr: _sketches.LowRank, alpha):
     """Mantissa/exponent of the total ridge and of the per-direction ``ridge + lam``."""
     e = lr.scale_exp
-    am, aq = _mq(lr.alpha)
-    ridge = _mq_add(_mq(alpha.astype(lr.alpha.dtype)), (am, aq + 2 * e))
-    lm, lq = _mq(lr.eigenvalues)
-    denom = _mq_add(ridge, (lm, lq + 2 * e))
+    am, aq = _numerics.mantissa_exponent(lr.alpha)
+    ridge = _numerics.mantissa_exponent_add(
+        _numerics.mantissa_exponent(alpha.astype(lr.alpha.dtype)), (am, aq + 2 * e)
+    )
+    lm, lq = _numerics.mantissa_exponent(lr.eigenvalues)
+    denom = _numerics.mantissa_exponent_add(ridge, (lm, lq + 2 * e))
     return ridge, denom, lr.eigenvalues > 0
-
-
-def _norm(v):
-    """Euclidean norm without overflow or underflow (scaled by the largest entry)."""
-    top = jnp.max(jnp.abs(v), initial=0)
-    safe = jnp.where(top > 0, top, 1)
-    return top * jnp.sqrt(jnp.sum(jnp.square(v / safe)))
 
 
 def _denoise(r, y, n):
@@ -275,17 +220,17 @@ def _denoise(r, y, n):
     anyway. Genuine residuals lose only a relative ``4 n eps``.
     """
     eps = jnp.finfo(r.dtype).eps
-    thr = 4 * max(n, 1) * eps * _norm(y)
-    nr = _norm(r)
+    thr = 4 * max(n, 1) * eps * _numerics.safe_norm(y)
+    nr = _numerics.safe_norm(r)
     return r * jnp.where(nr > thr, 1 - thr / jnp.where(nr > 0, nr, 1), 0)
 
 
 def _lift(lr: _sketches.LowRank, a):
     """``V^T a`` with ``a`` normalized first: ``LowRank.lift`` scales by ``2**-scale_exp``
     inside, which would flush a small ``a`` (e.g. ``1e-31`` against rows of norm ``1e30``)."""
-    ea = _sketches._exponent(jnp.max(jnp.abs(a), initial=0))
-    s = jnp.where(ea == _sketches._NO_EXPONENT, 0, -ea)
-    return _sketches._ldexp(lr.lift(_sketches._ldexp(a, s)), -s)
+    ea = _numerics.exponent(jnp.max(jnp.abs(a), initial=0))
+    s = jnp.where(ea == _numerics.NO_EXPONENT, 0, -ea)
+    return _numerics.ldexp(lr.lift(_numerics.ldexp(a, s)), -s)
 
 
 def _lowrank_pinv(lr: _sketches.LowRank, alpha, y, vy=None, *, want_null=False):
@@ -302,20 +247,20 @@ def _lowrank_pinv(lr: _sketches.LowRank, alpha, y, vy=None, *, want_null=False):
     (rm, rq), (dm, dq), mask = _lowrank_terms(lr, alpha)
     has_ridge = rm > 0
     qmin = jnp.minimum(
-        jnp.min(jnp.where(mask, dq, _BIG_EXP), initial=_BIG_EXP),
-        jnp.where(has_ridge, rq, _BIG_EXP),
+        jnp.min(jnp.where(mask, dq, _numerics.BIG_EXPONENT), initial=_numerics.BIG_EXPONENT),
+        jnp.where(has_ridge, rq, _numerics.BIG_EXPONENT),
     )
     active = jnp.any(mask) | has_ridge
-    k = jnp.where(active, -qmin, _NO_EXP).astype(jnp.int32)
+    k = jnp.where(active, -qmin, _numerics.NO_EXPONENT).astype(jnp.int32)
     if vy is None:
         vy = lr.project(y)
     vy = jnp.where(mask, vy, 0)
     residual = _denoise(y - _lift(lr, vy), y, lr.basis.shape[0])
     # Exponent shifts below are <= 0, so every coefficient is at most 2 |V y|.
-    coef = jnp.where(mask, _sketches._ldexp(vy / jnp.where(mask, dm, 1), qmin - dq), 0)
+    coef = jnp.where(mask, _numerics.ldexp(vy / jnp.where(mask, dm, 1), qmin - dq), 0)
     ridge_factor = jnp.where(
         has_ridge,
-        _sketches._ldexp(1 / jnp.where(has_ridge, rm, 1), jnp.where(active, qmin - rq, 0)),
+        _numerics.ldexp(1 / jnp.where(has_ridge, rm, 1), jnp.where(active, qmin - rq, 0)),
         0,
     )
     zhat = jnp.where(active, _lift(lr, coef) + ridge_factor * residual, 0)
@@ -329,61 +274,44 @@ def _lowrank_pinv(lr: _sketches.LowRank, alpha, y, vy=None, *, want_null=False):
 
 
 def _son_transform(init_leaf, step_leaf, *, eta, curvature, diagonal_rescaling):
-    """Shared driver: per-leaf state, schedules, diagonal rescaling, non-finite skipping.
+    """A SON transform from its per-leaf pieces, on the shared driver (``sketchopt._leafwise``).
 
     ``init_leaf(index, dim, dtype) -> leaf state``; ``step_leaf(ls, gz, ghat, c, valid) ->
     (ls, A^+ gz)`` absorbs the to-sketch vector ``ghat = sqrt(c) gz`` and solves with the new
     ``A``. With ``valid`` false it receives zeros and must return its state bit-identical (the
-    skip is a selection, not a ``lax.cond``, as in :mod:`sketchopt.transforms`).
+    skip is a selection, not a ``lax.cond``). ``c = eta_t + sigma_t`` is evaluated once per step.
     """
 
-    def init_fn(params):
-        leaves, treedef = jax.tree.flatten(params)
-        states = []
-        for i, p in enumerate(leaves):
-            dim = int(np.size(p))
-            dtype = _transforms._leaf_dtype(p)
-            ls = init_leaf(i, dim, dtype)
-            diag = jnp.full((dim,), np.sqrt(_DIAGONAL_INIT), dtype) if diagonal_rescaling else None
-            states.append(ls._replace(diag_sqrt=diag))
-        # Two distinct buffers: a donated state must not hold the same array twice.
-        return SONState(
-            jnp.zeros((), jnp.int32),
-            _transforms.pack_leaf_states(treedef, states),
-            jnp.zeros((), jnp.int32),
-        )
+    def init(spec, param):
+        del param
+        dim = spec.size
+        ls = init_leaf(spec.index, dim, spec.dtype)
+        diag = jnp.full((dim,), np.sqrt(_DIAGONAL_INIT), spec.dtype) if diagonal_rescaling else None
+        return (ls._replace(diag_sqrt=diag),)
 
-    def update_fn(updates, state, params=None):
-        del params  # the Newton step does not need them; the projection is a separate call
-        count = state.count
+    def hyper(count):
+        return _at(eta, count, None), _at(curvature, count, None)
 
-        def leaf(g, ls):
-            _transforms._check_gradient_leaf(g)
-            dtype = ls.alpha.dtype
-            c = _at(eta, count, dtype) + _at(curvature, count, dtype)
-            gf, finite = _transforms._sanitize(_transforms._flat(g, dtype))
-            gz = gf / ls.diag_sqrt if diagonal_rescaling else gf
-            ghat = jnp.sqrt(c) * gz
-            # A finite gradient can still give a non-finite to-sketch vector (absurd eta/sigma).
-            valid = finite & jnp.all(jnp.isfinite(ghat))
-            gz = jnp.where(valid, gz, 0)
-            ghat = jnp.where(valid, ghat, 0)
-            new, sol = step_leaf(ls, gz, ghat, c, valid)
-            if diagonal_rescaling:  # D^{-1/2} A^{-1} D^{-1/2} g; hypot(D, 0) == D exactly
-                sol = sol / ls.diag_sqrt
-                new = new._replace(diag_sqrt=jnp.hypot(ls.diag_sqrt, jnp.where(valid, gf, 0)))
-            out = (-sol).reshape(jnp.shape(g)).astype(jnp.asarray(g).dtype)
-            good = valid & jnp.all(jnp.isfinite(out))
-            return jnp.where(good, out, jnp.zeros_like(out)), new, good
+    def step(ctx, g, values, x, valid):
+        del x  # the Newton step does not need the parameters; the projection is its own call
+        (ls,) = values
+        dtype = g.dtype
+        c = jnp.asarray(ctx.hyper[0], dtype) + jnp.asarray(ctx.hyper[1], dtype)
+        gz = g / ls.diag_sqrt if diagonal_rescaling else g
+        ghat = jnp.sqrt(c) * gz
+        # A finite gradient can still give a non-finite to-sketch vector (absurd eta/sigma): the
+        # leaf is then skipped like a non-finite gradient (the NaN update below tells the driver).
+        sketchable = valid & jnp.all(jnp.isfinite(ghat))
+        gz = jnp.where(sketchable, gz, 0)
+        ghat = jnp.where(sketchable, ghat, 0)
+        new, sol = step_leaf(ls, gz, ghat, c, sketchable)
+        if diagonal_rescaling:  # D^{-1/2} A^{-1} D^{-1/2} g; hypot(D, 0) == D exactly
+            sol = sol / ls.diag_sqrt
+            new = new._replace(diag_sqrt=jnp.hypot(ls.diag_sqrt, jnp.where(sketchable, g, 0)))
+        return jnp.where(sketchable | ~valid, -sol, jnp.nan), (new,)
 
-        new_updates, leaf_state, good = _transforms._map_leaves(leaf, updates, state.leaf_state)
-        return new_updates, SONState(
-            optax.safe_increment(count),
-            leaf_state,
-            state.nonfinite_count + _transforms._count_skipped(good),
-        )
-
-    return optax.GradientTransformationExtraArgs(init_fn, update_fn)
+    rule = _leafwise.LeafRule(("leaf_state",), init, step, hyper=hyper)
+    return _leafwise.leafwise(rule, SONState)
 
 
 def _sketched_son(make_sketch, alpha, *, eta, curvature, diagonal_rescaling, init_alpha=None):
@@ -408,13 +336,14 @@ def _sketched_son(make_sketch, alpha, *, eta, curvature, diagonal_rescaling, ini
             lambda: lr.project(gz),
         )
         zhat, k, _ = _lowrank_pinv(lr, a, gz, vg)
-        return ls._replace(sketch=sk_state, alpha=a), _sketches._ldexp(zhat, k)
+        return ls._replace(sketch=sk_state, alpha=a), _numerics.ldexp(zhat, k)
 
     return _son_transform(
         init_leaf, step_leaf, eta=eta, curvature=curvature, diagonal_rescaling=diagonal_rescaling
     )
 
 
+@_leafwise.compiled
 def fd_son(
     alpha: float,
     sketch_size: int,
@@ -441,12 +370,12 @@ def fd_son(
       fast: the doubling buffer (``2 m`` rows, rotated every ``m`` steps; RFD paper Alg. 4).
       diagonal_rescaling: SON sec. 5.2, see the module docstring.
     """
-    _check_scalar("alpha", alpha, allow_callable=False)
-    tau = _sketches._check_size(sketch_size)
+    _validation.ridge("alpha", alpha)
+    tau = _validation.size("sketch_size", sketch_size)
     eta, diagonal_rescaling = _check_son_options(
         eta, _inverse_sqrt_time, curvature, diagonal_rescaling
     )
-    fast = _check_flag("fast", fast)
+    fast = _validation.flag("fast", fast)
     sketch = _sketches.frequent_directions(tau, fast=fast)
     return _sketched_son(
         lambda i: sketch,
@@ -457,6 +386,7 @@ def fd_son(
     )
 
 
+@_leafwise.compiled
 def rfd_son(
     sketch_size: int,
     *,
@@ -483,10 +413,10 @@ def rfd_son(
       fast: Alg. 6 (``2 m``-row buffer shrunk only when full).
       diagonal_rescaling: SON sec. 5.2, see the module docstring.
     """
-    tau = _sketches._check_size(sketch_size)
-    _check_scalar("alpha0", alpha0, allow_callable=False)
+    tau = _validation.size("sketch_size", sketch_size)
+    _validation.ridge("alpha0", alpha0)
     eta, diagonal_rescaling = _check_son_options(eta, _inverse_time, curvature, diagonal_rescaling)
-    fast = _check_flag("fast", fast)
+    fast = _validation.flag("fast", fast)
     # alpha0 is set in init (not passed to the sketch) so that it may be traced (vmap over it).
     sketch = _sketches.robust_frequent_directions(tau, fast=fast)
     return _sketched_son(
@@ -499,6 +429,7 @@ def rfd_son(
     )
 
 
+@_leafwise.compiled
 def oja_son(
     alpha: float,
     sketch_size: int,
@@ -524,8 +455,8 @@ def oja_son(
         leaf folds in its index.
       diagonal_rescaling: SON sec. 5.2 (the variant of the paper's real-data experiments).
     """
-    _check_scalar("alpha", alpha, allow_callable=False)
-    m = _sketches._check_size(sketch_size)
+    _validation.ridge("alpha", alpha)
+    m = _validation.size("sketch_size", sketch_size)
     eta, diagonal_rescaling = _check_son_options(
         eta, _inverse_sqrt_time, curvature, diagonal_rescaling
     )
@@ -562,11 +493,11 @@ def _rp_ridge(alpha, e, dtype):
     """``(alpha_s, ridge_mq)``: the ridge in the sketch's scaled units (floored, see
     :func:`_rp_floor`) and the true ridge it stands for, as mantissa/exponent."""
     alpha = jnp.asarray(alpha, dtype)
-    scaled = _sketches._ldexp(alpha, -2 * e)
+    scaled = _numerics.ldexp(alpha, -2 * e)
     floor = _rp_floor(dtype)
     floored = scaled < floor
-    fm, fq = _mq(floor)
-    am, aq = _mq(alpha)
+    fm, fq = _numerics.mantissa_exponent(floor)
+    am, aq = _numerics.mantissa_exponent(alpha)
     ridge = (jnp.where(floored, fm, am), jnp.where(floored, fq + 2 * e, aq))
     return jnp.where(floored, floor, scaled), ridge
 
@@ -608,7 +539,7 @@ def _rp_paper_regime(ls: RandomProjectionNewtonState):
     the solve goes through the eigendecomposition of the tracked ``m x m`` Gram matrix.
     """
     dtype = ls.inverse.dtype
-    alpha_s = _sketches._ldexp(ls.alpha, -2 * ls.sketch.scale_exp)
+    alpha_s = _numerics.ldexp(ls.alpha, -2 * ls.sketch.scale_exp)
     limit = jnp.finfo(dtype).eps ** (-1.0 / 3.0)
     return alpha_s * limit >= alpha_s + jnp.trace(ls.sketch.gram)
 
@@ -628,17 +559,17 @@ def _rp_pinv(ls: RandomProjectionNewtonState, y, product=None, root=None):
 
     def s_times_y():  # S y / 2**e
         if product is None:
-            return _sketches._dot_d(sk.rows, _sketches._ldexp(y, -e))
+            return _partitioning.contract_d(sk.rows, _numerics.ldexp(y, -e))
         return jax.lax.cond(
             root > 0,
-            lambda: _sketches._ldexp(product, e) / root,
-            lambda: _sketches._dot_d(sk.rows, _sketches._ldexp(y, -e)),
+            lambda: _numerics.ldexp(product, e) / root,
+            lambda: _partitioning.contract_d(sk.rows, _numerics.ldexp(y, -e)),
         )
 
     def paper():
         _, (rm, rq) = _rp_ridge(ls.alpha, e, ls.inverse.dtype)
         z = ls.inverse @ s_times_y()
-        back = jnp.matmul(_sketches._ldexp(z, -e), sk.rows, precision=hi)
+        back = jnp.matmul(_numerics.ldexp(z, -e), sk.rows, precision=hi)
         return (y - back) / rm, -rq
 
     def eigen():
@@ -649,6 +580,7 @@ def _rp_pinv(ls: RandomProjectionNewtonState, y, product=None, root=None):
     return jax.lax.cond(_rp_paper_regime(ls), paper, eigen)
 
 
+@_leafwise.compiled
 def rp_son(
     alpha: float,
     sketch_size: int,
@@ -684,9 +616,9 @@ def rp_son(
         over keys).
       eta, curvature, diagonal_rescaling: as :func:`fd_son`.
     """
-    _check_scalar("alpha", alpha, positive=True, allow_callable=False)
-    m = _sketches._check_size(sketch_size)
-    key = _check_key(key)
+    _validation.ridge("alpha", alpha, positive=True, why="RP-SON keeps (alpha I + S S^T)^{-1}")
+    m = _validation.size("sketch_size", sketch_size)
+    key = _validation.prng_key("key", key)
     eta, diagonal_rescaling = _check_son_options(
         eta, _inverse_sqrt_time, curvature, diagonal_rescaling
     )
@@ -707,9 +639,9 @@ def rp_son(
         sk1, product = sketch0.absorb(sk0, ghat, valid)  # product = S_t ghat / 4**e1
         e0, e1 = sk0.scale_exp, sk1.scale_exp
         r = _rp_direction(sk0.key, m, dtype)
-        sq = jnp.sum(jnp.square(_sketches._ldexp(ghat, -e1)))
+        sq = jnp.sum(jnp.square(_numerics.ldexp(ghat, -e1)))
         q = product - 0.5 * sq * r  # (S_{t-1} ghat + |ghat|^2 r / 2) / 4**e1
-        h = _sketches._ldexp(ls.inverse, 2 * (e1 - e0))  # the same H in the new scaled units
+        h = _numerics.ldexp(ls.inverse, 2 * (e1 - e0))  # the same H in the new scaled units
         # A jump of the scale can leave H = 4**e (alpha I + S S^T)^{-1} unrepresentable (alpha
         # tiny in the new units): then H is rebuilt below, and the Woodbury path must not run
         # on infinities (no NaN, not even transiently).
@@ -723,7 +655,7 @@ def rp_son(
             | ~safe
             | ~jnp.all(jnp.isfinite(h_new))
             | (a != ls.alpha)
-            | (_sketches._ldexp(a, -2 * e1) < _rp_floor(dtype))
+            | (_numerics.ldexp(a, -2 * e1) < _rp_floor(dtype))
             | (sk1.count % m == 0)
         )
         h_new = jax.lax.cond(refresh, lambda: _rp_inverse(sk1.gram, alpha_s), lambda: h_new)
@@ -731,7 +663,7 @@ def rp_son(
         new = ls._replace(sketch=sk1, inverse=h_new, alpha=jnp.where(valid, a, ls.alpha))
         # S gz from the sketch's own product S_t ghat (one pass saved).
         zhat, k = _rp_pinv(new, gz, product, root)
-        return new, _sketches._ldexp(zhat, k)
+        return new, _numerics.ldexp(zhat, k)
 
     return _son_transform(
         init_leaf, step_leaf, eta=eta, curvature=curvature, diagonal_rescaling=diagonal_rescaling
@@ -742,17 +674,7 @@ def rp_son(
 # ONS.
 
 
-def _gathered(tree):
-    return jax.tree.map(_sketches._replicate, tree)
-
-
-def _like(tree, ref):
-    """``tree`` resharded to the shardings of ``ref`` (explicit mesh)."""
-    return jax.tree.map(
-        lambda x, r: jax.sharding.reshard(x, jax.typeof(r).sharding.spec), tree, ref
-    )
-
-
+@_leafwise.compiled
 def ons(
     alpha: float,
     *,
@@ -772,7 +694,7 @@ def ons(
     enters only ``A_0 = alpha I`` (changing it later, e.g. through ``inject_hyperparams``, has no
     effect). ``eta``, ``curvature`` and ``diagonal_rescaling`` as :func:`fd_son`.
     """
-    _check_scalar("alpha", alpha, positive=True, allow_callable=False)
+    _validation.ridge("alpha", alpha, positive=True, why="ONS keeps A_t^{-1} from A_0 = alpha I")
     eta, diagonal_rescaling = _check_son_options(
         eta, _inverse_sqrt_time, curvature, diagonal_rescaling
     )
@@ -790,22 +712,22 @@ def ons(
     def recompute(gram, e, a):
         """``(alpha I + 4**e gram)^{-1}`` by an eigendecomposition (never singular: alpha > 0)."""
         mu, u = jnp.linalg.eigh(0.5 * (gram + gram.T))
-        lam = _sketches._ldexp(jnp.maximum(mu, 0), 2 * e)  # may overflow to inf: 1/inf = 0 is right
+        lam = _numerics.ldexp(jnp.maximum(mu, 0), 2 * e)  # may overflow to inf: 1/inf = 0 is right
         return (u / (a + lam)) @ u.T
 
     def step_leaf(ls, gz, ghat, c, valid):
-        if _sketches._explicit_mesh():
+        if _partitioning.explicit_mesh():
             # An O(d^2) baseline: under an explicit mesh its d x d matrices are gathered for the
             # step and resharded as they came (automatic sharding needs no help).
-            new, sol = dense_step(*(_gathered(x) for x in (ls, gz, ghat, c, valid)))
-            return _like(new, ls), _sketches._like_last_axis(sol, gz)
+            new, sol = dense_step(*(_partitioning.gathered(x) for x in (ls, gz, ghat, c, valid)))
+            return _partitioning.like(new, ls), _partitioning.like_last_axis(sol, gz)
         return dense_step(ls, gz, ghat, c, valid)
 
     def dense_step(ls, gz, ghat, c, valid):
         hi = jax.lax.Precision.HIGHEST
         m_inv = ls.inverse
-        e = _sketches._exponent(jnp.max(jnp.abs(gz), initial=0))
-        ys = _sketches._ldexp(gz, -jnp.where(e == _sketches._NO_EXPONENT, 0, e))
+        e = _numerics.exponent(jnp.max(jnp.abs(gz), initial=0))
+        ys = _numerics.ldexp(gz, -jnp.where(e == _numerics.NO_EXPONENT, 0, e))
         v = jnp.matmul(m_inv, ys, precision=hi)
         p = jnp.maximum(ys @ v, 0)
         # A_t^{-1} g = 2**e v / (1 + c 4**e p) and the Sherman-Morrison factor c 4**e / (...),
@@ -813,24 +735,24 @@ def ons(
         big = e > 0
         one = jnp.ones((), m_inv.dtype)
         den = jnp.where(
-            big, _sketches._ldexp(one, -2 * e) + c * p, 1 + c * _sketches._ldexp(p, 2 * e)
+            big, _numerics.ldexp(one, -2 * e) + c * p, 1 + c * _numerics.ldexp(p, 2 * e)
         )
         # den == 0 only if A_{t-1}^{-1} g underflowed to 0 (then so does the step).
         safe = jnp.where(den > 0, den, 1)
-        fac = jnp.where(den > 0, jnp.where(big, c, c * _sketches._ldexp(one, 2 * e)) / safe, 0)
+        fac = jnp.where(den > 0, jnp.where(big, c, c * _numerics.ldexp(one, 2 * e)) / safe, 0)
         sol = jnp.where(
-            den > 0, jnp.where(big, _sketches._ldexp(v, -e), _sketches._ldexp(v, e)) / safe, 0
+            den > 0, jnp.where(big, _numerics.ldexp(v, -e), _numerics.ldexp(v, e)) / safe, 0
         )
         m_new = m_inv - jnp.outer(v, v * fac)
         m_new = 0.5 * (m_new + m_new.T)
         # The scaled A - alpha I (as metrics.full keeps G), for the safeguard.
         e_old = ls.scale_exp
-        e_new = _sketches._rescale_exponent(
+        e_new = _numerics.rescale_exponent(
             e_old, jnp.max(jnp.abs(ghat), initial=0), jnp.max(jnp.diagonal(ls.gram), initial=0)
         )
         e_new = jnp.where(valid, e_new, e_old)
-        hs = _sketches._ldexp(ghat, -e_new)
-        gram = _sketches._ldexp(ls.gram, 2 * (e_old - e_new)) + jnp.outer(hs, hs)
+        hs = _numerics.ldexp(ghat, -e_new)
+        gram = _numerics.ldexp(ls.gram, 2 * (e_old - e_new)) + jnp.outer(hs, hs)
         # Breakdown: the downdate cancelled below the precision (A^{-1} no longer PSD/finite).
         broken = (
             ~jnp.all(jnp.isfinite(m_new))
@@ -947,14 +869,11 @@ def project_bounded_prediction(opt_state, params, features, bound):
     """
     if params is None:
         raise ValueError("project_bounded_prediction needs the current params, got None")
-    _check_scalar("bound", bound, allow_callable=False)
+    _validation.strength("bound", bound)
     son = _find_son_state(opt_state)
-    if son.leaf_state is None:  # no parameters at all
+    if son.leaf_state.layout.num_leaves == 0:  # no parameters at all
         return params
-    # Every per-leaf state has an ``alpha``: its tree has the structure the SON state covers.
-    leaf_states = _transforms.unpack_leaf_states(
-        jax.tree.structure(son.leaf_state.alpha), son.leaf_state
-    )
+    leaf_states = _leafwise.per_leaf(son.leaf_state)
     p_leaves, p_def = jax.tree.flatten(params)
     x_leaves = p_def.flatten_up_to(features)
     dims = [_leaf_dim(ls) for ls in leaf_states]
@@ -988,21 +907,21 @@ def project_bounded_prediction(opt_state, params, features, bound):
         for x, ls in zip(xs, leaf_states, strict=True)
     ]
     kx = jnp.max(
-        jnp.stack([_sketches._exponent(jnp.max(jnp.abs(x), initial=0)) for x in xt]),
-        initial=_sketches._NO_EXPONENT,
+        jnp.stack([_numerics.exponent(jnp.max(jnp.abs(x), initial=0)) for x in xt]),
+        initial=_numerics.NO_EXPONENT,
     )
-    kx = jnp.where(kx == _sketches._NO_EXPONENT, 0, kx)
-    xh = [_sketches._ldexp(x, -kx) for x in xt]
+    kx = jnp.where(kx == _numerics.NO_EXPONENT, 0, kx)
+    xh = [_numerics.ldexp(x, -kx) for x in xt]
 
     terms = [_leaf_terms(ls, x) for ls, x in zip(leaf_states, xh, strict=True)]
     # A leaf whose A^+ x vanishes must not set the common scale.
-    ks = [jnp.where(jnp.any(t.zhat != 0), t.k, _NO_EXP) for t in terms]
+    ks = [jnp.where(jnp.any(t.zhat != 0), t.k, _numerics.NO_EXPONENT) for t in terms]
     big_k = jnp.max(jnp.stack(ks))
     terms = [t._replace(k=k) for t, k in zip(terms, ks, strict=True)]
-    ztil = [_sketches._ldexp(t.zhat, t.k - big_k) for t in terms]  # 2**-K A^+ xhat
+    ztil = [_numerics.ldexp(t.zhat, t.k - big_k) for t in terms]  # 2**-K A^+ xhat
     s1 = sum(jnp.sum(x * z) for x, z in zip(xh, ztil, strict=True))  # 2**-K xhat^T A^+ xhat
     nn = sum(jnp.sum(jnp.square(t.null)) for t in terms)  # |xhat_perp|^2
-    null_cost = sum(_sketches._ldexp(t.null_cost, t.null_cost_exp + big_k) for t in terms)
+    null_cost = sum(_numerics.ldexp(t.null_cost, t.null_cost_exp + big_k) for t in terms)
     # cost(w2) < cost(w1)  <=>  ||x_perp||_A^2 (x^T A^+ x) < |x_perp|^4  (tau^2 cancels).
     use_null = (nn > 0) & ((s1 <= 0) | (s1 * null_cost < jnp.square(nn)))
     ok_range = s1 > 0
@@ -1010,8 +929,8 @@ def project_bounded_prediction(opt_state, params, features, bound):
     moves = []
     for x_leaf, t, z in zip(xh, terms, ztil, strict=True):
         del x_leaf
-        via_null = _sketches._ldexp(t.null / jnp.where(nn > 0, nn, 1), -kx)
-        via_range = _sketches._ldexp(z / jnp.where(ok_range, s1, 1), -kx)
+        via_null = _numerics.ldexp(t.null / jnp.where(nn > 0, nn, 1), -kx)
+        via_range = _numerics.ldexp(z / jnp.where(ok_range, s1, 1), -kx)
         step = jnp.where(use_null, via_null, jnp.where(ok_range, via_range, 0))
         moves.append(-tau * step)
     moves = [

@@ -13,10 +13,11 @@ Both reduce to one proximal step ``argmin_x <u, x> + c phi(x) + 1/2 <x, H_t x>``
 sec. 6); without a regularizer they are ``x_t - eta H_t^{-1} g_t`` and ``x_1 - eta H_t^{-1}
 sum_s g_s``. Every transform returns the *delta* to add to the parameters (Optax semantics).
 
-Per-leaf semantics: every leaf of the parameter pytree is flattened and gets its own metric
-(block-diagonal, Duchi et al. Cor. 14); wrap a transform in ``optax.flatten`` for one metric over
-all parameters. A leaf whose gradient holds NaN or Inf is skipped: its state is left exactly as
-it was, its update is zero, and ``nonfinite_count`` counts it. Metric states are at least float32;
+Per-leaf semantics (the driver of ``sketchopt._leafwise``): every leaf of the parameter pytree is
+flattened and gets its own metric (block-diagonal, Duchi et al. Cor. 14); wrap a transform in
+``optax.flatten`` for one metric over all parameters. A leaf whose gradient holds NaN or Inf, or
+whose step would give a non-finite update or state, is skipped: its state is left exactly as it
+was, its update is zero, and ``nonfinite_count`` counts it. Metric states are at least float32;
 updates come back in each parameter's dtype.
 """
 
@@ -31,11 +32,13 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
+from sketchopt import _leafwise, _validation
 from sketchopt import metrics as _metrics
 from sketchopt import sketches as _sketches
 
 __all__ = [
     "DualAveragingState",
+    "LeafGroups",
     "MirrorDescentState",
     "ScaleByMetricState",
     "ada_diag",
@@ -46,6 +49,7 @@ __all__ = [
     "ada_full_dual_averaging",
     "dual_averaging",
     "inject_hyperparams",
+    "migrate_state",
     "mirror_descent",
     "pack_leaf_states",
     "per_leaf_states",
@@ -58,11 +62,13 @@ __all__ = [
 ]
 
 ScalarOrSchedule = float | jax.Array | Callable[[jax.Array], jax.Array]
+LeafGroups = _leafwise.LeafGroups
 
 
 class ScaleByMetricState(NamedTuple):
-    """State of :func:`scale_by_metric`: one metric state per leaf, packed (see
-    :func:`pack_leaf_states`: ``metric_state.sketch.rows["w"]`` is leaf ``w``'s sketch)."""
+    """State of :func:`scale_by_metric`: ``metric_state`` holds one metric state per leaf,
+    stacked by leaf shape (a :class:`~sketchopt._leafwise.LeafGroups`; :func:`per_leaf_states`
+    gives them per leaf); ``nonfinite_count`` counts the skipped leaf updates."""
 
     count: jax.Array
     metric_state: Any
@@ -70,8 +76,9 @@ class ScaleByMetricState(NamedTuple):
 
 
 class MirrorDescentState(NamedTuple):
-    """State of :func:`mirror_descent`: one metric state per leaf, packed (see
-    :func:`pack_leaf_states`: ``metric_state.sketch.rows["w"]`` is leaf ``w``'s sketch)."""
+    """State of :func:`mirror_descent`: ``metric_state`` holds one metric state per leaf, stacked
+    by leaf shape (a :class:`~sketchopt._leafwise.LeafGroups`; :func:`per_leaf_states` gives them
+    per leaf); ``nonfinite_count`` counts the skipped leaf updates."""
 
     count: jax.Array
     metric_state: Any
@@ -79,9 +86,9 @@ class MirrorDescentState(NamedTuple):
 
 
 class DualAveragingState(NamedTuple):
-    """State of :func:`dual_averaging`: per leaf a metric state (packed, see
-    :func:`pack_leaf_states`), the running gradient sum ``sum_{s<=t} g_s`` and the anchor ``x_1``
-    (the initial parameters), both flattened per leaf."""
+    """State of :func:`dual_averaging`: per leaf a metric state, the running gradient sum
+    ``sum_{s<=t} g_s`` and the anchor ``x_1`` (the initial parameters, flattened), each stacked
+    by leaf shape (:class:`~sketchopt._leafwise.LeafGroups`; see :func:`per_leaf_states`)."""
 
     count: jax.Array
     metric_state: Any
@@ -95,45 +102,21 @@ class DualAveragingState(NamedTuple):
 
 
 def _check_learning_rate(learning_rate):
-    if callable(learning_rate):
-        return learning_rate
-    if _metrics._is_concrete(learning_rate):
-        value = float(learning_rate)
-        if not np.isfinite(value) or value < 0:
-            raise ValueError(f"learning_rate must be a finite number >= 0, got {value}")
-    return learning_rate
+    return _validation.step_size("learning_rate", learning_rate)
 
 
 def _learning_rate_at(learning_rate, count):
     return learning_rate(count) if callable(learning_rate) else learning_rate
 
 
-def _leaf_dtype(leaf):
-    return _metrics.state_dtype(jnp.asarray(leaf).dtype)
-
-
-def _check_gradient_leaf(g):
-    if not jnp.issubdtype(jnp.asarray(g).dtype, jnp.inexact):
-        raise TypeError(
-            f"gradients must be floating point arrays, got dtype {jnp.asarray(g).dtype}; "
-            "integer parameters cannot be trained by gradient transformations"
-        )
-
-
-def _metric_init(metric, params):
-    leaves, treedef = jax.tree.flatten(params)
-    return pack_leaf_states(treedef, [metric.init(jnp.size(p), _leaf_dtype(p)) for p in leaves])
-
-
 def pack_leaf_states(treedef, states):
-    """Per-leaf states -> the Optax layout: one state structure whose leaves are parameter trees.
+    """Per-leaf states -> one state structure whose leaves are parameter trees.
 
     ``states`` lists one state per leaf of ``treedef`` (all of the same structure). The result
     has that per-leaf structure with, in place of each array, a pytree of the parameters'
-    structure -- as ``optax.ScaleByAdamState.mu`` is -- so ``state.metric_state.sketch.rows``
-    is a tree like the params. This is what Flax's ``nnx.Optimizer`` (which wraps the
-    parameter-structured parts of a state in variables) and :mod:`sketchopt.sharding` rely on.
-    ``None`` when the parameters have no leaves.
+    structure (``state.rows["w"]``): the layout of ``sketchopt`` 0.1 states, and what
+    :func:`per_leaf_states` and :func:`sketchopt.migrate_state` read. ``None`` when the
+    parameters have no leaves.
     """
     if not states:
         return None
@@ -149,112 +132,97 @@ def unpack_leaf_states(treedef, packed):
 
 
 def per_leaf_states(packed, params):
-    """A packed state (:func:`pack_leaf_states`) as a tree like ``params`` of per-leaf states.
+    """A per-leaf state field as a tree like ``params`` of per-leaf states.
 
     For inspection: ``per_leaf_states(state.metric_state, params)["conv"]["kernel"]`` is that
-    kernel's whole metric state (e.g. a ``FrequentDirectionsState``). ``params`` only gives the
-    structure (arrays, ``ShapeDtypeStruct``\\ s or gradients all do).
+    kernel's whole metric state (e.g. a ``FrequentDirectionsState``). ``packed`` is a field of a
+    transform state (a :class:`~sketchopt._leafwise.LeafGroups`, which stacks the leaves of equal
+    shape) or, for states saved by ``sketchopt`` 0.1, a :func:`pack_leaf_states` structure.
+    ``params`` only gives the structure (arrays, ``ShapeDtypeStruct``\\ s or gradients all do).
     """
     treedef = jax.tree.structure(params)
+    if isinstance(packed, _leafwise.LeafGroups):
+        if packed.layout.num_leaves != treedef.num_leaves:
+            raise ValueError(
+                f"the state covers {packed.layout.num_leaves} leaves, params has "
+                f"{treedef.num_leaves}"
+            )
+        return treedef.unflatten(_leafwise.per_leaf(packed))
     return treedef.unflatten(unpack_leaf_states(treedef, packed))
 
 
-def _map_leaves(fn, updates, leaf_states, *trees, num_outs=1):
-    """Apply ``fn(g, state, *leaves) -> (update, state, *outs)`` (``num_outs`` outs) leaf by leaf.
+def migrate_state(restored, target):
+    """A state saved by ``sketchopt`` 0.1, in the current layout (``CHANGELOG.md``, 0.2.0).
 
-    ``leaf_states`` are packed per-leaf states (:func:`pack_leaf_states`), handed to ``fn`` one
-    leaf at a time and packed again on the way out. Each of ``trees`` has the structure of
-    ``updates`` or is ``None`` (then ``fn`` receives ``None`` for it). Returns the updates, the
-    packed states and one tree per further output.
+    0.1 kept every per-leaf field as a tree like the parameters; 0.2 stacks the leaves of equal
+    shape (:class:`LeafGroups`), so an Orbax restore of a 0.1 checkpoint into a 0.2 target fails
+    on the tree structure. Restore it without a target and convert it::
+
+        raw = ocp.StandardCheckpointer().restore(path)             # nested dicts of arrays
+        state = sketchopt.migrate_state(raw, tx.init(params))       # or jax.eval_shape(...)
+
+    Args:
+      restored: the 0.1 state, as nested dicts (an Orbax restore without a target) or as the
+        0.1 state objects themselves.
+      target: a state (or ``jax.eval_shape`` of one) of the same transform in the 0.2 layout;
+        only its structure, shapes and dtypes are read.
+
+    Returns:
+      The state in the layout of ``target``, with the values of ``restored``; a run continued
+      from it is the run continued from the 0.1 state.
     """
-    flat_updates, treedef = jax.tree.flatten(updates)
-    flat_trees = [unpack_leaf_states(treedef, leaf_states)] + [
-        [None] * len(flat_updates) if tree is None else treedef.flatten_up_to(tree)
-        for tree in trees
-    ]
-    outs = [fn(g, *args) for g, *args in zip(flat_updates, *flat_trees, strict=True)]
-    if not outs:  # no leaves at all
-        return (treedef.unflatten([]), leaf_states) + (treedef.unflatten([]),) * num_outs
-    columns = [list(col) for col in zip(*outs, strict=True)]
-    return (
-        treedef.unflatten(columns[0]),
-        pack_leaf_states(treedef, columns[1]),
-        *(treedef.unflatten(col) for col in columns[2:]),
-    )
-
-
-def _sanitize(g):
-    """``(g with non-finite leaves zeroed, finite flag)``.
-
-    A non-finite leaf is then processed as a zero gradient with ``valid=False``, for which every
-    metric returns its state bit-identical, and its update is masked to zero. Selection instead
-    of ``lax.cond`` keeps XLA from copying large states (under ``vmap`` a ``cond`` would be a
-    select anyway).
-    """
-    finite = jnp.all(jnp.isfinite(g))
-    return jnp.where(finite, g, 0), finite
-
-
-def _count_skipped(finite_flags):
-    skipped = [(~f).astype(jnp.int32) for f in jax.tree.leaves(finite_flags)]
-    return sum(skipped, jnp.zeros((), jnp.int32))
-
-
-def _require_params(params, name):
-    if params is None:
-        raise ValueError(f"{name} needs the current parameters: call update(grads, state, params)")
-
-
-def _flat(x, dtype):
-    return jnp.ravel(x).astype(dtype)
-
-
-# ----------------------------------------------------------------------------------------------
-# The preconditioner alone.
-
-
-def scale_by_metric(metric: _metrics.Metric) -> optax.GradientTransformationExtraArgs:
-    """The preconditioner ``g_t -> H_t^{-1} g_t`` of a metric, leaf by leaf.
-
-    The building block of the ``scale_by_*`` aliases, as ``optax.scale_by_rss`` is of
-    ``optax.adagrad``: chain it with ``optax.scale_by_learning_rate``.
-    """
-
-    def init_fn(params):
-        return ScaleByMetricState(
-            jnp.zeros((), jnp.int32), _metric_init(metric, params), jnp.zeros((), jnp.int32)
-        )
-
-    def update_fn(updates, state, params=None):
-        del params
-
-        def leaf(g, ms):
-            _check_gradient_leaf(g)
-            gf, finite = _sanitize(_flat(g, ms_dtype(ms)))
-            ms, op, solved = metric.update(ms, gf, finite)
-            u = jnp.where(finite, _metrics.solve_new_gradient(op, gf, solved), 0)
-            return u.reshape(jnp.shape(g)).astype(jnp.asarray(g).dtype), ms, finite
-
-        new_updates, ms, finite = _map_leaves(leaf, updates, state.metric_state)
-        return new_updates, ScaleByMetricState(
-            optax.safe_increment(state.count), ms, state.nonfinite_count + _count_skipped(finite)
-        )
-
-    return optax.GradientTransformationExtraArgs(init_fn, update_fn)
-
-
-def ms_dtype(metric_state):
-    """The floating dtype a metric state works in (that of its first floating leaf)."""
-    for leaf in jax.tree.leaves(metric_state):
-        if jnp.issubdtype(leaf.dtype, jnp.floating):
-            return leaf.dtype
-    return jnp.float32
+    return _leafwise.migrate(restored, target)
 
 
 # ----------------------------------------------------------------------------------------------
 # The rules.
 
 
+def _metric_rule(metric, learning_rate, regularizer, *, scale_only=False):
+    """The per-leaf rule of :func:`mirror_descent` (and of :func:`scale_by_metric`)."""
+
+    def init(spec, param):
+        del param
+        return (metric.init(spec.shape, spec.dtype),)
+
+    def step(ctx, g, values, x, valid):
+        (ms,) = values
+        ms, op, solved = metric.update(ms, g, valid)
+        direction = _metrics.solve_new_gradient(op, g, solved)
+        if scale_only:
+            return direction, (ms,)
+        eta = jnp.asarray(ctx.hyper, g.dtype)
+        if regularizer is None:
+            return -eta * direction, (ms,)
+        # The prox at the unregularized point z = x_t - eta H^{-1} g_t in the H-norm: the same
+        # problem as u = eta g_t - H x_t, but u would lose the part of x_t on the small
+        # eigenvalues of H to rounding once cond(H) passes 1/eps. (No warm start: the solver's
+        # own start, x = z, is closer than x_t.)
+        z = x - eta * direction
+        return regularizer.prox(None, eta, op, shape=ctx.shape, center=z) - x, (ms,)
+
+    needs = None if (regularizer is None or scale_only) else "mirror_descent with a regularizer"
+    return _leafwise.LeafRule(
+        ("metric_state",),
+        init,
+        step,
+        hyper=lambda count: _learning_rate_at(learning_rate, count),
+        needs_params=needs,
+    )
+
+
+@_leafwise.compiled
+def scale_by_metric(metric: _metrics.Metric) -> optax.GradientTransformationExtraArgs:
+    """The preconditioner ``g_t -> H_t^{-1} g_t`` of a metric, leaf by leaf.
+
+    The building block of the ``scale_by_*`` aliases, as ``optax.scale_by_rss`` is of
+    ``optax.adagrad``: chain it with ``optax.scale_by_learning_rate``.
+    """
+    rule = _metric_rule(metric, None, None, scale_only=True)
+    return _leafwise.leafwise(rule, ScaleByMetricState)
+
+
+@_leafwise.compiled
 def mirror_descent(
     learning_rate: ScalarOrSchedule,
     metric: _metrics.Metric,
@@ -277,44 +245,10 @@ def mirror_descent(
       regularizer: ``None`` or a regularizer of :mod:`sketchopt.regularizers`.
     """
     learning_rate = _check_learning_rate(learning_rate)
-
-    def init_fn(params):
-        return MirrorDescentState(
-            jnp.zeros((), jnp.int32), _metric_init(metric, params), jnp.zeros((), jnp.int32)
-        )
-
-    def update_fn(updates, state, params=None):
-        if regularizer is not None:
-            _require_params(params, "mirror_descent with a regularizer")
-        eta = _learning_rate_at(learning_rate, state.count)
-
-        def leaf(g, ms, x):
-            _check_gradient_leaf(g)
-            dtype = ms_dtype(ms)
-            gf, finite = _sanitize(_flat(g, dtype))
-            ms, op, solved = metric.update(ms, gf, finite)
-            if regularizer is None:
-                delta = -eta * _metrics.solve_new_gradient(op, gf, solved)
-            else:
-                # The prox at the unregularized point z = x_t - eta H^{-1} g_t in the H-norm:
-                # the same problem as u = eta g_t - H x_t, but u would lose the part of x_t on
-                # the small eigenvalues of H to rounding once cond(H) passes 1/eps. (No warm
-                # start: the solver's own start, x = z, is closer than x_t.)
-                xf = _flat(x, dtype)
-                z = xf - eta * _metrics.solve_new_gradient(op, gf, solved)
-                x_new = regularizer.prox(None, eta, op, shape=jnp.shape(g), center=z)
-                delta = x_new - xf
-            delta = jnp.where(finite, delta, 0)
-            return delta.reshape(jnp.shape(g)).astype(jnp.asarray(g).dtype), ms, finite
-
-        new_updates, ms, finite = _map_leaves(leaf, updates, state.metric_state, params)
-        return new_updates, MirrorDescentState(
-            optax.safe_increment(state.count), ms, state.nonfinite_count + _count_skipped(finite)
-        )
-
-    return optax.GradientTransformationExtraArgs(init_fn, update_fn)
+    return _leafwise.leafwise(_metric_rule(metric, learning_rate, regularizer), MirrorDescentState)
 
 
+@_leafwise.compiled
 def dual_averaging(
     learning_rate: ScalarOrSchedule,
     metric: _metrics.Metric,
@@ -333,51 +267,31 @@ def dual_averaging(
     """
     learning_rate = _check_learning_rate(learning_rate)
 
-    def init_fn(params):
-        anchor = jax.tree.map(lambda p: _flat(p, _leaf_dtype(p)), params)
-        return DualAveragingState(
-            count=jnp.zeros((), jnp.int32),
-            metric_state=_metric_init(metric, params),
-            grad_sum=jax.tree.map(jnp.zeros_like, anchor),
-            anchor=anchor,
-            nonfinite_count=jnp.zeros((), jnp.int32),
-        )
+    def init(spec, param):
+        anchor = jnp.ravel(param).astype(spec.dtype)
+        return (metric.init(spec.shape, spec.dtype), jnp.zeros_like(anchor), anchor)
 
-    def update_fn(updates, state, params=None):
-        _require_params(params, "dual_averaging")
-        t = optax.safe_increment(state.count)
-        eta = _learning_rate_at(learning_rate, state.count)
+    def step(ctx, g, values, x, valid):
+        ms, gsum, x1 = values
+        ms, op, _ = metric.update(ms, g, valid)
+        gsum = jnp.where(valid, gsum + g, gsum)
+        eta = jnp.asarray(ctx.hyper, g.dtype)
+        z = x1 - eta * op.solve(gsum)
+        if regularizer is None:
+            x_new = z
+        else:  # the prox at z in the H-norm (see mirror_descent)
+            c = eta * (ctx.count + 1).astype(g.dtype)
+            x_new = regularizer.prox(None, c, op, shape=ctx.shape, center=z)
+        return x_new - x, (ms, gsum, x1)
 
-        def leaf(g, ms, gsum, x1, x):
-            _check_gradient_leaf(g)
-            dtype = gsum.dtype
-            gf, finite = _sanitize(_flat(g, dtype))
-            xf = _flat(x, dtype)
-            ms, op, _ = metric.update(ms, gf, finite)
-            gsum = gsum + gf  # exact no-op for a skipped (zeroed) leaf
-            if regularizer is None:
-                x_new = x1 - eta * op.solve(gsum)
-            else:
-                # The prox at z = x_1 - eta H^{-1} sum_s g_s in the H-norm (see mirror_descent).
-                z = x1 - eta * op.solve(gsum)
-                c = eta * t.astype(dtype)
-                x_new = regularizer.prox(None, c, op, shape=jnp.shape(g), center=z)
-            delta = jnp.where(finite, x_new - xf, 0)
-            out = delta.reshape(jnp.shape(g)).astype(jnp.asarray(g).dtype)
-            return out, ms, gsum, finite
-
-        new_updates, ms, gsum, finite = _map_leaves(
-            leaf, updates, state.metric_state, state.grad_sum, state.anchor, params, num_outs=2
-        )
-        return new_updates, DualAveragingState(
-            count=t,
-            metric_state=ms,
-            grad_sum=gsum,
-            anchor=state.anchor,
-            nonfinite_count=state.nonfinite_count + _count_skipped(finite),
-        )
-
-    return optax.GradientTransformationExtraArgs(init_fn, update_fn)
+    rule = _leafwise.LeafRule(
+        ("metric_state", "grad_sum", "anchor"),
+        init,
+        step,
+        hyper=lambda count: _learning_rate_at(learning_rate, count),
+        needs_params="dual_averaging",
+    )
+    return _leafwise.leafwise(rule, DualAveragingState)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -392,6 +306,7 @@ def _fd_sketch(sketch_size, robust, fast, alpha_fraction=0.5):
     return _sketches.frequent_directions(sketch_size, fast=fast)
 
 
+@_leafwise.compiled
 def ada_fd(
     learning_rate: ScalarOrSchedule,
     sketch_size: int,
@@ -419,6 +334,7 @@ def ada_fd(
     return mirror_descent(learning_rate, _metrics.sketched(sketch, delta), regularizer)
 
 
+@_leafwise.compiled
 def ada_fd_dual_averaging(
     learning_rate: ScalarOrSchedule,
     sketch_size: int,
@@ -437,6 +353,7 @@ def ada_fd_dual_averaging(
     return dual_averaging(learning_rate, _metrics.sketched(sketch, delta), regularizer)
 
 
+@_leafwise.compiled
 def ada_full(
     learning_rate: ScalarOrSchedule, delta: float, *, regularizer: Any = None
 ) -> optax.GradientTransformationExtraArgs:
@@ -444,6 +361,7 @@ def ada_full(
     return mirror_descent(learning_rate, _metrics.full(delta), regularizer)
 
 
+@_leafwise.compiled
 def ada_full_dual_averaging(
     learning_rate: ScalarOrSchedule, delta: float, *, regularizer: Any = None
 ) -> optax.GradientTransformationExtraArgs:
@@ -451,6 +369,7 @@ def ada_full_dual_averaging(
     return dual_averaging(learning_rate, _metrics.full(delta), regularizer)
 
 
+@_leafwise.compiled
 def ada_diag(
     learning_rate: ScalarOrSchedule, delta: float, *, regularizer: Any = None
 ) -> optax.GradientTransformationExtraArgs:
@@ -461,6 +380,7 @@ def ada_diag(
     return mirror_descent(learning_rate, _metrics.diagonal(delta), regularizer)
 
 
+@_leafwise.compiled
 def ada_diag_dual_averaging(
     learning_rate: ScalarOrSchedule, delta: float, *, regularizer: Any = None
 ) -> optax.GradientTransformationExtraArgs:
@@ -468,6 +388,7 @@ def ada_diag_dual_averaging(
     return dual_averaging(learning_rate, _metrics.diagonal(delta), regularizer)
 
 
+@_leafwise.compiled
 def s_adagrad(
     learning_rate: ScalarOrSchedule,
     sketch_size: int,
@@ -482,6 +403,7 @@ def s_adagrad(
     return mirror_descent(learning_rate, _metrics.sketched(sketch, delta), regularizer)
 
 
+@_leafwise.compiled
 def scale_by_ada_fd(
     sketch_size: int, delta: float, *, robust: bool = False, fast: bool = False
 ) -> optax.GradientTransformationExtraArgs:
@@ -489,11 +411,13 @@ def scale_by_ada_fd(
     return scale_by_metric(_metrics.sketched(_fd_sketch(sketch_size, robust, fast), delta))
 
 
+@_leafwise.compiled
 def scale_by_ada_full(delta: float) -> optax.GradientTransformationExtraArgs:
     """ADA-FULL's preconditioner alone: ``g_t -> (delta I + G_t^{1/2})^{-1} g_t``."""
     return scale_by_metric(_metrics.full(delta))
 
 
+@_leafwise.compiled
 def scale_by_ada_diag(delta: float) -> optax.GradientTransformationExtraArgs:
     """ADA-DIAG's preconditioner alone: ``g_t -> g_t / (delta + sqrt(sum_s g_s^2))``."""
     return scale_by_metric(_metrics.diagonal(delta))

@@ -147,12 +147,16 @@ def assert_finite(tree, what):
 
 
 def per_leaf_states(state, params):
-    """Every sub-tree of ``state`` with the structure of ``params`` (down to its leaves), as
-    lists of per-parameter-leaf states, e.g. ``metric_state``, ``grad_sum``, ``leaf_state``."""
+    """Every per-leaf field of ``state`` (a :class:`sketchopt.LeafGroups`, e.g. ``metric_state``,
+    ``grad_sum``, ``leaf_state``) and every sub-tree with the structure of ``params``, as lists of
+    per-parameter-leaf states."""
     treedef = jax.tree.structure(params)
     found = []
 
     def visit(node):
+        if isinstance(node, so.LeafGroups):
+            found.append(treedef.flatten_up_to(so.per_leaf_states(node, params)))
+            return
         try:
             found.append(treedef.flatten_up_to(node))
             return
@@ -449,7 +453,9 @@ def _long_run(dtype):
         return jax.lax.scan(body, states, jnp.arange(LONG_STEPS))[0]
 
     states = scan({k: tx.init(params) for k, tx in txs.items()})
-    return {"ada_fd": states["ada_fd"].metric_state, "rfd_son": states["rfd_son"].leaf_state.sketch}
+    ada_fd = so.per_leaf_states(states["ada_fd"].metric_state, params)
+    rfd_son = so.per_leaf_states(states["rfd_son"].leaf_state, params).sketch
+    return {"ada_fd": ada_fd, "rfd_son": rfd_son}
 
 
 def test_long_run_keeps_directions_orthonormal(record_property):

@@ -125,6 +125,14 @@ SCRIPT = textwrap.dedent(
                     params = jax.device_put(params0, shard)
                     state = sharding.init(tx, params)
                     wanted = sharding.state_sharding(state, params)
+                    if mode == "explicit":  # plain init reads the layout off the parameters
+                        plain = tx.init(params)
+                        out["plain_init_ok"] = all(
+                            x.sharding.is_equivalent_to(s, x.ndim)
+                            for x, s in zip(
+                                jax.tree.leaves(plain), jax.tree.leaves(wanted), strict=True
+                            )
+                        )
                     step = jax.jit(tx.update, out_shardings=(shard, wanted))
                     compiled = step.lower(grads(params, 0), state, params).compile()
                     got, state = run(tx, compiled, params, state)
@@ -134,7 +142,7 @@ SCRIPT = textwrap.dedent(
                     for x, s in zip(leaves, jax.tree.leaves(wanted), strict=True)
                 )
                 out["sketch_specs"] = sorted(
-                    {str(spec_of(x)) for x in leaves if x.ndim == 2 and x.shape[-1] == 256}
+                    {str(spec_of(x)) for x in leaves if x.ndim == 3 and x.shape[-1] == 256}
                 )
                 out["param_specs"] = {k: spec_of(v) for k, v in got.items()}
                 out["diff"] = max(
@@ -176,7 +184,7 @@ SCRIPT = textwrap.dedent(
             x.sharding.is_equivalent_to(t.sharding, x.ndim)
             for x, t in zip(jax.tree.leaves(restored), jax.tree.leaves(target), strict=True)
         )
-        extras["orbax_rows_spec"] = spec_of(restored.metric_state.rows["w"])
+        extras["orbax_rows_spec"] = spec_of(restored.metric_state.rows.groups[-1])
 
         def constrained_step(g, st, p):
             updates, st = tx.update(g, st, p)
@@ -184,7 +192,7 @@ SCRIPT = textwrap.dedent(
 
         replicated = jax.device_put(tx.init(params0), NamedSharding(mesh, P()))
         _, st2 = jax.jit(constrained_step)(grads(params, 0), replicated, params)
-        extras["constrain_rows_spec"] = spec_of(st2.metric_state.rows["w"])
+        extras["constrain_rows_spec"] = spec_of(st2.metric_state.rows.groups[-1])
     except Exception as err:
         extras["error"] = f"{type(err).__name__}: {err}"[:600]
     print("RESULTS" + json.dumps({"families": results, "extras": extras}))
@@ -250,7 +258,9 @@ def test_sharded_matches_single_device(results, subtests, record_property):
                 assert out["sharding_ok"]
                 assert out["param_specs"] == {"w": ["model", None], "b": ["model"], "s": []}
                 if any(k in name for k in ("fd", "son", "radagrad")) and name != "ons":
-                    assert out["sketch_specs"] == ["[None, 'model']"], out["sketch_specs"]
+                    assert out["sketch_specs"] == ["[None, None, 'model']"], out["sketch_specs"]
+                if mode == "explicit":
+                    assert out["plain_init_ok"]
                 allowed = FAMILIES[name][1]
                 if allowed == "none":
                     assert out["gathers"] == [], out["gathers"]
@@ -261,8 +271,8 @@ def test_sharded_matches_single_device(results, subtests, record_property):
         extras = results["extras"]
         assert "error" not in extras, extras["error"]
         assert extras["orbax_equal"] and extras["orbax_sharding_ok"]
-        assert extras["orbax_rows_spec"] == [None, "model"]
-        assert extras["constrain_rows_spec"] == [None, "model"]
+        assert extras["orbax_rows_spec"] == [None, None, "model"]
+        assert extras["constrain_rows_spec"] == [None, None, "model"]
 
 
 # ----------------------------------------------------------------------------------------------
@@ -278,6 +288,15 @@ def _specs(tree):
     return [s.spec for s in jax.tree.leaves(tree, is_leaf=lambda x: isinstance(x, NamedSharding))]
 
 
+def _group(field, params, key):
+    """The stacked group (of a per-leaf state field, a ``LeafGroups``) holding leaf ``key``."""
+    index = sorted(params).index(key)  # jax.tree.leaves orders dict keys
+    for members, value in zip(field.layout.groups, field.groups, strict=True):
+        if index in members:
+            return value
+    raise KeyError(key)
+
+
 def test_state_sharding_rules(mesh):
     params = {"w": jnp.zeros((8, 3)), "b": jnp.zeros((4,)), "s": jnp.zeros(())}
     shard = {
@@ -289,15 +308,19 @@ def test_state_sharding_rules(mesh):
     state = jax.eval_shape(tx.init, params)
     out = sharding.state_sharding(state, shard, params)
     da = out[1]
-    assert da.metric_state.rows["w"].spec == P(None, "model")  # (3, 24): sketch rows
-    assert da.metric_state.gram["w"].spec == P()  # (3, 3)
-    assert da.metric_state.count["w"].spec == P()
-    assert da.grad_sum["w"].spec == P("model") and da.anchor["w"].spec == P("model")
-    assert da.metric_state.rows["b"].spec == P(None, ("data", "model"))
-    assert da.grad_sum["s"].spec == P() and da.count.spec == P()
-    # params-shaped accumulators take the parameter's own sharding
+    ms = da.metric_state
+    # Per-leaf values are stacked by leaf shape along a leading axis: (1, 3, 24) sketch rows.
+    assert _group(ms.rows, params, "w").spec == P(None, None, "model")
+    assert _group(ms.gram, params, "w").spec == P()  # (1, 3, 3)
+    assert _group(ms.count, params, "w").spec == P()
+    assert _group(da.grad_sum, params, "w").spec == P(None, "model")
+    assert _group(da.anchor, params, "w").spec == P(None, "model")
+    assert _group(ms.rows, params, "b").spec == P(None, None, ("data", "model"))
+    assert _group(da.grad_sum, params, "s").spec == P() and da.count.spec == P()
+    # the flattened per-coordinate accumulators are sharded like the flattened parameter
     ftrl = sharding.state_sharding(so.ftrl_proximal(0.1).init(params), shard, params)
-    assert ftrl.z["w"].spec == P("model", None) and ftrl.steps["w"].spec == P()
+    assert _group(ftrl.z, params, "w").spec == P(None, "model")
+    assert _group(ftrl.steps, params, "w").spec == P()
 
 
 def test_state_sharding_from_sharded_arrays_and_specs(mesh):
@@ -308,17 +331,17 @@ def test_state_sharding_from_sharded_arrays_and_specs(mesh):
     tx = so.ada_fd(0.1, 2, 0.1)
     state = tx.init(params)
     from_arrays = sharding.state_sharding(state, params)
-    assert from_arrays.metric_state.rows["w"].spec == P(None, "model")
-    assert from_arrays.metric_state.rows["b"].spec == P()
+    assert _group(from_arrays.metric_state.rows, params, "w").spec == P(None, None, "model")
+    assert _group(from_arrays.metric_state.rows, params, "b").spec == P()
     with pytest.raises(ValueError, match="params="):
         sharding.state_sharding(state, {"w": P("model"), "b": P()})
     with pytest.raises(ValueError, match="mesh"):
         sharding.state_sharding(state, {"w": P("model"), "b": P()}, params)
     with jax.set_mesh(mesh):
         specs = sharding.state_sharding(state, {"w": P("model"), "b": P()}, params)
-    assert specs.metric_state.rows["w"] == P(None, "model")
+    assert _group(specs.metric_state.rows, params, "w") == P(None, None, "model")
     explicit = sharding.state_sharding(state, {"w": P("model"), "b": P()}, params, mesh=mesh)
-    assert isinstance(explicit.metric_state.rows["w"], NamedSharding)
+    assert isinstance(_group(explicit.metric_state.rows, params, "w"), NamedSharding)
 
 
 def test_state_sharding_replicates_what_cannot_be_split():
@@ -328,9 +351,9 @@ def test_state_sharding_replicates_what_cannot_be_split():
     params = {"w": jax.ShapeDtypeStruct((8,), jnp.float32)}
     state = jax.eval_shape(so.ada_fd(0.1, 2, 0.1).init, params)
     specs = sharding.state_sharding(state, {"w": P("model")}, params, mesh=abstract)
-    assert specs.metric_state.rows["w"] == P()
+    assert _group(specs.metric_state.rows, params, "w") == P()
     specs = sharding.state_sharding(state, {"w": P("model")}, params, mesh=mesh)
-    assert specs.metric_state.rows["w"].spec == P(None, "model")
+    assert _group(specs.metric_state.rows, params, "w").spec == P(None, None, "model")
 
 
 def test_init_and_abstract_state_on_one_device(mesh):

@@ -285,7 +285,7 @@ def runner(kind):
             updates, state = tx.update(g, state)
             w = jnp.where(is_warm, w, wp + updates)
             if kind.startswith("rfd"):
-                alpha = sk.low_rank(state.leaf_state.sketch).true_alpha()
+                alpha = sk.low_rank(so.per_leaf_states(state.leaf_state, w).sketch).true_alpha()
             else:
                 alpha = jnp.zeros((), w.dtype)
             return (w, state), (pred, w, alpha)
@@ -330,7 +330,8 @@ def reference_model(kind, h):
     if kind.startswith("rfd"):
         return FDRef(DIM, m, robust=True, fast=kind == "rfd_fast", alpha0=h["alpha"])
     if kind == "oja":
-        init = build("oja", h).init(jnp.zeros(DIM, jnp.float64)).leaf_state.sketch.directions
+        w0 = jnp.zeros(DIM, jnp.float64)
+        init = so.per_leaf_states(build("oja", h).init(w0).leaf_state, w0).sketch.directions
         return OjaRef(np.asarray(init), h["alpha"])
     if kind == "rp":
         return RPRef(DIM, DIM, h["alpha"], KEY)
@@ -458,7 +459,7 @@ def test_rp_inverse_tracking_float64():
     x, y = stream()
     with x64():
         *_, state = online_run("rp", hyper(0.5), x, y)
-    leaf = state.leaf_state
+    leaf = state.leaf_state.leaf(0)  # the one parameter leaf
     e = int(leaf.sketch.scale_exp)
     m = DIM
     assert int(leaf.sketch.count) % m == 5
@@ -478,7 +479,7 @@ def test_rp_sketch_is_unbiased_over_keys():
         tx = so.rp_son(1.0, m, key, eta=1.0)
         state = tx.init(jnp.zeros(dim))
         state = jax.lax.scan(lambda s, g: (tx.update(g, s)[1], None), state, grads)[0]
-        return state.leaf_state
+        return state.leaf_state.leaf(0)
 
     keys = jax.random.split(jax.random.PRNGKey(8), 4096)
     leaf = jit(jax.vmap(final_state))(keys)
@@ -760,7 +761,7 @@ def test_inject_hyperparams_alpha_change_is_used():
         got, new = tx.update(grads[3], state)
         want, _ = so.rp_son(0.25, 3, KEY, eta=1.0).update(grads[3], pstate)
         old, _ = plain.update(grads[3], pstate)
-        return got, want, old, new.inner_state.leaf_state
+        return got, want, old, new.inner_state.leaf_state.leaf(0)
 
     got, want, old, leaf = run(grads)
     np.testing.assert_allclose(got, want, rtol=1e-5)
@@ -774,7 +775,7 @@ def test_bf16_params_keep_float32_state():
     tx = so.fd_son(1.0, 3)
     params = jnp.zeros(5, jnp.bfloat16)
     state = tx.init(params)
-    assert state.leaf_state.sketch.rows.dtype == jnp.float32
+    assert so.per_leaf_states(state.leaf_state, params).sketch.rows.dtype == jnp.float32
     updates, state = tx.update(jnp.ones(5, jnp.bfloat16), state)
     assert updates.dtype == jnp.bfloat16 and np.all(np.isfinite(np.asarray(updates, np.float32)))
     w = so.project_bounded_prediction(state, params + 3, jnp.ones(5, jnp.bfloat16), 1.0)
@@ -790,7 +791,8 @@ def test_diagonal_rescaling_state_and_off_sketch_step():
     g1 = jnp.asarray([1.0, 2.0, 0.0])
     u, state = tx.update(g1, state)
     np.testing.assert_allclose(u, -g1 / (2.0 * 0.1), rtol=1e-6)
-    np.testing.assert_allclose(state.leaf_state.diag_sqrt**2, 0.1 + g1**2, rtol=1e-6)
+    diag_sqrt = so.per_leaf_states(state.leaf_state, g1).diag_sqrt
+    np.testing.assert_allclose(diag_sqrt**2, 0.1 + g1**2, rtol=1e-6)
     g2 = jnp.asarray([1.0, 0.0, 3.0])
     u, state = tx.update(g2, state)
     np.testing.assert_allclose(u, -g2 / (2.0 * (0.1 + g1**2)), rtol=1e-6)

@@ -1,0 +1,686 @@
+r"""The one per-leaf driver under every transform: grouping, bad input, compile-once.
+
+Every ``sketchopt`` transform treats each leaf of the parameter pytree on its own (block-diagonal
+AdaGrad, Duchi et al. Cor. 14): a *leaf rule* says how one leaf's state is created and stepped,
+and :func:`leafwise` turns it into an Optax ``GradientTransformationExtraArgs``. The driver owns
+everything around the arithmetic, once for all families:
+
+**Grouping.** Leaves with the same shape, state dtype (and, under an explicit-sharding mesh, the
+same sharding) form a *group*; a group's per-leaf states are stored stacked along a leading axis
+in one :class:`LeafGroups` container, and one ``vmap`` of the leaf step runs the whole group. The
+compiled program therefore grows with the number of distinct leaf shapes, not of leaves (a
+transformer's 24 identical layers compile once), and the stacked state is updated in place, with
+no copy per step. A group of one leaf is stepped without ``vmap``.
+
+**Bad input, one policy.** A leaf update is *skipped* -- its update is zero, its state is left
+bit-identical and the transform's ``nonfinite_count`` grows by one -- when its gradient holds NaN
+or Inf, or when its step produces a non-finite update or a non-finite state array. The gradient is
+checked first and handed to the rule as ``valid`` (a rule returns its state bit-identical for an
+invalid, zeroed gradient, by selection rather than ``lax.cond``, so that a donated state is never
+copied); the update and the state are checked after the step. The one exception is an array a
+state class lists in its ``GUARDED`` attribute: the ``m x d`` rows of a sketch, which its family
+keeps finite by construction (power-of-two scaled units, see :mod:`sketchopt._numerics`) and whose
+re-check would cost a pass over the sketch at every step. Integer gradients raise ``TypeError``
+and a gradient whose shape differs from the one the state was built for raises ``ValueError``, at
+trace time.
+
+**Compile once.** :func:`compiled` wraps a transform factory so that its ``init`` and ``update``
+each run as one cached, compiled unit: outside ``jit`` an update costs one dispatch and compiles
+only the first time, also when the transform is rebuilt with new hyperparameter values
+(``optax.inject_hyperparams`` rebuilds it at every step), because the factory's numeric
+arguments are passed to the compiled unit as traced values and only the rest (sizes, flags,
+schedules, metric objects) keys the cache. Inside an outer ``jit`` the unit is inlined as usual.
+
+**Sharding.** Under an ``AxisType.Explicit`` mesh ``init`` lays each state array out like its
+parameter (``(..., d)`` arrays sharded along ``d``, see :mod:`sketchopt.sharding`), so plain
+``tx.init(params)`` -- what ``nnx.Optimizer`` and ``TrainState`` call -- never replicates a sketch.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import contextvars
+import dataclasses
+import functools
+import math
+import numbers
+from collections.abc import Callable, Sequence
+from typing import Any, NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+
+from sketchopt import _numerics, _partitioning
+
+__all__ = [
+    "GROUP_AXIS",
+    "LeafContext",
+    "LeafGroups",
+    "LeafRule",
+    "LeafSpec",
+    "Layout",
+    "all_leaves",
+    "any_leaf",
+    "compiled",
+    "grouped",
+    "leafwise",
+    "per_leaf",
+    "require_params",
+    "select_leaves",
+]
+
+#: The name of the ``vmap`` axis over the leaves of a group (for collectives over a group).
+GROUP_AXIS = "sketchopt_leaves"
+
+
+# ----------------------------------------------------------------------------------------------
+# Layout and the LeafGroups container.
+
+
+class LeafSpec(NamedTuple):
+    """Static facts about one leaf: its position in the flattened tree, its shape, the dtype its
+    state is kept in (at least float32) and the parameter's own dtype."""
+
+    index: int
+    shape: tuple[int, ...]
+    dtype: np.dtype
+    param_dtype: np.dtype
+
+    @property
+    def size(self) -> int:
+        return math.prod(self.shape)
+
+
+@dataclasses.dataclass(frozen=True)
+class Layout:
+    """Which leaves form which group: the static part of every :class:`LeafGroups`.
+
+    ``shapes[i]`` and ``dtypes[i]`` are leaf ``i``'s shape and parameter dtype (in the order of
+    ``jax.tree.leaves(params)``); ``groups[j]`` lists the leaves of group ``j``, in order;
+    ``specs[j]`` is the group's ``PartitionSpec`` under an explicit mesh (``None`` otherwise);
+    ``paths[i]`` is leaf ``i``'s key path in the parameter tree (``jax.tree_util.keystr``).
+    """
+
+    shapes: tuple[tuple[int, ...], ...]
+    dtypes: tuple[str, ...]
+    groups: tuple[tuple[int, ...], ...]
+    specs: tuple[Any, ...]
+    paths: tuple[str, ...]
+
+    @property
+    def num_leaves(self) -> int:
+        return len(self.shapes)
+
+    def leaf(self, i: int) -> LeafSpec:
+        param_dtype = jnp.dtype(self.dtypes[i])
+        return LeafSpec(i, self.shapes[i], _numerics.state_dtype(param_dtype), param_dtype)
+
+    @staticmethod
+    def of(tree: Any) -> Layout:
+        """The grouping of a parameter tree's leaves (arrays, tracers, ``ShapeDtypeStruct``\\ s)."""
+        with_paths = jax.tree_util.tree_flatten_with_path(tree)[0]
+        paths = tuple(jax.tree_util.keystr(path) for path, _ in with_paths)
+        shapes, dtypes, keys = [], [], []
+        for _, leaf in with_paths:
+            shape = tuple(int(s) for s in np.shape(leaf))
+            dtype = jnp.dtype(_dtype_of(leaf)).name
+            shapes.append(shape)
+            dtypes.append(dtype)
+            keys.append((shape, dtype, _explicit_spec(leaf)))
+        order: dict[Any, list[int]] = {}
+        for i, key in enumerate(keys):
+            order.setdefault(key, []).append(i)
+        groups = tuple(tuple(ix) for ix in order.values())
+        specs = tuple(key[2] for key in order)
+        return Layout(tuple(shapes), tuple(dtypes), groups, specs, paths)
+
+
+def _dtype_of(leaf):
+    dtype = getattr(leaf, "dtype", None)
+    return dtype if dtype is not None else jnp.asarray(leaf).dtype
+
+
+def _explicit_spec(leaf):
+    """A parameter's ``PartitionSpec`` when its sharding is part of its type (explicit mesh)."""
+    if not _partitioning.explicit_mesh():
+        return None
+    try:
+        spec = jax.typeof(leaf).sharding.spec
+    except Exception:  # noqa: BLE001 - e.g. a NumPy array: not sharded
+        return None
+    spec = tuple(spec)
+    return None if all(entry is None for entry in spec) else spec
+
+
+@jax.tree_util.register_pytree_with_keys_class
+class LeafGroups:
+    """Per-leaf values of a transform state, stacked by group (see :class:`Layout`).
+
+    ``groups[j]`` holds the values of the leaves ``layout.groups[j]`` stacked along a new leading
+    axis (any pytree: a sketch state, a running sum, ...). The layout is static (part of the
+    pytree structure), so a state carries the shapes it was built for; :func:`per_leaf` (and the
+    public :func:`sketchopt.per_leaf_states`) unstacks it into a tree like the parameters.
+
+    Fields of the stacked values read through: for groups of ``FrequentDirectionsState``\\ s,
+    ``groups.rows`` is the :class:`LeafGroups` of their ``rows`` (``(k, n, d)`` per group).
+    """
+
+    __slots__ = ("groups", "layout")
+
+    def __init__(self, groups: tuple, layout: Layout):
+        self.groups = tuple(groups)
+        self.layout = layout
+
+    def tree_flatten_with_keys(self):
+        keys = [jax.tree_util.SequenceKey(j) for j in range(len(self.groups))]
+        return list(zip(keys, self.groups, strict=True)), self.layout
+
+    @classmethod
+    def tree_unflatten(cls, layout, groups):
+        return cls(tuple(groups), layout)
+
+    def __repr__(self):
+        sizes = ", ".join(f"{len(g)} x {self.layout.shapes[g[0]]}" for g in self.layout.groups)
+        shapes = jax.tree.map(
+            lambda x: f"{jnp.dtype(x.dtype).name}{list(np.shape(x))}", self.groups
+        )
+        return f"LeafGroups(leaves=[{sizes}], groups={shapes})"
+
+    def __getattr__(self, name):
+        if name.startswith("_"):
+            raise AttributeError(name)
+        try:
+            fields = tuple(getattr(g, name) for g in self.groups)
+        except AttributeError:
+            raise AttributeError(
+                f"LeafGroups: the stacked per-leaf values have no field {name!r}"
+            ) from None
+        return LeafGroups(fields, self.layout)
+
+    def as_dict(self) -> dict[str, Any]:
+        """The per-leaf values keyed by each leaf's path in the parameter tree the state was
+        built for (``jax.tree_util.keystr``), e.g. ``{"['conv1']['kernel']": rows, ...}``."""
+        return dict(zip(self.layout.paths, per_leaf(self), strict=True))
+
+    def leaf(self, i: int):
+        """Leaf ``i``'s value (unstacked)."""
+        for j, members in enumerate(self.layout.groups):
+            if i in members:
+                k = members.index(i)
+                return jax.tree.map(lambda x, k=k: x[k], self.groups[j])
+        raise IndexError(f"leaf {i} is not in this state ({self.layout.num_leaves} leaves)")
+
+
+def per_leaf(groups: LeafGroups) -> list:
+    """The per-leaf values of a :class:`LeafGroups`, in leaf order."""
+    return [groups.leaf(i) for i in range(groups.layout.num_leaves)]
+
+
+def _stack(values: Sequence[Any], spec_of_leaf: Callable[[Any], Any] | None):
+    stacked = jax.tree.map(lambda *xs: jnp.stack(xs), *values)
+    if spec_of_leaf is not None:
+        stacked = jax.tree.map(spec_of_leaf, stacked)
+    return stacked
+
+
+# ----------------------------------------------------------------------------------------------
+# Group context: collectives over the leaves of a vmapped group.
+
+_IN_GROUP: contextvars.ContextVar[bool] = contextvars.ContextVar(
+    "sketchopt_in_group", default=False
+)
+
+
+@contextlib.contextmanager
+def _group_context(active: bool):
+    token = _IN_GROUP.set(active)
+    try:
+        yield
+    finally:
+        _IN_GROUP.reset(token)
+
+
+def grouped() -> bool:
+    """Whether the code is being traced inside the ``vmap`` over a group of several leaves."""
+    return _IN_GROUP.get()
+
+
+def any_leaf(pred):
+    """``pred`` (a per-leaf boolean) or-ed over the leaves of the current group.
+
+    Inside the ``vmap`` over a group a ``lax.cond`` on a per-leaf predicate becomes a select that
+    computes both branches for every leaf: a shrink or a refresh would then run at every step.
+    Gating the ``cond`` on :func:`any_leaf` keeps it a ``cond`` (its predicate is the same for the
+    whole group); inside it, :func:`select_leaves` keeps each leaf's own outcome. Outside a group
+    this is ``pred`` itself.
+    """
+    if not grouped():
+        return pred
+    return jax.lax.psum(jnp.asarray(pred).astype(jnp.int32), GROUP_AXIS) > 0
+
+
+def all_leaves(pred):
+    """``pred`` and-ed over the leaves of the current group (``pred`` itself outside a group)."""
+    if not grouped():
+        return pred
+    return jnp.logical_not(any_leaf(jnp.logical_not(pred)))
+
+
+def select_leaves(pred, on_true, on_false):
+    """``on_true`` where this leaf's ``pred`` holds, else ``on_false`` (pytrees).
+
+    Outside a group the caller is inside ``lax.cond(pred, ...)`` already, so this returns
+    ``on_true`` without a select (no copy of a large state).
+    """
+    if not grouped():
+        return on_true
+    return jax.tree.map(lambda a, b: jnp.where(pred, a, b), on_true, on_false)
+
+
+# ----------------------------------------------------------------------------------------------
+# Leaf rules and the driver.
+
+
+class LeafContext(NamedTuple):
+    """What a leaf step may read besides its own state: the transform's step ``count`` (the
+    number of earlier updates, as Optax schedules take it), the leaf's static ``shape`` and the
+    hyperparameters the rule evaluated once for all leaves (``hyper``)."""
+
+    count: jax.Array
+    shape: tuple[int, ...]
+    hyper: Any
+
+
+class LeafRule(NamedTuple):
+    """A per-leaf rule for :func:`leafwise`.
+
+    Attributes:
+      fields: names of the transform-state fields that hold per-leaf values (each becomes a
+        :class:`LeafGroups`).
+      init: ``init(spec: LeafSpec, param) -> tuple`` of per-leaf values, one per field (``param``
+        is the parameter leaf, for rules that keep an anchor).
+      step: ``step(ctx: LeafContext, g, values, x, valid) -> (update, values)`` on the flattened
+        gradient ``g`` (state dtype, zeroed when not ``valid``) and parameter ``x`` (``None``
+        unless ``needs_params``); returns the flat update (``x_{t+1} - x_t``) and the new values.
+        With ``valid`` false it must return ``values`` bit-identical.
+      hyper: ``hyper(count) -> pytree``, evaluated once per update for all leaves (schedules).
+      needs_params: ``None``, or the name under which a missing ``params`` is reported.
+    """
+
+    fields: tuple[str, ...]
+    init: Callable[..., tuple]
+    step: Callable[..., tuple[jax.Array, tuple]]
+    hyper: Callable[[jax.Array], Any] = lambda count: None
+    needs_params: str | None = None
+
+
+def require_params(params, name: str) -> None:
+    """``ValueError`` for a rule that needs the current parameters when they are missing."""
+    if params is None:
+        raise ValueError(f"{name} needs the current parameters: call update(grads, state, params)")
+
+
+def _check_gradient_leaf(i: int, g, layout: Layout) -> None:
+    dtype = _dtype_of(g)
+    if not jnp.issubdtype(dtype, jnp.inexact):
+        raise TypeError(
+            f"gradients must be floating point arrays, got dtype {dtype} for leaf {i}; "
+            "integer parameters cannot be trained by gradient transformations"
+        )
+    if tuple(np.shape(g)) != layout.shapes[i]:
+        raise ValueError(
+            f"gradient leaf {i} has shape {tuple(np.shape(g))}, but the optimizer state was built "
+            f"for a parameter of shape {layout.shapes[i]}: pass gradients with the parameters' "
+            "structure and shapes (or re-initialize the state)"
+        )
+
+
+def _guarded_mask(tree) -> Any:
+    """A tree of bools like ``tree``: True for arrays that a state class lists in ``GUARDED``."""
+
+    def visit(node, guarded):
+        if isinstance(node, tuple) and hasattr(node, "_fields"):
+            names = getattr(type(node), "GUARDED", ())
+            return type(node)(
+                *(visit(v, guarded or f in names) for f, v in zip(node._fields, node, strict=True))
+            )
+        if isinstance(node, (tuple, list)):
+            return type(node)(visit(v, guarded) for v in node)
+        if isinstance(node, dict):
+            return {k: visit(v, guarded) for k, v in node.items()}
+        if node is None:
+            return None
+        return guarded
+
+    return visit(tree, False)
+
+
+def _finite(x) -> jax.Array:
+    """Whether every entry of ``x`` is finite, as one fused reduction (``max |x|`` is ``inf`` or
+    ``nan`` exactly when some entry is): no boolean array is materialized."""
+    x = jnp.asarray(x)
+    if x.size == 0 or not jnp.issubdtype(x.dtype, jnp.inexact):
+        return jnp.bool_(True)
+    return jnp.isfinite(jnp.max(jnp.abs(x)))
+
+
+def _all_finite(arrays) -> jax.Array:
+    checks = [_finite(a) for a in arrays]
+    return jnp.all(jnp.stack(checks)) if checks else jnp.bool_(True)
+
+
+def _policy_step(rule: LeafRule, ctx: LeafContext, out_dtype, g, values, x):
+    """One leaf under the non-finite policy (module docstring): ``(update, values, skipped)``.
+
+    The update is checked in ``out_dtype``, the parameter's dtype (a bf16 update can overflow
+    where its float32 value did not).
+    """
+    valid = _finite(g)
+    g = jnp.where(valid, g, jnp.zeros((), g.dtype))
+    update, new = rule.step(ctx, g, values, x, valid)
+    new = _partitioning.like(new, values)  # a state keeps its layout from step to step
+    mask = _guarded_mask(new)
+    leaves, flags = jax.tree.leaves(new), jax.tree.leaves(mask)
+    checked = [a for a, guarded in zip(leaves, flags, strict=True) if not guarded]
+    ok = valid & _all_finite([update.astype(out_dtype), *checked])
+    update = jnp.where(ok, update, jnp.zeros((), update.dtype))
+    new = jax.tree.map(lambda n, o, m: n if m else jnp.where(ok, n, o), new, values, mask)
+    return update, new, jnp.logical_not(ok)
+
+
+def _run_group(rule, ctx, out_dtype, gs, values, xs):
+    """All leaves of one group: a direct call for one leaf, one ``vmap`` for several."""
+    step = functools.partial(_policy_step, rule, ctx, out_dtype)
+    if gs.shape[0] == 1:
+        take = functools.partial(jax.tree.map, lambda a: a[0])
+        put = functools.partial(jax.tree.map, lambda a: a[None])
+        u, new, skipped = step(gs[0], take(values), None if xs is None else xs[0])
+        return u[None], put(new), skipped[None]
+    with _group_context(True):
+        return jax.vmap(step, axis_name=GROUP_AXIS)(gs, values, xs)
+
+
+def _layout_of_state(state, fields) -> Layout:
+    layouts = {getattr(state, f).layout for f in fields}
+    if len(layouts) != 1:
+        raise ValueError("inconsistent optimizer state: per-leaf fields with different layouts")
+    return layouts.pop()
+
+
+def leafwise(rule: LeafRule, state_class: type) -> optax.GradientTransformationExtraArgs:
+    """A gradient transformation from a per-leaf rule (module docstring).
+
+    ``state_class`` is a NamedTuple with the fields ``count`` and ``nonfinite_count`` (int32
+    scalars) and ``rule.fields`` (each a :class:`LeafGroups`, or ``None`` for a tree without
+    leaves).
+    """
+    fields = tuple(rule.fields)
+
+    def init_fn(params):
+        leaves = jax.tree.leaves(params)
+        layout = Layout.of(params)
+        per_leaf_values = [rule.init(layout.leaf(i), p) for i, p in enumerate(leaves)]
+        columns = []
+        for f in range(len(fields)):
+            groups = []
+            for members, spec in zip(layout.groups, layout.specs, strict=True):
+                values = [per_leaf_values[i][f] for i in members]
+                shape = layout.shapes[members[0]]
+                groups.append(_stack(values, _explicit_layout(spec, shape)))
+            columns.append(LeafGroups(tuple(groups), layout))
+        zero = jnp.zeros((), jnp.int32)
+        return state_class(
+            count=zero, nonfinite_count=zero, **dict(zip(fields, columns, strict=True))
+        )
+
+    def update_fn(updates, state, params=None, **extra_args):
+        del extra_args  # accepted for GradientTransformationExtraArgs chains (e.g. value=)
+        if rule.needs_params is not None:
+            require_params(params, rule.needs_params)
+        flat, treedef = jax.tree.flatten(updates)
+        layout = Layout.of(updates) if not fields else _layout_of_state(state, fields)
+        if len(flat) != layout.num_leaves:
+            raise ValueError(
+                f"the gradients have {len(flat)} leaves, but the optimizer state was built for "
+                f"{layout.num_leaves}"
+            )
+        for i, g in enumerate(flat):
+            _check_gradient_leaf(i, g, layout)
+        x_leaves = None if rule.needs_params is None else treedef.flatten_up_to(params)
+        count = state.count
+        hyper = rule.hyper(count)
+        out = [None] * len(flat)
+        new_groups = [[] for _ in fields]
+        skipped = jnp.zeros((), jnp.int32)
+        for j, members in enumerate(layout.groups):
+            spec = layout.leaf(members[0])
+            shape, dtype = spec.shape, spec.dtype
+            gs = jnp.stack([jnp.ravel(flat[i]).astype(dtype) for i in members])
+            xs = None
+            if x_leaves is not None:
+                xs = jnp.stack([jnp.ravel(x_leaves[i]).astype(dtype) for i in members])
+            values = tuple(getattr(state, f).groups[j] for f in fields)
+            ctx = LeafContext(count, shape, hyper)
+            us, values, skip = _run_group(rule, ctx, spec.param_dtype, gs, values, xs)
+            for f, v in enumerate(values):
+                new_groups[f].append(v)
+            skipped = skipped + jnp.sum(skip, dtype=jnp.int32)
+            for k, i in enumerate(members):
+                out[i] = us[k].reshape(shape).astype(_dtype_of(flat[i]))
+        new_fields = {
+            f: LeafGroups(tuple(groups), layout)
+            for f, groups in zip(fields, new_groups, strict=True)
+        }
+        new_state = state_class(
+            count=optax.safe_increment(count),
+            nonfinite_count=state.nonfinite_count + skipped,
+            **new_fields,
+        )
+        return treedef.unflatten(out), new_state
+
+    return optax.GradientTransformationExtraArgs(init_fn, update_fn)
+
+
+def _explicit_layout(spec, shape):
+    """Under an explicit mesh, a function resharding a stacked group array like its parameter."""
+    if spec is None or not _partitioning.explicit_mesh():
+        return None
+    from sketchopt import sharding  # the user-facing layout rules live there
+
+    def reshard(x):
+        mesh = jax.sharding.get_abstract_mesh()
+        return jax.sharding.reshard(x, sharding.stacked_leaf_spec(spec, shape, x, mesh))
+
+    return reshard
+
+
+# ----------------------------------------------------------------------------------------------
+# Compile once.
+
+
+def _is_dynamic(value) -> bool:
+    """Numeric hyperparameter values travel into the compiled unit as traced arguments."""
+    if isinstance(value, (bool, np.bool_)):
+        return False
+    if isinstance(value, (float, complex, np.floating, np.complexfloating)):
+        return True
+    return isinstance(value, (jax.Array, np.ndarray, jax.core.Tracer))
+
+
+class _Static:
+    """A hashable stand-in for the static arguments of a factory call (or ``None``)."""
+
+    __slots__ = ("key",)
+
+    def __init__(self, key):
+        self.key = key
+
+    def __hash__(self):
+        return hash(self.key)
+
+    def __eq__(self, other):
+        return isinstance(other, _Static) and self.key == other.key
+
+
+def _split(args, kwargs):
+    """``(static, dynamic)``: arguments split into a hashable key and a tuple of traced values.
+
+    Returns ``None`` when a static argument is not hashable (then nothing is cached).
+    """
+    dynamic = []
+    static = []
+    for name, value in list(enumerate(args)) + sorted(kwargs.items()):
+        if _is_dynamic(value):
+            static.append((name, _DYNAMIC))
+            dynamic.append(value)
+        else:
+            static.append((name, value))
+    static_key = tuple(static)
+    try:
+        hash(static_key)
+    except TypeError:
+        return None
+    return _Static(static_key), tuple(dynamic)
+
+
+class _DynamicMarker:
+    def __repr__(self):
+        return "<dynamic>"
+
+
+_DYNAMIC = _DynamicMarker()
+
+
+def _merge(static: _Static, dynamic):
+    values = iter(dynamic)
+    args, kwargs = [], {}
+    for name, value in static.key:
+        value = next(values) if value is _DYNAMIC else value
+        if isinstance(name, numbers.Integral):
+            args.append(value)
+        else:
+            kwargs[name] = value
+    return args, kwargs
+
+
+_IN_UNIT: contextvars.ContextVar[bool] = contextvars.ContextVar("sketchopt_in_unit", default=False)
+
+
+def _build(factory, static, dynamic):
+    """The transform of ``factory`` rebuilt from its split arguments (inside a compiled unit;
+    factories it calls build their plain transforms there, not units of their own)."""
+    args, kwargs = _merge(static, dynamic)
+    token = _IN_UNIT.set(True)
+    try:
+        return factory(*args, **kwargs)
+    finally:
+        _IN_UNIT.reset(token)
+
+
+@functools.partial(jax.jit, static_argnums=(0, 1))
+def _init_unit(factory, static, dynamic, params):
+    return _build(factory, static, dynamic).init(params)
+
+
+@functools.partial(jax.jit, static_argnums=(0, 1))
+def _update_unit(factory, static, dynamic, updates, state, params):
+    return _build(factory, static, dynamic).update(updates, state, params)
+
+
+def compiled(factory: Callable[..., optax.GradientTransformation]):
+    """Decorate a transform factory so that its ``init`` and ``update`` run as one compiled unit.
+
+    The factory itself runs eagerly first (it validates its arguments and gives the transform);
+    the returned transform's ``init`` and ``update`` then call a cached ``jax.jit`` of the same
+    factory, keyed by its non-numeric arguments, with its numeric arguments traced (module
+    docstring). Extra keyword arguments of ``update`` (``value=``, ...) are accepted and
+    ignored, as every rule here ignores them. Arguments that are neither numeric nor hashable
+    disable the cache: the transform then runs as the plain factory gives it.
+    """
+
+    @functools.wraps(factory)
+    def wrapper(*args, **kwargs):
+        tx = factory(*args, **kwargs)
+        split = None if _IN_UNIT.get() else _split(args, kwargs)
+        if split is None:
+            return tx
+        static, dynamic = split
+
+        def init_fn(params):
+            return _init_unit(factory, static, dynamic, params)
+
+        def update_fn(updates, state, params=None, **extra_args):
+            del extra_args  # see above
+            return _update_unit(factory, static, dynamic, updates, state, params)
+
+        return optax.GradientTransformationExtraArgs(init_fn, update_fn)
+
+    return wrapper
+
+
+# ----------------------------------------------------------------------------------------------
+# States saved by sketchopt 0.1.
+
+
+def _child(node, key):
+    """``node``'s child at one key-path entry, in a NamedTuple, a dict (string keys, as an Orbax
+    restore without a target gives them) or a sequence."""
+    if isinstance(key, jax.tree_util.GetAttrKey):
+        name = key.name
+    elif isinstance(key, jax.tree_util.DictKey):
+        name = key.key
+    elif isinstance(key, jax.tree_util.SequenceKey):
+        name = key.idx
+    else:  # FlattenedIndexKey and friends
+        name = getattr(key, "key", key)
+    if isinstance(node, dict):
+        for candidate in (name, str(name)):
+            if candidate in node:
+                return node[candidate]
+        raise KeyError(f"no {name!r} in the saved state (keys {sorted(node)})")
+    if isinstance(name, str):
+        return getattr(node, name)
+    return node[name]
+
+
+def _at_path(node, path):
+    for key in path:
+        node = _child(node, key)
+    return node
+
+
+def migrate(restored: Any, target: Any) -> Any:
+    """A ``sketchopt`` 0.1 state (``restored``) in the layout of ``target`` (see
+    :func:`sketchopt.migrate_state`)."""
+
+    def convert(path, node):
+        if not isinstance(node, LeafGroups):
+            old = _at_path(restored, path)
+            return jnp.asarray(old, dtype=node.dtype).reshape(node.shape)
+        old_field = _at_path(restored, path)
+        layout = node.layout
+        groups = []
+        for members, value in zip(layout.groups, node.groups, strict=True):
+
+            def stack(value_path, leaf, members=members):
+                params_tree = _at_path(old_field, value_path)  # a tree like the parameters
+                per_leaf_old = jax.tree.leaves(params_tree)
+                if len(per_leaf_old) != layout.num_leaves:
+                    raise ValueError(
+                        f"the saved field {jax.tree_util.keystr(path + value_path)} covers "
+                        f"{len(per_leaf_old)} parameter leaves, the new state {layout.num_leaves}"
+                    )
+                arrays = [
+                    jnp.asarray(per_leaf_old[i], leaf.dtype).reshape(leaf.shape[1:])
+                    for i in members
+                ]
+                return jnp.stack(arrays)
+
+            groups.append(jax.tree_util.tree_map_with_path(stack, value))
+        return LeafGroups(tuple(groups), layout)
+
+    return jax.tree_util.tree_map_with_path(
+        convert, target, is_leaf=lambda x: isinstance(x, LeafGroups)
+    )

@@ -1,0 +1,142 @@
+"""Shared numerics: power-of-two scaling, exponents, safe norms, small eigendecompositions, dtypes.
+
+Every quadratic quantity of a sketch (Gram matrices, eigenvalues, ridges) is stored divided by
+``4**e`` for a power-of-two scale ``e`` chosen from the data, so that rows of norm ``1e30`` or
+``1e-30`` in float32 neither overflow nor underflow and no non-finite matrix ever reaches an
+eigendecomposition (``DESIGN.md``, "Bad input"). This module holds the few primitives that make
+that possible, used by every family:
+
+* :func:`ldexp` -- ``x * 2**e``, exact and cheap for one integer exponent;
+* :func:`exponent`, :func:`rescale_exponent` -- the scale of a number and of a sketch plus a row;
+* :func:`mantissa_exponent`, :func:`mantissa_exponent_add` -- non-negative numbers as
+  ``(m, q)`` pairs, for sums of terms whose powers of two differ by more than the range;
+* :func:`safe_norm` -- a Euclidean norm that neither overflows nor underflows;
+* :func:`eigh_desc` -- a small symmetric PSD eigendecomposition, descending, round-off zeroed;
+* :func:`state_dtype` -- states are at least float32 (float64 when enabled and asked for).
+"""
+
+from __future__ import annotations
+
+import math
+
+import jax
+import jax.numpy as jnp
+
+__all__ = [
+    "BIG_EXPONENT",
+    "HIGHEST",
+    "NO_EXPONENT",
+    "eigh_desc",
+    "exponent",
+    "flat_size",
+    "ldexp",
+    "mantissa_exponent",
+    "mantissa_exponent_add",
+    "rescale_exponent",
+    "safe_norm",
+    "state_dtype",
+]
+
+#: Matmul precision of every contraction in the library: float32 products at full precision on
+#: accelerators (TPU and GPU default to bf16/tf32 passes), a no-op on CPU.
+HIGHEST = jax.lax.Precision.HIGHEST
+#: The exponent of "no scale information yet" (an all-zero sketch, a zero row, a zero mantissa):
+#: so negative that ``ldexp`` by it gives 0 for every finite number.
+NO_EXPONENT = -(2**20)
+#: An exponent larger than any a finite number of any dtype has (the identity of ``min``).
+BIG_EXPONENT = 2**20
+
+
+def state_dtype(dtype) -> jnp.dtype:
+    """The dtype a state is kept in: at least float32 (bf16/fp16 parameters keep a float32
+    sketch), float64 when ``jax_enable_x64`` is on and ``dtype`` is float64."""
+    return jnp.promote_types(jnp.dtype(dtype), jnp.float32)
+
+
+def flat_size(shape_or_dim) -> int:
+    """The flattened size of a leaf given its shape (a tuple) or its size (an int)."""
+    if isinstance(shape_or_dim, (tuple, list)):
+        return math.prod(int(s) for s in shape_or_dim)
+    return int(shape_or_dim)
+
+
+def ldexp(x, e):
+    """``x * 2**e`` exactly, as ``jnp.ldexp``, but cheap when ``e`` is one integer.
+
+    ``jnp.ldexp`` decomposes every element (a ``frexp`` and a ``pow`` each): over a ``d``-sized
+    gradient that cost about 5x a multiply, and the sketches rescale ``g`` at every step. With a
+    scalar ``e`` the power of two is formed once, as (at most) three normal powers of two
+    multiplied in one after the other: exact wherever the result is a normal number, and never
+    ``0 * inf`` (``e`` is first clipped to where the result is already ``0`` or ``inf`` for every
+    ``x``). An array of exponents falls back to ``jnp.ldexp``.
+    """
+    x = jnp.asarray(x)
+    if jnp.ndim(e) != 0 or not jnp.issubdtype(x.dtype, jnp.floating):
+        return jnp.ldexp(x, e)
+    info = jnp.finfo(x.dtype)
+    lo, hi = int(info.minexp), int(info.maxexp) - 1
+    span = hi - lo + int(info.nmant) + 2  # |e| beyond this leaves only 0 or +-inf
+    rest = jnp.clip(jnp.asarray(e, jnp.int32), -span, span)
+    one = jnp.ones((), x.dtype)
+    for _ in range(3):  # three normal factors cover |e| <= span
+        part = jnp.clip(rest, lo, hi)
+        x = x * jnp.ldexp(one, part)
+        rest = rest - part
+    return x
+
+
+def exponent(x):
+    """The power-of-two exponent ``e`` with ``2**(e-1) <= x < 2**e`` (:data:`NO_EXPONENT` for 0)."""
+    _, e = jnp.frexp(x)
+    return jnp.where(x > 0, e, NO_EXPONENT).astype(jnp.int32)
+
+
+def rescale_exponent(old_exp, row_max, quadratic_max):
+    """The new scale exponent covering an incoming row and the current (scaled) state.
+
+    ``row_max`` is the largest ``|entry|`` of the row; ``quadratic_max`` the largest quadratic
+    quantity of the state in its scaled units (a Gram diagonal, an eigenvalue, a ridge), stored
+    divided by ``4**old_exp``. Returns ``old_exp`` when neither carries any scale (all zero).
+    """
+    e_row = exponent(row_max)
+    e_state = jnp.where(quadratic_max > 0, exponent(jnp.sqrt(quadratic_max)) + old_exp, NO_EXPONENT)
+    new = jnp.maximum(e_row, e_state)
+    return jnp.where(new == NO_EXPONENT, old_exp, new).astype(jnp.int32)
+
+
+def mantissa_exponent(x):
+    """``x >= 0`` as ``(m, q)`` with ``x = m 2**q``, ``m in [1/2, 1)`` (0 gives ``(0, NO)``)."""
+    m, q = jnp.frexp(x)
+    return m, jnp.where(x > 0, q, NO_EXPONENT).astype(jnp.int32)
+
+
+def mantissa_exponent_add(a, b):
+    """The sum of two non-negative ``(m, q)`` numbers (the result's mantissa is in ``[1/2, 2)``)."""
+    (ma, qa), (mb, qb) = a, b
+    q = jnp.maximum(qa, qb)
+    return ldexp(ma, qa - q) + ldexp(mb, qb - q), q
+
+
+def safe_norm(v, axis=None, keepdims=False):
+    """The Euclidean norm without overflow or underflow (the entries are scaled by the largest)."""
+    top = jnp.max(jnp.abs(v), axis=axis, keepdims=True, initial=0)
+    safe = jnp.where(top > 0, top, 1)
+    norm = top * jnp.sqrt(jnp.sum(jnp.square(v / safe), axis=axis, keepdims=True))
+    return norm if keepdims else jnp.squeeze(norm, axis=axis)
+
+
+def eigh_desc(gram):
+    """Eigendecomposition of a small symmetric PSD matrix, descending, with round-off zeroed.
+
+    Returns ``(mu, u)`` with ``gram = u diag(mu) u^T``, ``mu`` descending and every eigenvalue
+    below ``n * eps * mu_max`` (round-off of a rank-deficient matrix) set to exactly 0.
+    Eigenvectors are defined only up to sign (and rotation within a repeated eigenvalue): compare
+    products such as ``u diag(mu) u^T``, never ``u`` itself, across programs.
+    """
+    n = gram.shape[-1]
+    gram = 0.5 * (gram + jnp.swapaxes(gram, -1, -2))
+    mu, u = jnp.linalg.eigh(gram)
+    mu, u = mu[..., ::-1], u[..., ::-1]
+    top = jnp.max(mu, axis=-1, keepdims=True, initial=0)
+    tol = top * n * jnp.finfo(gram.dtype).eps
+    return jnp.where(mu > tol, mu, 0), u
