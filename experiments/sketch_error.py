@@ -249,9 +249,7 @@ def run(*, quick: bool, full: bool, seed: int, out: pathlib.Path) -> dict:
         ]
         for ds in data
     }
-    bounds = {
-        ds: {"fd": [fd_bound(x, tau) for tau in sizes]} for ds, x in data.items()
-    }
+    bounds = {ds: {"fd": [fd_bound(x, tau) for tau in sizes]} for ds, x in data.items()}
     for b in bounds.values():
         b["rfd"] = [0.5 * v for v in b["fd"]]
     payload = {
