@@ -452,6 +452,7 @@ def _long_run(dtype):
     return {"ada_fd": states["ada_fd"].metric_state, "rfd_son": states["rfd_son"].leaf_state.sketch}
 
 
+@pytest.mark.slow
 def test_long_run_keeps_directions_orthonormal(record_property):
     sketched32 = _long_run(jnp.float32)
     with jax.enable_x64(True):
