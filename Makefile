@@ -1,7 +1,14 @@
-# The two commands of the README. Each creates (or reuses) .venv and installs what it needs.
+# The two commands of the README (`make run`, `make test`); each creates (or reuses) .venv and
+# installs what it needs. `make ci` is what .ci/run runs on a fresh machine: the tests, then the
+# packaging checks (the lowest declared dependency versions; the built wheel against the newest
+# JAX, Optax and Flax).
 PYTHON ?= python3
 VENV := .venv
 STAMP := $(VENV)/.installed
+CI_DIR := build/ci
+PYTEST := $(VENV)/bin/python -m pytest -n 2 -q
+# The modules the packaging checks run: the sketches and the transforms built on them.
+SMOKE_TESTS := tests/test_sketches.py tests/test_transforms.py
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -9,7 +16,7 @@ $(STAMP): pyproject.toml
 	$(VENV)/bin/pip install --quiet -e '.[dev]'
 	touch $(STAMP)
 
-.PHONY: venv run test lint
+.PHONY: venv run test test-fast lint ci smoke-lowest smoke-wheel
 venv: $(STAMP)
 
 # Main job: the default experiment suite; plots, JSON and a summary land in results/.
@@ -19,7 +26,41 @@ run: $(STAMP)
 # The whole test suite (lint included, notebooks executed), as CI runs it.
 test: $(STAMP)
 	$(VENV)/bin/ruff check .
-	$(VENV)/bin/python -m pytest -n 2 -q --nbmake tests notebooks
+	$(PYTEST) --nbmake --durations=15 tests notebooks
+
+# The development tier: everything but the tests marked slow (experiments, notebooks, the
+# 8-device sharding run, the long float32 drift runs).
+test-fast: $(STAMP)
+	$(VENV)/bin/ruff check .
+	$(PYTEST) -m "not slow" tests
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .
+
+ci: test smoke-lowest smoke-wheel
+
+# The lowest declared versions of every dependency ("lowest direct" resolution, pins written by
+# .ci/lowest_requirements.py) in a separate environment, and the smoke subset of the tests.
+smoke-lowest:
+	rm -rf $(CI_DIR)/venv-lowest
+	mkdir -p $(CI_DIR)
+	$(PYTHON) .ci/lowest_requirements.py dev > $(CI_DIR)/lowest.txt
+	$(PYTHON) -m venv $(CI_DIR)/venv-lowest
+	$(CI_DIR)/venv-lowest/bin/pip install --quiet --upgrade pip
+	$(CI_DIR)/venv-lowest/bin/pip install --quiet -c $(CI_DIR)/lowest.txt -e . \
+		pytest pytest-xdist hypothesis chex scipy orbax-checkpoint
+	$(CI_DIR)/venv-lowest/bin/pip list 2>/dev/null | grep -iE '^(jax|jaxlib|optax|chex|numpy) '
+	$(CI_DIR)/venv-lowest/bin/python -m pytest -n 2 -q -p no:cacheprovider -m "not slow" \
+		$(SMOKE_TESTS)
+
+# The wheel as users install it: built, installed into a clean environment with the newest JAX,
+# Optax and Flax the registry serves, and smoke-tested from outside the checkout.
+smoke-wheel:
+	rm -rf $(CI_DIR)/dist $(CI_DIR)/venv-wheel
+	mkdir -p $(CI_DIR)
+	$(PYTHON) -m pip wheel --quiet --no-deps --wheel-dir $(CI_DIR)/dist .
+	$(PYTHON) -m venv $(CI_DIR)/venv-wheel
+	$(CI_DIR)/venv-wheel/bin/pip install --quiet --upgrade pip
+	$(CI_DIR)/venv-wheel/bin/pip install --quiet --upgrade --upgrade-strategy eager \
+		$(CI_DIR)/dist/sketchopt-*.whl jax jaxlib optax flax
+	cd $(CI_DIR) && venv-wheel/bin/python $(CURDIR)/.ci/smoke.py $(CURDIR)

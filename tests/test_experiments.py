@@ -79,6 +79,16 @@ def son_online(tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
+def cnn(tmp_path_factory):
+    return _run("cnn", tmp_path_factory)
+
+
+@pytest.fixture(scope="module")
+def speed(tmp_path_factory):
+    return _run("speed", tmp_path_factory)
+
+
+@pytest.fixture(scope="module")
 def sketch_error(tmp_path_factory):
     out = tmp_path_factory.mktemp("sketch_error")
     cmd = [sys.executable, str(REPO / "experiments" / "run.py"), "sketch_error", "--quick"]
@@ -182,10 +192,25 @@ def test_sketch_error_json(sketch_error):
             assert all(e is not None and 0 <= e < 10 for e in errs), (name, ds)
     chosen = algs["parameterized_frequent_directions"]["chosen"]
     assert all(b in (0.2, 0.4, 0.6, 0.8) for ds in chosen for b in chosen[ds]["beta"])
-    # RFD paper sec. 6.1: RFD's error is below FD's, nearly half of it, on real data.
-    for ds in ("mnist", "digits"):
-        for ratio in payload["rfd_over_fd"][ds] + payload["fast_rfd_over_fast_fd"][ds]:
-            assert 0.3 < ratio < 0.75, (ds, ratio)
+    datasets = payload["config"]["datasets"]
+    # Streams on which "RFD ~ 1/2 FD" is not built into the data (no always-zero column).
+    assert datasets["breast_cancer"]["zero_columns"] == 0 == datasets["spectrum"]["zero_columns"]
+    assert datasets["mnist"]["zero_columns"] > 0
+    slack = 1 + 1e-4  # float32 sketches against float64 bounds
+    for ds, bounds in payload["bounds"].items():
+        for i in range(len(sizes)):
+            # The deterministic guarantees, on every stream: FD's (per-step and doubling buffer)
+            # and RFD's, half of it (RFD paper Theorem 3). An RFD whose alpha took the whole
+            # shrinkage, or none of it, breaks the second.
+            for name in ("frequent_directions", "frequent_directions_fast"):
+                assert algs[name]["relative_error"][ds][i] <= bounds["fd"][i] * slack, (name, ds)
+            for name in ("robust_frequent_directions", "robust_frequent_directions_fast"):
+                assert algs[name]["relative_error"][ds][i] <= bounds["rfd"][i] * slack, (name, ds)
+        if datasets[ds]["zero_columns"]:
+            # Along a zero column A^T A - C has the eigenvalue -alpha = -(FD's shrinkage) / 2,
+            # and FD's error is at most its shrinkage: RFD/FD >= 1/2 there.
+            for ratio in payload["rfd_over_fd"][ds] + payload["fast_rfd_over_fast_fd"][ds]:
+                assert ratio >= 0.5 - 1e-4, (ds, ratio)
 
 
 def test_son_condition_json(son_condition):
@@ -262,3 +287,54 @@ def test_son_online_json(son_online):
         assert d["first_round_with_alpha_positive"] == [2 * m] * payload["config"]["shuffles"]
         assert d["alpha_final"] > 0 and 0 <= d["projection_active_fraction"] <= 1
     assert set(summary["online_error"]) == set(algs)
+
+
+def test_cnn_json(cnn):
+    out, summary = cnn
+    payload = _load(out, "cnn")
+    algs = payload["algorithms"]
+    assert {"ada_diag", "ada_fd", "radagrad", "fd_son", "sgd", "adam"} <= set(algs)
+    seeds = payload["config"]["seeds"]
+    for name, r in algs.items():
+        assert not _finite_numbers(r), name
+        final = r["final"]
+        for key in ("final_train_loss", "final_test_accuracy"):
+            assert len(final[key]["per_seed"]) == len(seeds), (name, key)
+        for key in ("train_loss", "test_accuracy"):
+            curve = r["curves"][key]
+            assert len(curve["per_seed"]) == len(seeds) and len(curve["mean"]) > 0, (name, key)
+        # Every optimizer trains: from ln(10) = 2.30 at the start to well below 1 in two epochs.
+        assert all(0 < v < 1.0 for v in final["final_train_loss"]["per_seed"]), name
+        assert all(v > 0.8 for v in final["final_test_accuracy"]["per_seed"]), name
+        if name != "ada_diag" and r["ada_diag_on_other_parameters"] is not None:
+            assert r["ada_diag_on_other_parameters"] == algs["ada_diag"]["chosen"], name
+    # The training-loss claim that holds robustly at the quick size (paired seeds): ADA-FD on the
+    # conv kernels beats ADA-DIAG on them, seed by seed. (The paper's full claim, ADA-FD below
+    # RADAGRAD and FD-SON too, is reported in the JSON whichever way it falls.)
+    against = payload["claim"]["against"]["ada_diag"]
+    assert against["ada_fd_lower_on_every_seed"], against
+    assert isinstance(payload["claim"]["holds"], bool) and payload["claim"]["text"]
+    assert set(summary["final"]) == set(algs)
+
+
+def test_speed_json(speed):
+    out, summary = speed
+    assert (out / "speed.png").stat().st_size > 10_000
+    payload = json.loads((out / "speed.json").read_text())
+    assert payload["size"] == "quick"
+    rows = payload["rows"]
+    keys = {(r["method"], r["d"], r["sketch_size"], r["dtype"]) for r in rows}
+    assert len(keys) == len(rows)  # one row per learner and size
+    for r in rows:
+        assert not _finite_numbers(r), r["method"]
+        assert r["seconds"] > 0 and r["seconds_warm"] > 0 and r["state_floats_per_param"] > 0
+        assert r["ratio_to_adagrad"] > 0 and r["ratio_to_adagrad_warm"] > 0
+    methods = {r["method"] for r in rows}
+    assert {"optax.adagrad", "ada_diag", "ada_fd", "ada_fd(fast=True)", "fd_son"} <= methods
+    for d in payload["config"]["dims"]:
+        base = [r for r in rows if r["method"] == "optax.adagrad" and r["d"] == d]
+        assert base and all(r["ratio_to_adagrad"] == 1.0 for r in base)
+    # Speed claims live in the benchmark's output, never in a timed test: only the form here.
+    for target in payload["targets"]:
+        assert {"target", "measured", "goal", "met"} <= set(target), target
+    assert summary["table"].startswith("| ")

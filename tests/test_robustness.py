@@ -458,6 +458,7 @@ def _long_run(dtype):
     return {"ada_fd": ada_fd, "rfd_son": rfd_son}
 
 
+@pytest.mark.slow
 def test_long_run_keeps_directions_orthonormal(record_property):
     sketched32 = _long_run(jnp.float32)
     with jax.enable_x64(True):

@@ -242,6 +242,7 @@ def _sketch_sized(gather):
 
 
 @pytest.mark.first
+@pytest.mark.slow
 def test_sharded_matches_single_device(results, subtests, record_property):
     """Every family in both modes (one subtest each), then the orbax restore.
 
