@@ -13,4 +13,4 @@ from sketchopt.baselines import *  # noqa: F403
 from sketchopt.son import *  # noqa: F403
 from sketchopt.transforms import *  # noqa: F403
 
-__version__ = "0.1.0"
+__version__ = "0.2.0"

@@ -178,9 +178,9 @@ def nonfinite_count(state):
     for path, leaf in jax.tree_util.tree_flatten_with_path(state)[0]:
         if path and getattr(path[-1], "name", None) == "nonfinite_count":
             if best is None or len(path) < best[0]:
-                best = (len(path), int(leaf))
+                best = (len(path), leaf)
     assert best is not None, "no nonfinite_count in the state"
-    return best[1]
+    return int(best[1])
 
 
 def same_bits(a, b):
