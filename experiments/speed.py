@@ -20,7 +20,7 @@ buffer's steps are averaged over whole shrink periods:
   and ``optax.adam``: the shared driver compiles one step per distinct leaf shape;
 * every family's update called eagerly (outside ``jit``, at ``d = 16``) against the same update
   jitted, and the growth of the process's memory mappings per eager step (0: nothing is
-  recompiled);
+  recompiled); at ``--quick`` one family per driver path (``QUICK_EAGER``);
 * the wall time of the ``regret`` experiment's 49-point ``eta x delta`` grid as one vmapped call
   versus one configuration alone.
 
@@ -322,8 +322,13 @@ def _memory_mappings() -> int | None:
         return None
 
 
-def _eager_timing(dim: int = 16, steps: int = 40) -> dict:
-    """Per family: median ms of an eager update and of the jitted one, and mappings per step."""
+# The families timed eagerly at --quick (each costs two compilations): one per driver path.
+QUICK_EAGER = ("optax.adagrad", "ada_diag", "ada_fd", "fd_son", "ftrl_proximal")
+
+
+def _eager_timing(names=None, dim: int = 16, steps: int = 40) -> dict:
+    """Per family (all by default): median ms of an eager update and of the jitted one, and
+    mappings per step."""
     import jax
     import jax.numpy as jnp
 
@@ -331,8 +336,9 @@ def _eager_timing(dim: int = 16, steps: int = 40) -> dict:
     rng = np.random.default_rng(0)
     grads = [jnp.asarray(rng.standard_normal(dim), jnp.float32) for _ in range(8)]
     params = jnp.zeros((dim,))
-    for name, make in _eager_families().items():
-        tx = make()
+    families = _eager_families()
+    for name in names or families:
+        tx = families[name]()
         timings = {}
         for mode, update in (("eager", tx.update), ("jit", jax.jit(tx.update))):
             state = tx.init(params)
@@ -450,7 +456,7 @@ def run(*, quick: bool = False, full: bool = False, seed: int = 0, out: pathlib.
     compile_seconds = _compile_time()
     grid = _grid_timing(size, seed)
     tree = _tree_compile(4 if size == "quick" else 24)
-    eager = _eager_timing()
+    eager = _eager_timing(QUICK_EAGER if size == "quick" else None)
     targets = _targets(rows, cfg, compile_seconds, grid, tree, eager)
 
     table = _table(rows, cfg)

@@ -14,6 +14,17 @@ import os
 for _var in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):
     os.environ.setdefault(_var, "1")
 
+# The suite's wall time is mostly XLA:CPU compiling thousands of small programs, a third of it in
+# LLVM's backend optimizations, which only speed up the compiled code. Tests check values, not
+# speed, so they compile at backend optimization level 0 (the IEEE semantics are unchanged: XLA's
+# fast-math stays off). The sharding test's subprocess inherits the flag. Timings are measured by
+# the benchmark scripts, in their own processes, at the default level. Set
+# SKETCHOPT_TEST_XLA_OPT=default to test the default pipeline.
+if os.environ.get("SKETCHOPT_TEST_XLA_OPT", "0") != "default":
+    os.environ["XLA_FLAGS"] = " ".join(
+        [os.environ.get("XLA_FLAGS", ""), "--xla_backend_optimization_level=0"]
+    ).strip()
+
 import jax  # noqa: E402
 import pytest  # noqa: E402
 from hypothesis import HealthCheck, settings  # noqa: E402
