@@ -6,7 +6,8 @@ PYTHON ?= python3
 VENV := .venv
 STAMP := $(VENV)/.installed
 CI_DIR := build/ci
-PYTEST := $(VENV)/bin/python -m pytest -n 2 -q
+# --dist loadgroup: a family's tests share one worker, and its compiled step (tests/conftest.py).
+PYTEST := $(VENV)/bin/python -m pytest -n 2 --dist loadgroup -q
 # The modules the packaging checks run: the sketches and the transforms built on them.
 SMOKE_TESTS := tests/test_sketches.py tests/test_transforms.py
 

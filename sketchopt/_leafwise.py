@@ -301,10 +301,12 @@ class LeafRule(NamedTuple):
         :class:`LeafGroups`).
       init: ``init(spec: LeafSpec, param) -> tuple`` of per-leaf values, one per field (``param``
         is the parameter leaf, for rules that keep an anchor).
-      step: ``step(ctx: LeafContext, g, values, x, valid) -> (update, values)`` on the flattened
-        gradient ``g`` (state dtype, zeroed when not ``valid``) and parameter ``x`` (``None``
-        unless ``needs_params``); returns the flat update (``x_{t+1} - x_t``) and the new values.
-        With ``valid`` false it must return ``values`` bit-identical.
+      step: ``step(ctx: LeafContext, g, values, x, valid) -> (update, values[, ok])`` on the
+        flattened gradient ``g`` (state dtype, zeroed when not ``valid``) and parameter ``x``
+        (``None`` unless ``needs_params``); returns the flat update (``x_{t+1} - x_t``) and the
+        new values, and optionally ``ok``, false where the rule itself rejects the step (SON's
+        to-sketch vector overflowing at a finite gradient): the leaf is then skipped like a
+        non-finite one. With ``valid`` false it must return ``values`` bit-identical.
       hyper: ``hyper(count) -> pytree``, evaluated once per update for all leaves (schedules).
       needs_params: ``None``, or the name under which a missing ``params`` is reported.
     """
@@ -379,12 +381,14 @@ def _policy_step(rule: LeafRule, ctx: LeafContext, out_dtype, g, values, x):
     """
     valid = _finite(g)
     g = jnp.where(valid, g, jnp.zeros((), g.dtype))
-    update, new = rule.step(ctx, g, values, x, valid)
+    update, new, *rule_ok = rule.step(ctx, g, values, x, valid)
     new = _partitioning.like(new, values)  # a state keeps its layout from step to step
     mask = _guarded_mask(new)
     leaves, flags = jax.tree.leaves(new), jax.tree.leaves(mask)
     checked = [a for a, guarded in zip(leaves, flags, strict=True) if not guarded]
     ok = valid & _all_finite([update.astype(out_dtype), *checked])
+    if rule_ok:
+        ok = ok & rule_ok[0]
     update = jnp.where(ok, update, jnp.zeros((), update.dtype))
     new = jax.tree.map(lambda n, o, m: n if m else jnp.where(ok, n, o), new, values, mask)
     return update, new, jnp.logical_not(ok)

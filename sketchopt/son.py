@@ -114,10 +114,10 @@ _DIAGONAL_INIT = 0.1
 class SONState(NamedTuple):
     """State of every transform of this module.
 
-    ``leaf_state`` is a per-leaf state (:class:`SketchedNewtonState`,
-    :class:`RandomProjectionNewtonState` or :class:`ONSLeafState`) whose arrays are replaced by
-    trees with the parameters' structure (the Optax layout, see
-    :func:`sketchopt.transforms.pack_leaf_states`; e.g. ``leaf_state.alpha["w"]``); ``count``
+    ``leaf_state`` is a :class:`sketchopt.LeafGroups` of per-leaf states
+    (:class:`SketchedNewtonState`, :class:`RandomProjectionNewtonState` or
+    :class:`ONSLeafState`), stacked by group of equal-shaped leaves (e.g.
+    ``leaf_state.alpha.as_dict()``, or :func:`sketchopt.per_leaf_states`); ``count``
     is the number of ``update`` calls, ``nonfinite_count`` the number of leaf updates skipped for
     non-finite input. :func:`project_bounded_prediction` finds this state
     anywhere inside an optimizer state.
@@ -257,7 +257,8 @@ def _lowrank_pinv(lr: _sketches.LowRank, alpha, y, vy=None, *, want_null=False):
     vy = jnp.where(mask, vy, 0)
     residual = _denoise(y - _lift(lr, vy), y, lr.basis.shape[0])
     # Exponent shifts below are <= 0, so every coefficient is at most 2 |V y|.
-    coef = jnp.where(mask, _numerics.ldexp(vy / jnp.where(mask, dm, 1), qmin - dq), 0)
+    shift = jnp.where(mask, qmin - dq, 0)  # (masked-out lanes: no 0 * inf, not even transient)
+    coef = jnp.where(mask, _numerics.ldexp(vy / jnp.where(mask, dm, 1), shift), 0)
     ridge_factor = jnp.where(
         has_ridge,
         _numerics.ldexp(1 / jnp.where(has_ridge, rm, 1), jnp.where(active, qmin - rq, 0)),
@@ -300,7 +301,7 @@ def _son_transform(init_leaf, step_leaf, *, eta, curvature, diagonal_rescaling):
         gz = g / ls.diag_sqrt if diagonal_rescaling else g
         ghat = jnp.sqrt(c) * gz
         # A finite gradient can still give a non-finite to-sketch vector (absurd eta/sigma): the
-        # leaf is then skipped like a non-finite gradient (the NaN update below tells the driver).
+        # leaf is then skipped like a non-finite gradient (the driver reads ``sketchable``).
         sketchable = valid & jnp.all(jnp.isfinite(ghat))
         gz = jnp.where(sketchable, gz, 0)
         ghat = jnp.where(sketchable, ghat, 0)
@@ -308,7 +309,7 @@ def _son_transform(init_leaf, step_leaf, *, eta, curvature, diagonal_rescaling):
         if diagonal_rescaling:  # D^{-1/2} A^{-1} D^{-1/2} g; hypot(D, 0) == D exactly
             sol = sol / ls.diag_sqrt
             new = new._replace(diag_sqrt=jnp.hypot(ls.diag_sqrt, jnp.where(sketchable, g, 0)))
-        return jnp.where(sketchable | ~valid, -sol, jnp.nan), (new,)
+        return -sol, (new,), sketchable | ~valid
 
     rule = _leafwise.LeafRule(("leaf_state",), init, step, hyper=hyper)
     return _leafwise.leafwise(rule, SONState)

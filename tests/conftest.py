@@ -67,8 +67,18 @@ def _bound_compiled_program_mappings():
         jax.clear_caches()
 
 
+@pytest.hookimpl(tryfirst=True)  # before pytest-xdist reads the xdist_group marks
 def pytest_collection_modifyitems(items):
     """Start the tests marked ``first`` (the minutes-long 8-device sharding subprocess) before the
     others: pytest-xdist hands out items in collection order, and a long item collected last
-    leaves the other worker idle while it runs."""
+    leaves the other worker idle while it runs.
+
+    The tests of one module parametrized by a transform family (``name``) run on one worker
+    (``--dist loadgroup``, set in the Makefile): they share the family's compiled step, which
+    each worker would otherwise compile again.
+    """
+    for item in items:
+        family = getattr(getattr(item, "callspec", None), "params", {}).get("name")
+        if isinstance(family, str):
+            item.add_marker(pytest.mark.xdist_group(f"{item.module.__name__}:{family}"))
     items.sort(key=lambda item: item.get_closest_marker("first") is None)

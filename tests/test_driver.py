@@ -55,12 +55,15 @@ def _grads(seed):
 
 @pytest.mark.parametrize("name", NAMES)
 def test_extra_args_inside_optax_chain(name):
-    """Every family accepts Optax's extra arguments, here the ``value`` Polyak's step needs."""
+    """Every family accepts Optax's extra arguments, here the ``value`` Polyak's step needs, both
+    eagerly (the family's compiled unit, shared with the other tests of this module) and inside
+    an outer ``jit``."""
     tx = optax.chain(FAMILIES[name](), optax.polyak_sgd(1.0))
     params = _params()
     state = tx.init(params)
-    updates, state = jax.jit(tx.update)(_grads(0), state, params, value=jnp.asarray(2.0))
+    updates, state = tx.update(_grads(0), state, params, value=jnp.asarray(2.0))
     assert all(bool(jnp.all(jnp.isfinite(u))) for u in jax.tree.leaves(updates))
+    jax.jit(tx.update).trace(_grads(1), state, params, value=jnp.asarray(2.0))
 
 
 @pytest.mark.parametrize("name", NAMES)
@@ -81,7 +84,7 @@ def test_one_nonfinite_policy(name):
     skipped: zero update, state bit-identical, one count each; the other leaves proceed."""
     tx = FAMILIES[name]()
     params = _params()
-    update = jax.jit(tx.update)
+    update = tx.update  # one compiled unit (compiled once for this module's tests of the family)
     state = update(_grads(1), tx.init(params), params)[1]
     grads = _grads(2)
     grads["w"] = grads["w"].at[1, 1].set(jnp.nan)
