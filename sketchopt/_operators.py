@@ -20,8 +20,6 @@ import jax.numpy as jnp
 
 from sketchopt import _numerics, _partitioning
 
-_HIGHEST = "highest"
-
 
 class DiagonalOperator(NamedTuple):
     """``H = diag(diag)`` with ``diag >= 0``; zero entries follow the safe ``0/0 = 0``."""
@@ -72,7 +70,7 @@ class LowRankOperator(NamedTuple):
         # Scale a first: coef may carry 2**scale_exp itself (Oja's unit directions), and
         # coef.T @ a could then overflow where the result does not.
         a = self.coef.T @ _numerics.ldexp(a, -jnp.asarray(self.scale_exp, jnp.int32))
-        return jnp.matmul(a, self.basis, precision=_HIGHEST)
+        return jnp.matmul(a, self.basis, precision=_numerics.HIGHEST)
 
     def solve_projected(self, y, vy):
         """``H^{-1} y`` given ``vy = V y`` already (saves one pass over ``basis``)."""

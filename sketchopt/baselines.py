@@ -49,6 +49,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
+from optax import ScalarOrSchedule
 
 from sketchopt import _leafwise, _numerics, _partitioning, _validation
 from sketchopt import metrics as _metrics
@@ -72,7 +73,6 @@ __all__ = [
     "truncated_gradient",
 ]
 
-ScalarOrSchedule = float | jax.Array | optax.Schedule
 
 _NO_PARAMS_MSG = (
     "this sparse online learner needs the current params: call update(updates, state, params)"
@@ -404,8 +404,6 @@ def ftrl_proximal(
 #   ``x_{t+1} = x_t - eta V (Sigma^{1/2} + delta I)^{-1} V^T g_t`` (``O(tau d^2)``; no step outside
 #   the sketched subspace, as in the paper).
 
-_HIGHEST = jax.lax.Precision.HIGHEST
-
 
 def _projection_init(key, dim, sketch_size):
     """Random signs (int8) and ``min(tau, d)`` sampled coordinates of the randomized DCT."""
@@ -580,9 +578,9 @@ def ada_lr_metric(sketch_size: int, delta: float, key) -> _metrics.Metric:
             _partitioning.replicate(state.signs), _partitioning.replicate(state.indices), tau, dtype
         )
         # Eq. 3: G~ = G Pi^T (d x tau), Q R = G~, B = Q^T G = U Sigma V^T.
-        g_tilde = jnp.matmul(gram, pi.T, precision=_HIGHEST)
+        g_tilde = jnp.matmul(gram, pi.T, precision=_numerics.HIGHEST)
         q, _ = jnp.linalg.qr(g_tilde)  # d x k
-        b = jnp.matmul(q.T, gram, precision=_HIGHEST)  # k x d
+        b = jnp.matmul(q.T, gram, precision=_numerics.HIGHEST)  # k x d
         _, sigma, vt = jnp.linalg.svd(b, full_matrices=False)
         sigma = jnp.where(sigma > sigma[0] * b.shape[0] * jnp.finfo(dtype).eps, sigma, 0)
         root = _numerics.ldexp(jnp.sqrt(sigma), state.scale_exp)
@@ -615,7 +613,7 @@ class _AdaLROperator(NamedTuple):
 
     def solve(self, y):
         coef = _partitioning.contract_d(self.vt, y) / (self.root + self.delta)
-        return jnp.matmul(coef, self.vt, precision=_HIGHEST)
+        return jnp.matmul(coef, self.vt, precision=_numerics.HIGHEST)
 
 
 @_leafwise.compiled

@@ -170,8 +170,6 @@ __all__ = [
     "mixed_l1_linf",
 ]
 
-_HIGHEST = "highest"
-
 
 def _vdot(a, b):
     """``<a, b>`` over the (possibly sharded) long axis, a replicated scalar."""
@@ -181,8 +179,10 @@ def _vdot(a, b):
 def _einsum_small(spec, a, b):
     """An einsum contracting (part of) the long axis into a small, replicated result."""
     if _partitioning.explicit_mesh():
-        return jnp.einsum(spec, a, b, precision=_HIGHEST, out_sharding=jax.sharding.PartitionSpec())
-    return jnp.einsum(spec, a, b, precision=_HIGHEST)
+        return jnp.einsum(
+            spec, a, b, precision=_numerics.HIGHEST, out_sharding=jax.sharding.PartitionSpec()
+        )
+    return jnp.einsum(spec, a, b, precision=_numerics.HIGHEST)
 
 
 _NEWTON_MAX_BASIS = 1024  # solver="auto": Newton up to this many basis rows, then ADMM
@@ -605,7 +605,7 @@ def _newton_dual(reg, u, c, op, shape, x0, tol, max_iter, z=None):
     # B materialized once as a k x d matrix (V = 2**-scale_exp coef @ basis; scale the basis, not
     # the possibly huge/tiny products). The Newton matrix is then assembled as a Gram matrix,
     # positive semidefinite by construction whatever the conditioning of coef and basis.
-    bm = jnp.matmul(cw, _numerics.ldexp(op.basis, scale_exp), precision=_HIGHEST)
+    bm = jnp.matmul(cw, _numerics.ldexp(op.basis, scale_exp), precision=_numerics.HIGHEST)
     projector = getattr(reg, "_jac_projector", False)
 
     def newton_matrix(jac):
@@ -618,7 +618,7 @@ def _newton_dual(reg, u, c, op, shape, x0, tol, max_iter, z=None):
                 # B J B^T = (B P)(B P)^T, with B P = B D - sum_r (B g_r) g_r^T / |A_r|.
                 y = y + jnp.einsum("kr,rc->krc", qm * jac.a, jac.g).reshape(k, -1)
             else:  # a_r >= 0: a sum of positive semidefinite terms
-                m = jnp.matmul(qm * jac.a, qm.T, precision=_HIGHEST)
+                m = jnp.matmul(qm * jac.a, qm.T, precision=_numerics.HIGHEST)
         g = _partitioning.contract_d(y, y.T)
         m = g if m is None else g + m
         return jnp.eye(k, dtype=wd) + m / s
@@ -763,16 +763,16 @@ def _l1_ball_polish(x, radius, op, u=None, z=None, skip=False):
         sel = (iota[None, :] == idx[:, None]).astype(wd) * mask[:, None].astype(wd)  # (m, d)
         # B_A = W^{1/2} V[:, A] (k x m): columns of the basis by one contraction over d
         cols = _numerics.ldexp(_partitioning.contract_d(op.basis, sel.T), e)
-        ba = sw[:, None] * jnp.matmul(op.coef, cols, precision=_HIGHEST)
-        haa = jnp.matmul(ba.T, ba, precision=_HIGHEST) + s * jnp.eye(m, dtype=wd)
-        on_a = jnp.matmul(mask.astype(wd), sel, precision=_HIGHEST) > 0  # (d,)
+        ba = sw[:, None] * jnp.matmul(op.coef, cols, precision=_numerics.HIGHEST)
+        haa = jnp.matmul(ba.T, ba, precision=_numerics.HIGHEST) + s * jnp.eye(m, dtype=wd)
+        on_a = jnp.matmul(mask.astype(wd), sel, precision=_numerics.HIGHEST) > 0  # (d,)
         if z is None:
             za = jnp.zeros((m,), wd)
             b = -_partitioning.contract_d(sel, u)
         else:
             za = _partitioning.contract_d(sel, z)
             z_off = jnp.where(on_a, 0, z)
-            b = jnp.matmul(ba.T, sw * op.project(z_off), precision=_HIGHEST)
+            b = jnp.matmul(ba.T, sw * op.project(z_off), precision=_numerics.HIGHEST)
         b = jnp.where(mask, b, 0)
         chol = jnp.linalg.cholesky(haa)
         p = jax.scipy.linalg.cho_solve((chol, True), b)
@@ -780,7 +780,7 @@ def _l1_ball_polish(x, radius, op, u=None, z=None, skip=False):
         sq = jnp.dot(sig, q)
         theta = (jnp.dot(sig, p) - (radius - jnp.dot(sig, za))) / jnp.where(sq > 0, sq, 1)
         y = jnp.where(mask, za + p - theta * q, 0)
-        xn = jnp.matmul(y, sel, precision=_HIGHEST)
+        xn = jnp.matmul(y, sel, precision=_numerics.HIGHEST)
         xn = _renormalize_l1(xn[None], radius)[0]
         grad = op.matvec(xn) + u if z is None else op.matvec(xn - z)
         slack = 1e3 * eps * jnp.maximum(theta, jnp.max(jnp.abs(grad), initial=0))

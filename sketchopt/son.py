@@ -84,6 +84,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
+from optax import ScalarOrSchedule
 
 from sketchopt import _leafwise, _numerics, _partitioning, _validation
 from sketchopt import sketches as _sketches
@@ -101,7 +102,6 @@ __all__ = [
     "rp_son",
 ]
 
-ScalarOrSchedule = float | jax.Array | Callable[[jax.Array], jax.Array]
 
 # D_1 = 0.1 I (SON sec. 5.2, footnote 6).
 _DIAGONAL_INIT = 0.1

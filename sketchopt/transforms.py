@@ -31,6 +31,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
+from optax import ScalarOrSchedule
 
 from sketchopt import _leafwise, _validation
 from sketchopt import metrics as _metrics
@@ -61,7 +62,6 @@ __all__ = [
     "unpack_leaf_states",
 ]
 
-ScalarOrSchedule = float | jax.Array | Callable[[jax.Array], jax.Array]
 LeafGroups = _leafwise.LeafGroups
 
 
