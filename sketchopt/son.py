@@ -309,7 +309,7 @@ def _son_transform(init_leaf, step_leaf, *, eta, curvature, diagonal_rescaling):
         if diagonal_rescaling:  # D^{-1/2} A^{-1} D^{-1/2} g; hypot(D, 0) == D exactly
             sol = sol / ls.diag_sqrt
             new = new._replace(diag_sqrt=jnp.hypot(ls.diag_sqrt, jnp.where(sketchable, g, 0)))
-        return -sol, (new,), sketchable | ~valid
+        return -sol, (new,), sketchable  # false also for an invalid g (sketchable needs valid)
 
     rule = _leafwise.LeafRule(("leaf_state",), init, step, hyper=hyper)
     return _leafwise.leafwise(rule, SONState)
