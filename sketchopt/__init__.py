@@ -1,16 +1,49 @@
 """sketchopt: full-matrix adaptive online learning at the cost of a diagonal method.
 
 Ada-FD (AdaGrad whose full-matrix proximal term is kept as a frequent-directions sketch), robust
-frequent directions, the sketched online Newton family, the AdaGrad baselines and the classic sparse
-online learners, all as pure-functional Optax gradient transformations.
+frequent directions, the sketched online Newton family, the AdaGrad baselines and the classic
+first-order sparse online learners, all as pure-functional Optax gradient transformations.
+
+The package is laid out along its architecture, metric x rule x regularizer (``DESIGN.md``):
+
+* :mod:`sketchopt.sketches` -- streaming sketches of the gradients (FD, RFD, Oja, random
+  projection);
+* :mod:`sketchopt.operators` -- the structured ``H_t`` a metric hands to the rules;
+* :mod:`sketchopt.metrics` -- the curvature axis: ADA-DIAG, ADA-FULL, ADA-FD (any sketch),
+  RADAGRAD, ADA-LR;
+* :mod:`sketchopt.rules` -- the rule axis: mirror descent, dual averaging, ``scale_by_metric``;
+* :mod:`sketchopt.regularizers` -- the regularizer axis: composite proximal steps in the
+  ``H_t``-norm;
+* :mod:`sketchopt.aliases` -- the named algorithms, one line each on the three axes;
+* :mod:`sketchopt.son` -- the sketched online Newton family (FD-, RFD-, Oja-, RP-SON, ONS);
+* :mod:`sketchopt.first_order` -- FOBOS, RDA, FTRL-Proximal, truncated gradient;
+* :mod:`sketchopt.sharding` -- state shardings for ``jax.jit`` across devices.
+
+Package-internal (underscore) modules hold what the public ones share, each in one place:
+``_numerics`` (power-of-two scaling, safe norms, ``eigh``, precision and dtype rules),
+``_partitioning`` (sharding helpers), ``_validation`` (argument checks), ``_leafwise`` (the one
+per-leaf driver every transform runs on) and ``_dct`` (RADAGRAD's randomized DCT). Every
+transform is also importable from the package root.
 """
 
+# ``baselines`` and ``transforms``: the modules of 0.2, kept importable (CHANGELOG.md, 0.3.0).
+from sketchopt import aliases as aliases
+from sketchopt import baselines as baselines
+from sketchopt import first_order as first_order
 from sketchopt import metrics as metrics
+from sketchopt import operators as operators
 from sketchopt import regularizers as regularizers
+from sketchopt import rules as rules
 from sketchopt import sharding as sharding
 from sketchopt import sketches as sketches
-from sketchopt.baselines import *  # noqa: F403
+from sketchopt import transforms as transforms
+from sketchopt.aliases import *  # noqa: F403
+from sketchopt.first_order import *  # noqa: F403
+from sketchopt.metrics import AdaLRMetricState as AdaLRMetricState
+from sketchopt.metrics import RadagradMetricState as RadagradMetricState
+from sketchopt.metrics import ada_lr_metric as ada_lr_metric
+from sketchopt.metrics import radagrad_metric as radagrad_metric
+from sketchopt.rules import *  # noqa: F403
 from sketchopt.son import *  # noqa: F403
-from sketchopt.transforms import *  # noqa: F403
 
-__version__ = "0.2.0"
+__version__ = "0.3.0"

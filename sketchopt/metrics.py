@@ -1,7 +1,7 @@
 r"""Preconditioner metrics ``H_t``: the curvature axis of metric x rule x regularizer.
 
 A :class:`Metric` keeps the curvature state of one flat parameter vector and exposes ``H_t`` as a
-structured operator (see :mod:`sketchopt._operators`):
+structured operator (see :mod:`sketchopt.operators`):
 
 * :func:`diagonal` -- ADA-DIAG, ``H_t = delta I + diag(G_t)^{1/2}`` (Duchi et al. eq. 19/20);
 * :func:`full` -- ADA-FULL, ``H_t = delta I + G_t^{1/2}`` with ``G_t = sum_s g_s g_s^T`` kept
@@ -21,18 +21,30 @@ from typing import Any, NamedTuple
 import jax
 import jax.numpy as jnp
 
-from sketchopt import _validation
+from sketchopt import _dct, _validation
 from sketchopt import sketches as _sketches
-from sketchopt._numerics import eigh_desc, flat_size, ldexp, rescale_exponent, state_dtype
-from sketchopt._operators import DiagonalOperator, LowRankOperator
-from sketchopt._partitioning import replicate
+from sketchopt._numerics import (
+    HIGHEST,
+    eigh_desc,
+    exponent,
+    flat_size,
+    ldexp,
+    rescale_exponent,
+    state_dtype,
+)
+from sketchopt._partitioning import contract_d, replicate
+from sketchopt.operators import DiagonalOperator, LowRankOperator, SubspaceOperator
 
 __all__ = [
+    "AdaLRMetricState",
     "DiagonalMetricState",
     "FullMetricState",
     "Metric",
+    "RadagradMetricState",
+    "ada_lr_metric",
     "diagonal",
     "full",
+    "radagrad_metric",
     "sketched",
 ]
 
@@ -223,9 +235,153 @@ def sketched(sketch: _sketches.Sketch, delta: float) -> Metric:
         return lr.coef.T @ ldexp(x, -lr.scale_exp)
 
     def update(state, g, valid=True):
-        state, _, residual = sketch.absorb(state, g, valid, lift=lift_coefficients)
-        op = operator(state)
-        return state, op, residual / op.scalar
+        out = sketch.absorb_solve(state, g, valid, lift=lift_coefficients)
+        op = operator(out.state)
+        return out.state, op, out.residual / op.scalar
 
     spec = _validation.spec_key("sketched", sketch, delta)
     return Metric(init, update, operator, f"sketched_{sketch.name}", spec)
+
+
+# ----------------------------------------------------------------------------------------------
+# RADAGRAD and ADA-LR: random-projection approximations of ADA-FULL (Krummenacher et al. 2016),
+# the baselines the Ada-FD paper compares against (its eq. 4 and 3). Both project the gradient
+# outer products with the subsampled randomized DCT ``Pi`` of ``sketchopt._dct``.
+#
+# * RADAGRAD (eq. 4): ``G~_t = G~_{t-1} + g_t (Pi g_t)^T`` (``d x tau``); with ``G~_t = V Sigma
+#   W^T`` (the paper's ``qr_update`` followed by the SVD of ``B = G~^T Q``, which yields exactly
+#   the left singular vectors and singular values of ``G~_t``)
+#   ``x_{t+1} = x_t - eta V (Sigma^{1/2} + delta I)^{-1} V^T g_t - eta (g_t - V V^T g_t)``. We keep
+#   ``G~_t`` and its small Gram matrix ``G~^T G~`` (updated in ``O(tau d)`` from the one pass
+#   ``G~^T g``) and re-orthonormalize through the ``tau x tau`` eigendecomposition of that Gram
+#   matrix: the same ``V`` and ``Sigma`` as the rank-one QR update, at the same ``O(tau d)`` cost.
+#   In metric form ``H_t = I + V^T diag(Sigma^{1/2} + delta - 1) V``.
+# * ADA-LR (eq. 3): keeps ``G_t`` (``d x d``), projects ``G~ = G Pi^T``, orthonormalizes
+#   ``Q R = G~``, takes the SVD of ``B = Q^T G = U Sigma V^T``; ``H_t^{-1} = V (Sigma^{1/2} +
+#   delta I)^{-1} V^T`` (``O(tau d^2)``; no step outside the sketched subspace, as in the paper).
+
+
+class RadagradMetricState(NamedTuple):
+    """``rows = G~_t^T / 4**scale_exp`` (``tau x d``), ``gram = rows rows^T``, the projection."""
+
+    rows: jax.Array
+    gram: jax.Array
+    scale_exp: jax.Array
+    signs: jax.Array
+    indices: jax.Array
+
+
+def radagrad_metric(sketch_size: int, delta: float, key) -> Metric:
+    """RADAGRAD's metric ``H_t = I + V^T diag(Sigma^{1/2} + delta - 1) V`` (Ada-FD eq. 4)."""
+    tau = _validation.size("sketch_size", sketch_size)
+    check_delta(delta)
+    key = _validation.prng_key("key", key)
+
+    def init(shape, dtype=jnp.float32):
+        dim, dtype = flat_size(shape), state_dtype(dtype)
+        signs, idx = _dct.init(key, dim, tau)
+        return RadagradMetricState(
+            rows=jnp.zeros((tau, dim), dtype),
+            gram=jnp.zeros((tau, tau), dtype),
+            scale_exp=jnp.zeros((), jnp.int32),
+            signs=signs,
+            indices=idx,
+        )
+
+    def operator(state):
+        kappa, u = eigh_desc(state.gram)
+        inv = jnp.where(kappa > 0, 1 / jnp.sqrt(jnp.where(kappa > 0, kappa, 1)), 0)
+        coef = (u * inv).T  # V = coef @ rows: the left singular vectors of G~ as rows
+        # Singular values of G~ = 4**e sqrt(kappa); their square roots 2**e kappa**(1/4).
+        root_sigma = ldexp(jnp.sqrt(jnp.sqrt(kappa)), state.scale_exp)
+        # H's eigenvalues on span(V) are Sigma^{1/2} + delta; as weights over the identity they
+        # are stored minus 1, which cannot hold values below eps: floor them there (a smaller,
+        # finite step) rather than divide by a rounded 0 (delta < eps with tiny gradients).
+        floor = jnp.finfo(kappa.dtype).eps
+        weights = jnp.where(kappa > 0, jnp.maximum(root_sigma + delta, floor) - 1, 0)
+        weights = weights.astype(kappa.dtype)
+        return LowRankOperator(jnp.ones((), kappa.dtype), state.rows, coef, weights)
+
+    def update(state, g, valid=True):
+        dtype = state.rows.dtype
+        # G~ ~ |g|^2: keep rows = G~^T / 4**e with e following the largest |g| seen, so that a
+        # 1e30 gradient in float32 neither overflows the rows nor (as |g|^4) the Gram matrix.
+        # e never decreases: H = I + V^T diag(Sigma^{1/2} + delta - 1) V cannot represent
+        # Sigma^{1/2} + delta below eps (the weight rounds to -1), so for float32 gradients so
+        # small that G~ underflows (|g| < ~1e-10) RADAGRAD takes plain gradient steps instead.
+        e_g = exponent(jnp.max(jnp.abs(g), initial=0))
+        exp = jnp.where(valid, jnp.maximum(state.scale_exp, e_g), state.scale_exp)
+        shift = state.scale_exp - exp
+        rows = ldexp(state.rows, 2 * shift)
+        gram = ldexp(state.gram, 4 * shift)
+        gs = ldexp(g, -exp).astype(dtype)
+        gt = _dct.apply(gs, state.signs, state.indices, tau)  # Pi g / 2**e
+        p = contract_d(rows, gs)  # G~^T g / 8**e (before the update)
+        sq = jnp.sum(jnp.square(gs))
+        # A skipped step (zero g, unchanged exp) must leave the state bit-identical: adding +0
+        # would turn its -0 entries into +0, hence the selects.
+        gram = jnp.where(
+            valid, gram + jnp.outer(p, gt) + jnp.outer(gt, p) + sq * jnp.outer(gt, gt), gram
+        )
+        rows = jnp.where(valid, rows + jnp.outer(gt, gs), rows)
+        state = state._replace(rows=rows, gram=gram, scale_exp=exp)
+        return state, operator(state), None
+
+    spec = _validation.spec_key("radagrad", tau, delta, key)
+    return Metric(init, update, operator, "radagrad", spec)
+
+
+class AdaLRMetricState(NamedTuple):
+    """``gram = G_t / 4**scale_exp`` (``d x d``) and the projection."""
+
+    gram: jax.Array
+    scale_exp: jax.Array
+    signs: jax.Array
+    indices: jax.Array
+
+
+def ada_lr_metric(sketch_size: int, delta: float, key) -> Metric:
+    """ADA-LR's metric (Ada-FD eq. 3): ``H_t^{-1} = V (Sigma^{1/2} + delta I)^{-1} V^T``."""
+    tau = _validation.size("sketch_size", sketch_size)
+    check_delta(delta)
+    key = _validation.prng_key("key", key)
+
+    def init(shape, dtype=jnp.float32):
+        dim, dtype = flat_size(shape), state_dtype(dtype)
+        signs, idx = _dct.init(key, dim, tau)
+        return AdaLRMetricState(jnp.zeros((dim, dim), dtype), jnp.zeros((), jnp.int32), signs, idx)
+
+    def operator(state):
+        # The d x d decompositions need all of G_t on every device (under an explicit mesh this
+        # must be said; automatic sharding gathers it by itself): an O(tau d^2) baseline.
+        gram = replicate(state.gram)
+        dtype, d = gram.dtype, gram.shape[0]
+        if d == 0:  # static: nothing to decompose
+            vt, root = jnp.zeros((0, 0), dtype), jnp.zeros((0,), dtype)
+            return SubspaceOperator(vt, root + jnp.asarray(delta, dtype))
+        pi = _dct.matrix(replicate(state.signs), replicate(state.indices), tau, dtype)
+        # Eq. 3: G~ = G Pi^T (d x tau), Q R = G~, B = Q^T G = U Sigma V^T.
+        g_tilde = jnp.matmul(gram, pi.T, precision=HIGHEST)
+        q, _ = jnp.linalg.qr(g_tilde)  # d x k
+        b = jnp.matmul(q.T, gram, precision=HIGHEST)  # k x d
+        _, sigma, vt = jnp.linalg.svd(b, full_matrices=False)
+        sigma = jnp.where(sigma > sigma[0] * b.shape[0] * jnp.finfo(dtype).eps, sigma, 0)
+        root = ldexp(jnp.sqrt(sigma), state.scale_exp)
+        return SubspaceOperator(vt, root + jnp.asarray(delta, dtype))
+
+    def update(state, g, valid=True):
+        g, gram = replicate(g), replicate(state.gram)  # see operator
+        exp = rescale_exponent(
+            state.scale_exp,
+            jnp.max(jnp.abs(g), initial=0),
+            jnp.max(jnp.diagonal(gram), initial=0),
+        )
+        exp = jnp.where(valid, exp, state.scale_exp)
+        gram = ldexp(gram, 2 * (state.scale_exp - exp))
+        gs = ldexp(g, -exp)
+        gram = jnp.where(valid, gram + jnp.outer(gs, gs), gram)  # bit-identical when skipped
+        state = state._replace(gram=gram, scale_exp=exp)
+        return state, operator(state), None
+
+    spec = _validation.spec_key("ada_lr", tau, delta, key)
+    return Metric(init, update, operator, "ada_lr", spec)

@@ -6,7 +6,7 @@ sec. 6, eq. 21)::
 
     x* = argmin_x  <u, x> + c * phi(x) + 1/2 <x, H x>,        c >= 0,
 
-with ``u`` a flat ``(d,)`` vector and ``H`` one of the operators of :mod:`sketchopt._operators`.
+with ``u`` a flat ``(d,)`` vector and ``H`` one of the operators of :mod:`sketchopt.operators`.
 The same problem in **center form**, ``x* = argmin_x c * phi(x) + 1/2 ||x - z||_H^2``
 (``u = -H z``), is what the rules pass (``z`` = the unregularized step, e.g.
 ``x_t - eta H^{-1} g_t``): forming ``u = eta g - H x_t`` loses the part of ``x_t`` on the small
@@ -156,7 +156,7 @@ import jax.numpy as jnp
 from jax import lax
 
 from sketchopt import _numerics, _partitioning, _validation
-from sketchopt._operators import DiagonalOperator, LowRankOperator
+from sketchopt.operators import DiagonalOperator, LowRankOperator
 
 __all__ = [
     "ProxInfo",
@@ -168,6 +168,7 @@ __all__ = [
     "linf",
     "mixed_l1_l2",
     "mixed_l1_linf",
+    "soft_threshold",
 ]
 
 
@@ -1014,13 +1015,12 @@ class _L1(Regularizer):
 
     def _euclid(self, v, t, shape):
         tau = t * self.strength
-        x = jnp.sign(v) * jnp.maximum(jnp.abs(v) - tau, 0)
+        x = soft_threshold(v, tau)
         dg = (jnp.abs(v) > tau).astype(v.dtype)
         return x, _Jac(dg, None, None)
 
     def _diag(self, u, c, h, shape):
-        num = jnp.sign(u) * jnp.maximum(jnp.abs(u) - c * self.strength, 0)
-        return -_safe_div(num, h)
+        return -_safe_div(soft_threshold(u, c * self.strength), h)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -1300,6 +1300,29 @@ _DOC_KW = """
       max_iter: iteration cap ``>= 1`` (default ``None``: 50 Newton / 5000 ADMM iterations).
       solver: ``"auto"`` (default), ``"newton"`` or ``"admm"``.
 """
+
+
+def soft_threshold(v, threshold):
+    """``sgn(v) max(0, |v| - threshold)``: the Euclidean proximal map of ``threshold ||x||_1``.
+
+    The closed form behind :func:`l1` with a ``DiagonalOperator`` (Duchi et al. eq. 24) and the
+    truncation step of the sparse first-order learners (L1-FOBOS, L1-RDA, FTRL-Proximal,
+    truncated gradient in :mod:`sketchopt.first_order`).
+
+    Args:
+      v: an array.
+      threshold: ``>= 0``, a scalar or an array broadcasting against ``v``.
+
+    Returns:
+      ``v`` shrunk towards zero by ``threshold``, entries within ``threshold`` of zero set to 0.
+
+    Example:
+      >>> import jax.numpy as jnp
+      >>> from sketchopt.regularizers import soft_threshold
+      >>> soft_threshold(jnp.array([-2.0, 0.5, 3.0]), 1.0)
+      Array([-1.,  0.,  2.], dtype=float32)
+    """
+    return jnp.sign(v) * jnp.maximum(jnp.abs(v) - threshold, 0)
 
 
 def l1(strength, *, tol=1e-6, max_iter=None, solver="auto") -> Regularizer:

@@ -64,6 +64,7 @@ from sketchopt._numerics import (
 from sketchopt._partitioning import contract_d, like_last_axis
 
 __all__ = [
+    "Absorbed",
     "FrequentDirectionsState",
     "LowRank",
     "OjaState",
@@ -93,15 +94,19 @@ class Sketch(NamedTuple):
       update_with_product: ``(state, row) -> (state, basis @ row)`` with the product taken against
         the *new* basis rows and divided by ``4**scale_exp`` of the new state; the metrics use it
         to get ``V g`` without another pass over the sketch.
-      absorb: ``absorb(state, row, valid=True, lift=None) -> (state, product)``,
-        ``update_with_product`` without the non-finite check, for callers (the transforms) that
-        check the row themselves: with ``valid`` false (and a zero row) the state comes back
-        bit-identical and ``nonfinite_count`` is left to the caller. With ``lift``, a function
-        ``lift(state, product) -> a`` of the new state's small fields (it must not read
-        ``state.rows``, which may still hold the rows before the shrink's rotation) giving
-        coefficients ``a`` over the rows of :func:`low_rank`'s ``basis``, it returns
-        ``(state, product, row - basis^T a)``: the residual of a Woodbury solve. The per-step FD
-        family computes it inside the pass that rotates the rows, saving a pass over the sketch.
+      absorb: ``absorb(state, row, valid=True) -> (state, product)``, ``update_with_product``
+        without the non-finite check, for callers (the transforms) that check the row themselves:
+        with ``valid`` false (and a zero row) the state comes back bit-identical and
+        ``nonfinite_count`` is left to the caller. (The ``lift=`` argument of 0.2 still works and
+        then returns ``absorb_solve``'s first three fields as a tuple; prefer ``absorb_solve``.)
+      spec: what identifies the sketch by value (see :class:`sketchopt.metrics.Metric`).
+      absorb_solve: ``absorb_solve(state, row, valid=True, lift=None) -> Absorbed``: ``absorb``
+        fused with the residual of a Woodbury solve, and the one entry that returns everything an
+        update produced (see :class:`Absorbed`). ``lift(state, product) -> a`` is a function of
+        the new state's small fields (it must not read ``state.rows``, which may still hold the
+        rows before the shrink's rotation) giving coefficients ``a`` over the rows of
+        :func:`low_rank`'s ``basis``; ``residual = row - basis^T a``. The per-step FD family
+        computes it inside the pass that rotates the rows, saving a pass over the sketch.
     """
 
     init: Callable[..., Any]
@@ -112,9 +117,28 @@ class Sketch(NamedTuple):
     update_with_product: Callable[[Any, jax.Array], tuple[Any, jax.Array]]
     absorb: Callable[[Any, jax.Array], tuple[Any, jax.Array]]
     spec: Any = None
+    absorb_solve: Callable[..., Absorbed] | None = None
 
     __eq__ = _validation.value_eq
     __hash__ = _validation.value_hash
+
+
+class Absorbed(NamedTuple):
+    """What :attr:`Sketch.absorb_solve` returns, the same fields for every sketch.
+
+    Attributes:
+      state: the new sketch state.
+      product: ``basis @ row / 4**scale_exp`` against the *new* basis rows (``V g`` for free).
+      residual: ``row - basis^T lift(state, product)``, or ``None`` when no ``lift`` was given.
+      drawn: the random vector the update drew (the random projection's ``r_t``), or ``None``
+        for the deterministic sketches: a caller that needs ``r_t`` reads it here and never
+        draws it again.
+    """
+
+    state: Any
+    product: jax.Array
+    residual: jax.Array | None = None
+    drawn: jax.Array | None = None
 
 
 class FrequentDirectionsState(NamedTuple):
@@ -344,21 +368,23 @@ def _exact_gram(rows, scale_exp):
     return contract_d(scaled, scaled.T)
 
 
-def _make_sketch(init, absorb, sketch_size, name, *, fused_lift=False, spec=None):
-    """Wrap ``absorb(state, row, valid) -> (state, product)`` into a :class:`Sketch`.
+def _make_sketch(init, absorb, sketch_size, name, *, spec=None):
+    """Wrap ``absorb(state, row, valid, lift) -> Absorbed`` into a :class:`Sketch`.
 
     ``absorb`` must leave the state bit-identical when ``valid`` is false (it then receives a zero
-    row). With ``fused_lift``, ``absorb`` takes the ``lift`` argument of :class:`Sketch` itself;
-    otherwise the product with the basis is taken after the update. Skipping by selection rather
-    than ``lax.cond`` keeps XLA from copying the sketch buffer and costs the same under ``vmap``,
-    where a ``cond`` becomes a select anyway.
+    row). It may ignore ``lift`` (returning ``residual=None``): the residual is then taken here,
+    after the update, in a pass of its own. Skipping by selection rather than ``lax.cond`` keeps
+    XLA from copying the sketch buffer and costs the same under ``vmap``, where a ``cond``
+    becomes a select anyway.
     """
 
     def update_with_product(state, row):
         row = jnp.ravel(row)
         finite = jnp.all(jnp.isfinite(row))
-        state, product = absorb(state, jnp.where(finite, row, 0), finite)
-        return state._replace(nonfinite_count=state.nonfinite_count + (~finite)), product
+        out = absorb(state, jnp.where(finite, row, 0), finite, None)
+        return out.state._replace(nonfinite_count=out.state.nonfinite_count + (~finite)), (
+            out.product
+        )
 
     def update(state, row):
         return update_with_product(state, row)[0]
@@ -366,18 +392,29 @@ def _make_sketch(init, absorb, sketch_size, name, *, fused_lift=False, spec=None
     def update_many(state, rows):
         return jax.lax.scan(lambda s, r: (update(s, r), None), state, rows)[0]
 
-    def absorb_flat(state, row, valid=True, lift=None):
+    def absorb_solve(state, row, valid=True, lift=None):
         row, valid = jnp.ravel(row), jnp.asarray(valid)
-        if lift is None:
-            return absorb(state, row, valid)
-        if fused_lift:
-            return absorb(state, row, valid, lift)
-        state, product = absorb(state, row, valid)
-        basis = low_rank(state).basis
-        return state, product, row - jnp.matmul(lift(state, product), basis, precision=HIGHEST)
+        out = absorb(state, row, valid, lift)
+        if lift is None or out.residual is not None:
+            return out
+        basis = low_rank(out.state).basis
+        lifted = jnp.matmul(lift(out.state, out.product), basis, precision=HIGHEST)
+        return out._replace(residual=row - lifted)
+
+    def absorb_pair(state, row, valid=True, lift=None):
+        out = absorb_solve(state, row, valid, lift)
+        return out[:2] if lift is None else out[:3]
 
     return Sketch(
-        init, update, update_many, sketch_size, name, update_with_product, absorb_flat, spec
+        init,
+        update,
+        update_many,
+        sketch_size,
+        name,
+        update_with_product,
+        absorb_pair,
+        spec,
+        absorb_solve,
     )
 
 
@@ -491,9 +528,9 @@ def _fd_family(
         if not fast:
             if lift is not None:
                 state, prod, residual = shrink(state, prod, valid, lift, row)
-                return refresh_gram(state, valid), prod, residual
+                return Absorbed(refresh_gram(state, valid), prod, residual)
             state, prod = shrink(state, prod, valid)
-            return refresh_gram(state, valid), prod
+            return Absorbed(refresh_gram(state, valid), prod)
         full = state.fill == n
 
         def shrink_full(s, p):  # in a group: only the leaves whose buffer is full
@@ -502,7 +539,7 @@ def _fd_family(
         state, prod = jax.lax.cond(
             _leafwise.any_leaf(full), shrink_full, lambda s, p: (s, p), state, prod
         )
-        return refresh_gram(state, full), prod
+        return Absorbed(refresh_gram(state, full), prod)  # the residual is taken after the update
 
     def refresh_gram(state, shrank):
         """Every _GRAM_REFRESH shrinks, replace the tracked Gram matrix by the exact one of the
@@ -522,7 +559,7 @@ def _fd_family(
     spec = _validation.spec_key(
         "fd_family", tau, fast, name, alpha0, alpha_fraction, compensate, num_shrunk
     )
-    return _make_sketch(init, absorb, tau, name, fused_lift=not fast, spec=spec)
+    return _make_sketch(init, absorb, tau, name, spec=spec)
 
 
 def frequent_directions(sketch_size: int, *, fast: bool = False) -> Sketch:
@@ -680,7 +717,8 @@ def oja(
             nonfinite_count=jnp.zeros((), jnp.int32),
         )
 
-    def absorb(state, row, valid):
+    def absorb(state, row, valid, lift):
+        del lift  # the residual is taken after the update
         v = state.directions
         row = like_last_axis(row.astype(v.dtype), v)
         exp = rescale_exponent(
@@ -711,7 +749,7 @@ def oja(
         new = state._replace(directions=directions, eigenvalues=lam, scale_exp=exp, count=t)
         new = jax.tree.map(lambda a, b: jnp.where(valid, a, b), new, state)
         prod = ldexp(gnorm * v_unit, -exp)  # V_t g / 4**exp, without another pass
-        return new, jnp.where(valid, prod, 0)
+        return Absorbed(new, jnp.where(valid, prod, 0))
 
     spec = _validation.spec_key("oja", m, learning_rate, key)
     return _make_sketch(init, absorb, m, "oja", spec=spec)
@@ -744,7 +782,8 @@ def random_projection(sketch_size: int, key: jax.Array) -> Sketch:
             nonfinite_count=jnp.zeros((), jnp.int32),
         )
 
-    def absorb(state, row, valid):
+    def absorb(state, row, valid, lift):
+        del lift  # the residual is taken after the update
         # A zero row changes nothing below (S + r 0^T = S, q = 0) but the key and the scale.
         row = like_last_axis(row.astype(state.rows.dtype), state.rows)
         diag = jnp.diagonal(state.gram)
@@ -765,7 +804,7 @@ def random_projection(sketch_size: int, key: jax.Array) -> Sketch:
         rows = state.rows + jnp.outer(r, row)
         count = state.count + valid.astype(jnp.int32)
         new = state._replace(rows=rows, gram=gram, scale_exp=exp, key=key, count=count)
-        return new, prod + sq * r  # S_t g / 4**exp
+        return Absorbed(new, prod + sq * r, drawn=r)  # S_t g / 4**exp; r_t handed back
 
     spec = _validation.spec_key("random_projection", m, key)
     return _make_sketch(init, absorb, m, "random_projection", spec=spec)

@@ -478,12 +478,6 @@ def oja_son(
 # RP-SON.
 
 
-def _rp_direction(key, m, dtype):
-    """The ``r_t ~ N(0, I/m)`` that ``sketches.random_projection`` draws from ``key`` this step."""
-    _, sub = jax.random.split(key)
-    return jax.random.normal(sub, (m,), dtype) * jnp.asarray(1 / np.sqrt(m), dtype)
-
-
 def _rp_floor(dtype):
     """Smallest scaled ridge kept for RP-SON: ``eps**2`` relative to ``|S|^2`` (below it the
     paper's form ``(1/alpha)(y - S^T H S y)`` has no correct digit left in this precision)."""
@@ -637,9 +631,9 @@ def rp_son(
         a = jnp.asarray(alpha, dtype)
         sk0 = ls.sketch
         root = jnp.sqrt(c)
-        sk1, product = sketch0.absorb(sk0, ghat, valid)  # product = S_t ghat / 4**e1
+        # product = S_t ghat / 4**e1; r = the r_t the sketch drew for this update
+        sk1, product, _, r = sketch0.absorb_solve(sk0, ghat, valid)
         e0, e1 = sk0.scale_exp, sk1.scale_exp
-        r = _rp_direction(sk0.key, m, dtype)
         sq = jnp.sum(jnp.square(_numerics.ldexp(ghat, -e1)))
         q = product - 0.5 * sq * r  # (S_{t-1} ghat + |ghat|^2 r / 2) / 4**e1
         h = _numerics.ldexp(ls.inverse, 2 * (e1 - e0))  # the same H in the new scaled units

@@ -17,7 +17,8 @@ import numpy as np
 import optax
 import pytest
 
-from sketchopt import baselines as bl
+import sketchopt as so
+from sketchopt import first_order as bl
 
 # --------------------------------------------------------------------------------------------
 # NumPy references, from the slides. `grad(w, t)` gives the gradient at step t = 1, 2, ... of the
@@ -274,6 +275,50 @@ def test_fobos_is_truncated_gradient_with_infinite_theta_and_period_one(lr):
         trunc, _ = run_online(tg, W0, grad, STEPS, np.float64)
     assert np.count_nonzero(fobos[-1] == 0) > 0
     np.testing.assert_allclose(trunc, fobos, rtol=1e-12, atol=1e-14)
+
+
+def identity_metric():
+    """``H = I``: a metric written on the public protocol (``sketchopt.operators``), as a user
+    would write one; its state is the operator's diagonal."""
+
+    def init(shape, dtype=jnp.float32):
+        return jnp.ones((math.prod(shape),), dtype)
+
+    def operator(state):
+        return so.operators.DiagonalOperator(state)
+
+    def update(state, g, valid=True):
+        return state, operator(state), None
+
+    return so.metrics.Metric(init, update, operator, "identity")
+
+
+@pytest.mark.parametrize("lr", [0.05, lr_decaying])
+def test_fobos_is_mirror_descent_with_the_shared_l1(lr):
+    """L1-FOBOS is composite mirror descent with ``H = I`` and ``regularizers.l1`` (Duchi et al.
+    eq. 4 with a constant metric): the first-order learner and the architecture agree."""
+    grad = make_stream(STEPS)
+    with x64(np.float64):
+        fobos, _ = run_online(bl.fobos_l1(lr, l1=0.3), W0, grad, STEPS, np.float64)
+        md = so.mirror_descent(lr, identity_metric(), so.regularizers.l1(0.3))
+        mirror, _ = run_online(md, W0, grad, STEPS, np.float64)
+    assert np.count_nonzero(fobos[-1] == 0) > 0
+    np.testing.assert_allclose(mirror, fobos, rtol=1e-12, atol=1e-14)
+
+
+def test_rda_is_dual_averaging_with_the_shared_l1():
+    """L1-RDA is dual averaging from 0 with ``H = I``, ``regularizers.l1`` and ``eta_t = 1 /
+    (gamma sqrt(t))``: ``prox`` at ``-eta_t t G_t`` with ``c = eta_t t = sqrt(t) / gamma``."""
+    gamma = 2.0
+    grad = make_stream(STEPS)
+    zero = np.zeros_like(W0)
+    with x64(np.float64):
+        rda, _ = run_online(bl.rda_l1(gamma, l1=0.2), zero, grad, STEPS, np.float64)
+        eta = lambda count: 1 / (gamma * jnp.sqrt(count + 1.0))  # noqa: E731
+        da = so.dual_averaging(eta, identity_metric(), so.regularizers.l1(0.2))
+        dual, _ = run_online(da, zero, grad, STEPS, np.float64)
+    assert np.count_nonzero(rda[-1] == 0) > 0
+    np.testing.assert_allclose(dual, rda, rtol=1e-12, atol=1e-14)
 
 
 def test_simple_truncation_is_truncated_gradient_with_infinite_gravity():

@@ -24,7 +24,7 @@ import numpy as np
 import pytest
 
 from sketchopt import metrics, sketches
-from sketchopt._operators import DiagonalOperator, LowRankOperator
+from sketchopt.operators import DiagonalOperator, LowRankOperator
 
 # --------------------------------------------------------------------------------------------
 # float64 NumPy references.

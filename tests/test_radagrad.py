@@ -12,8 +12,7 @@ from jax.sharding import AxisType, NamedSharding
 from jax.sharding import PartitionSpec as P
 
 import sketchopt as so
-from sketchopt import baselines as rg
-from sketchopt import sharding
+from sketchopt import _dct, sharding
 
 
 def _stream(d=8, T=40, seed=0):
@@ -40,9 +39,9 @@ def _run(tx, x, y):
 def _projection_matrix(key, d, tau):
     # Under x64, as the runs below: the random streams of permutation depend on the mode.
     with jax.enable_x64(True):
-        signs, idx = rg._projection_init(key, d, tau)
+        signs, idx = _dct.init(key, d, tau)
         eye = jnp.eye(d, dtype=jnp.float64)
-        return np.asarray(rg._project(eye, signs, idx, tau)).T  # Pi: tau x d
+        return np.asarray(_dct.apply(eye, signs, idx, tau)).T  # Pi: tau x d
 
 
 def _radagrad_reference(x, y, eta, tau, delta, pi):
@@ -186,9 +185,9 @@ def test_validation():
 )
 def test_explicit_projection_matrix_equals_the_fft_projection(d, tau):
     with jax.enable_x64(True):
-        signs, idx = rg._projection_init(jax.random.PRNGKey(d), d, tau)
-        fft = rg._project(jnp.eye(d, dtype=jnp.float64), signs, idx, tau).T
-        explicit = rg._projection_matrix(signs, idx, tau, jnp.float64)
+        signs, idx = _dct.init(jax.random.PRNGKey(d), d, tau)
+        fft = _dct.apply(jnp.eye(d, dtype=jnp.float64), signs, idx, tau).T
+        explicit = _dct.matrix(signs, idx, tau, jnp.float64)
     assert explicit.shape == (tau, d) and explicit.dtype == jnp.float64
     np.testing.assert_allclose(explicit, fft, rtol=0, atol=1e-13)
     if d == 1:  # the orthonormal DCT-II of length 1 is the identity: Pi = the sign, then zeros
@@ -200,10 +199,10 @@ def test_explicit_projection_matrix_equals_the_fft_projection(d, tau):
 def test_explicit_projection_matrix_is_accurate_in_float32_for_large_d():
     # (2j + 1) k reaches ~5e7 > 2**24 here: unreduced, the float32 cosine argument would be off.
     d, tau = 5003, 4
-    signs, idx = rg._projection_init(jax.random.PRNGKey(1), d, tau)
-    explicit = rg._projection_matrix(signs, idx, tau, jnp.float32)
+    signs, idx = _dct.init(jax.random.PRNGKey(1), d, tau)
+    explicit = _dct.matrix(signs, idx, tau, jnp.float32)
     with jax.enable_x64(True):
-        fft = rg._project(jnp.eye(d, dtype=jnp.float64), signs, idx, tau).T
+        fft = _dct.apply(jnp.eye(d, dtype=jnp.float64), signs, idx, tau).T
     assert explicit.dtype == jnp.float32
     np.testing.assert_allclose(explicit, fft, rtol=0, atol=1e-6)
 
@@ -213,7 +212,7 @@ def test_mulmod_is_exact_where_the_product_overflows_int32():
     for n in (12, 4 * 5003, 4 * 1_000_003, 2**24):
         a, b = rng.integers(0, n, size=(2, 10_000))
         a[:2], b[:2] = n - 1, [n - 1, 0]
-        got = rg._mulmod(jnp.asarray(a, jnp.int32), jnp.asarray(b, jnp.int32), n)
+        got = _dct.mulmod(jnp.asarray(a, jnp.int32), jnp.asarray(b, jnp.int32), n)
         np.testing.assert_array_equal(got, a * b % n)
 
 
@@ -282,3 +281,18 @@ def test_runs_under_an_explicit_sharding_mesh(make):
         updates, _ = jax.jit(tx.update)(grads, sharding.init(tx, params), params)
     for k in params:
         np.testing.assert_allclose(updates[k], expected[k], rtol=1e-5, atol=1e-7)
+
+
+def test_ada_lr_with_a_regularizer_is_refused_when_built():
+    """ADA-LR's operator only solves (no step off the sketched subspace): a regularizer needs a
+    diagonal or low-rank ``H``, and the rules say so at construction, not inside a trace."""
+    key = jax.random.PRNGKey(0)
+    with pytest.raises(TypeError, match="DiagonalOperator or a LowRankOperator"):
+        so.mirror_descent(0.1, so.ada_lr_metric(3, 0.1, key), so.regularizers.l1(0.1))
+    with pytest.raises(TypeError, match="ada_lr"):
+        so.dual_averaging(0.1, so.ada_lr_metric(3, 0.1, key), so.regularizers.l1(0.1))
+    # RADAGRAD's H is low rank plus identity: it combines with any regularizer.
+    tx = so.mirror_descent(0.1, so.radagrad_metric(3, 0.1, key), so.regularizers.l1(0.1))
+    params = {"w": jnp.ones(5)}
+    updates, _ = tx.update({"w": jnp.arange(5.0)}, tx.init(params), params)
+    assert np.all(np.isfinite(updates["w"]))

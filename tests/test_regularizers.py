@@ -20,7 +20,7 @@ from scipy.optimize import minimize
 
 import sketchopt as so
 from sketchopt import regularizers as R
-from sketchopt._operators import DiagonalOperator, LowRankOperator
+from sketchopt.operators import DiagonalOperator, LowRankOperator
 
 NAMES = ["l1", "l2_squared", "l2", "linf", "l1_ball", "mixed_l1_l2", "mixed_l1_linf"]
 HOMOGENEOUS = [n for n in NAMES if n != "l1_ball"]

@@ -20,6 +20,7 @@ from __future__ import annotations
 import functools
 import math
 
+import chex
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -991,3 +992,41 @@ def test_blocked_rotation_matches_the_plain_matmul(monkeypatch, fast):
     for states in (s_blocked, s_plain):  # ... bit for bit, -0.0 included, by either program
         for field, old, new in zip(states[4]._fields, states[4], states[5], strict=True):
             assert old.dtype == new.dtype and old.tobytes() == new.tobytes(), field
+
+
+# ----------------------------------------------------------------------------------------------
+# The protocol: fixed return shapes, the fused entry, the random projection's draw.
+
+
+@pytest.mark.parametrize("name", CODE_PATHS + ["fast_fd"])
+def test_absorb_solve_is_absorb_plus_the_woodbury_residual(name):
+    """``absorb_solve`` returns the same ``Absorbed`` fields for every sketch; its state and
+    product are ``absorb``'s, and its residual is ``row - basis^T lift(...)`` whether the sketch
+    fuses it into its rotation (per-step FD) or takes it afterwards (doubling FD, Oja, RP)."""
+    sketch, d = make(name, 3), 7
+    rng = np.random.default_rng(0)
+    with x64():
+        state = sketch.init(d, jnp.float64)
+        for _ in range(4):  # past the first shrink
+            state = sketch.update(state, jnp.asarray(rng.normal(size=d)))
+        row = jnp.asarray(rng.normal(size=d))
+        a = jnp.asarray(rng.normal(size=sk.low_rank(state).basis.shape[0]))
+        plain = sketch.absorb(state, row)
+        out = sketch.absorb_solve(state, row)
+        lifted = sketch.absorb_solve(state, row, True, lambda s, p: a)
+        assert isinstance(out, sk.Absorbed) and len(plain) == 2 and out.residual is None
+        assert (out.drawn is not None) == (name == "rp")
+        chex.assert_trees_all_close(out.state, plain[0], lifted.state, rtol=0, atol=0)
+        np.testing.assert_array_equal(out.product, plain[1])
+        basis = np.asarray(sk.low_rank(lifted.state).basis)
+        np.testing.assert_allclose(lifted.residual, row - a @ basis, rtol=1e-12, atol=1e-12)
+
+
+def test_random_projection_hands_back_the_direction_it_drew():
+    """``S_t - S_{t-1} = r_t g_t^T`` with ``r_t`` the ``drawn`` vector: RP-SON reads it there."""
+    sketch = sk.random_projection(4, jax.random.PRNGKey(3))
+    with x64():
+        state = sketch.init(6, jnp.float64)
+        g = jnp.arange(1.0, 7.0)
+        out = sketch.absorb_solve(state, g)
+        np.testing.assert_allclose(out.state.rows - state.rows, np.outer(out.drawn, g), rtol=1e-14)

@@ -657,7 +657,10 @@ def first_step_reference(name, leaf, g):
     if name == "ons":
         return -g / (1.0 + g @ g)
     if name == "rp":
-        r = np.asarray(so.son._rp_direction(leaf.sketch.key, 3, jnp.float32), np.float64)
+        # the r_t the sketch draws for this step, as the sketch hands it back
+        sketch = so.sketches.random_projection(3, leaf.sketch.key)
+        drawn = sketch.absorb_solve(leaf.sketch, jnp.zeros(g.shape, jnp.float32)).drawn
+        r = np.asarray(drawn, np.float64)
         return -g / (1.0 + (r @ r) * (g @ g))
     raise KeyError(name)
 

@@ -1,24 +1,52 @@
-"""Structured symmetric positive-definite operators ``H`` used by the rules and regularizers.
+"""Structured symmetric positive-definite operators ``H``: how a metric hands ``H_t`` to the rules.
 
-Every metric of :mod:`sketchopt.metrics` exposes its current ``H_t`` as one of two operators so that
-the proximal steps of :mod:`sketchopt.regularizers` can exploit its structure:
+A metric of :mod:`sketchopt.metrics` exposes its current ``H_t`` as an operator. The rules need
+one method of it, :meth:`Operator.solve` (``H_t^{-1} y``); the proximal steps of
+:mod:`sketchopt.regularizers` exploit the structure of two concrete forms:
 
 * :class:`DiagonalOperator` -- ``H = diag(h)`` (ADA-DIAG);
 * :class:`LowRankOperator` -- ``H = scalar * I + V^T diag(weights) V`` with ``V = coef @ basis``
   having orthonormal (or zero) rows (ADA-FD with any sketch; ADA-FULL with ``V`` the full
-  eigenbasis). ``V`` is never materialized: products go through the ``n x d`` ``basis`` and the
-  small ``k x n`` ``coef``, so each product costs ``O(n*d)``.
+  eigenbasis; RADAGRAD; the sketched Newton metrics). ``V`` is never materialized: products go
+  through the ``n x d`` ``basis`` and the small ``k x n`` ``coef``, so each product costs
+  ``O(n*d)``.
 
+A third, :class:`SubspaceOperator`, is ADA-LR's ``H^{-1} = V diag(1 / w) V^T`` (no step off the
+sketched subspace): it has ``solve`` only, so ADA-LR takes no regularizer (the rules say so when
+they are built, see :func:`supports_regularizers`).
+
+Writing a metric of one's own: return any object with ``solve(y) -> H^{-1} y`` (the
+:class:`Operator` protocol) from its ``update`` and ``operator``; return a
+:class:`DiagonalOperator` or a :class:`LowRankOperator` for it to combine with a regularizer.
 All vectors are flat ``(d,)`` arrays.
 """
 
 from __future__ import annotations
 
-from typing import NamedTuple
+from typing import NamedTuple, Protocol, runtime_checkable
 
 import jax.numpy as jnp
 
 from sketchopt import _numerics, _partitioning
+
+__all__ = [
+    "DiagonalOperator",
+    "LowRankOperator",
+    "Operator",
+    "SubspaceOperator",
+    "supports_regularizers",
+]
+
+
+@runtime_checkable
+class Operator(Protocol):
+    """What the rules need of ``H_t``: ``solve(y) = H_t^{-1} y`` for a flat ``(d,)`` vector.
+
+    The operator must be a pytree (a ``NamedTuple`` of arrays is simplest): it is returned from
+    inside ``jit`` and ``vmap``.
+    """
+
+    def solve(self, y): ...
 
 
 class DiagonalOperator(NamedTuple):
@@ -94,3 +122,23 @@ class LowRankOperator(NamedTuple):
 
     def lambda_max(self):
         return self.scalar + jnp.max(self.weights, initial=0)
+
+
+class SubspaceOperator(NamedTuple):
+    """``H^{-1} y = V diag(1 / weights) V^T y`` with ``V = vt`` (``k x d``, orthonormal rows).
+
+    ADA-LR's metric (Ada-FD paper eq. 3): ``H`` is defined on the sketched subspace only (no step
+    outside it), so it has no ``matvec`` and no proximal structure: ``solve`` only.
+    """
+
+    vt: jnp.ndarray  # (k, d)
+    weights: jnp.ndarray  # (k,), > 0
+
+    def solve(self, y):
+        coef = _partitioning.contract_d(self.vt, y) / self.weights
+        return jnp.matmul(coef, self.vt, precision=_numerics.HIGHEST)
+
+
+def supports_regularizers(op) -> bool:
+    """Whether the regularizers' proximal steps accept ``op`` (a diagonal or low-rank ``H``)."""
+    return isinstance(op, (DiagonalOperator, LowRankOperator))

@@ -1,0 +1,228 @@
+r"""The named algorithms: one line each on a metric, a rule and an optional regularizer.
+
+Like ``optax.adagrad`` on ``optax.scale_by_rss``, every alias here is the composition of a metric
+of :mod:`sketchopt.metrics` with a rule of :mod:`sketchopt.rules` (``DESIGN.md``, "The three
+axes"):
+
+* ADA-FD (Ada-FD paper Alg. 2 / Alg. 1): :func:`ada_fd`, :func:`ada_fd_dual_averaging`,
+  :func:`scale_by_ada_fd`, and S-AdaGrad (:func:`s_adagrad`);
+* the AdaGrad baselines (Duchi et al.): :func:`ada_full`, :func:`ada_diag` and their dual
+  averaging and ``scale_by_*`` forms;
+* the random-projection baselines (Krummenacher et al. 2016): :func:`radagrad`, :func:`ada_lr`;
+* :func:`inject_hyperparams`, ``optax.inject_hyperparams`` for factories with integer sizes.
+
+(Formerly half of ``sketchopt.transforms``; RADAGRAD/ADA-LR were in ``sketchopt.baselines``. Both
+modules re-export these names: see ``CHANGELOG.md``.)
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+import optax
+from optax import ScalarOrSchedule
+
+from sketchopt import _leafwise
+from sketchopt import metrics as _metrics
+from sketchopt import sketches as _sketches
+from sketchopt.rules import dual_averaging, mirror_descent, scale_by_metric
+
+__all__ = [
+    "ada_diag",
+    "ada_diag_dual_averaging",
+    "ada_fd",
+    "ada_fd_dual_averaging",
+    "ada_full",
+    "ada_full_dual_averaging",
+    "ada_lr",
+    "inject_hyperparams",
+    "radagrad",
+    "s_adagrad",
+    "scale_by_ada_diag",
+    "scale_by_ada_fd",
+    "scale_by_ada_full",
+]
+
+
+def _fd_sketch(sketch_size, robust, fast, alpha_fraction=0.5):
+    if robust:
+        return _sketches.robust_frequent_directions(
+            sketch_size, fast=fast, alpha_fraction=alpha_fraction
+        )
+    return _sketches.frequent_directions(sketch_size, fast=fast)
+
+
+@_leafwise.compiled
+def ada_fd(
+    learning_rate: ScalarOrSchedule,
+    sketch_size: int,
+    delta: float,
+    *,
+    robust: bool = False,
+    fast: bool = False,
+    regularizer: Any = None,
+) -> optax.GradientTransformationExtraArgs:
+    """ADA-FD with composite mirror descent: Ada-FD paper Alg. 2, eq. (7).
+
+    ``x_{t+1} = x_t - (eta/delta) (g_t - V (delta I + S')^{-1} S' V^T g_t)`` where the
+    frequent-directions sketch (``sketch_size = tau`` rows including the slot for ``g_t``) already
+    includes ``g_t``; i.e. ``x_{t+1} = x_t - eta H_t^{-1} g_t`` with ``H_t = delta I + C_t^{1/2}``.
+
+    Args:
+      learning_rate: ``eta``, a float or an Optax schedule.
+      sketch_size: ``tau >= 1``; with ``tau > d`` ADA-FD equals ADA-FULL.
+      delta: ``delta > 0``.
+      robust: sketch with RFD, ``C_t = B^T B + alpha_t I`` (RFD paper Alg. 2).
+      fast: use the doubling buffer (RFD paper Alg. 4/5), rotating once every ``tau`` rows.
+      regularizer: ``None`` or a composite term of :mod:`sketchopt.regularizers`.
+    """
+    sketch = _fd_sketch(sketch_size, robust, fast)
+    return mirror_descent(learning_rate, _metrics.sketched(sketch, delta), regularizer)
+
+
+@_leafwise.compiled
+def ada_fd_dual_averaging(
+    learning_rate: ScalarOrSchedule,
+    sketch_size: int,
+    delta: float,
+    *,
+    robust: bool = False,
+    fast: bool = False,
+    regularizer: Any = None,
+) -> optax.GradientTransformationExtraArgs:
+    """ADA-FD with dual averaging: Ada-FD paper Alg. 1, eq. (6).
+
+    ``x_{t+1} = x_1 - (eta/delta) (gbar_t - V (delta I + S')^{-1} S' V^T gbar_t)`` with
+    ``gbar_t = sum_{s<=t} g_s``; arguments as :func:`ada_fd`.
+    """
+    sketch = _fd_sketch(sketch_size, robust, fast)
+    return dual_averaging(learning_rate, _metrics.sketched(sketch, delta), regularizer)
+
+
+@_leafwise.compiled
+def ada_full(
+    learning_rate: ScalarOrSchedule, delta: float, *, regularizer: Any = None
+) -> optax.GradientTransformationExtraArgs:
+    """ADA-FULL with composite mirror descent (Duchi et al. eq. 4, ``H = delta I + G^{1/2}``)."""
+    return mirror_descent(learning_rate, _metrics.full(delta), regularizer)
+
+
+@_leafwise.compiled
+def ada_full_dual_averaging(
+    learning_rate: ScalarOrSchedule, delta: float, *, regularizer: Any = None
+) -> optax.GradientTransformationExtraArgs:
+    """ADA-FULL with primal-dual subgradient updates (Duchi et al. eq. 3)."""
+    return dual_averaging(learning_rate, _metrics.full(delta), regularizer)
+
+
+@_leafwise.compiled
+def ada_diag(
+    learning_rate: ScalarOrSchedule, delta: float, *, regularizer: Any = None
+) -> optax.GradientTransformationExtraArgs:
+    """ADA-DIAG with composite mirror descent (Duchi et al. eq. 4, ``H = delta I + diag(G)^{1/2}``).
+
+    ``delta >= 0`` (``delta = 0`` with the safe ``0/0 = 0``).
+    """
+    return mirror_descent(learning_rate, _metrics.diagonal(delta), regularizer)
+
+
+@_leafwise.compiled
+def ada_diag_dual_averaging(
+    learning_rate: ScalarOrSchedule, delta: float, *, regularizer: Any = None
+) -> optax.GradientTransformationExtraArgs:
+    """ADA-DIAG with primal-dual subgradient updates (Duchi et al. eq. 3)."""
+    return dual_averaging(learning_rate, _metrics.diagonal(delta), regularizer)
+
+
+@_leafwise.compiled
+def s_adagrad(
+    learning_rate: ScalarOrSchedule,
+    sketch_size: int,
+    delta: float,
+    *,
+    fast: bool = False,
+    regularizer: Any = None,
+) -> optax.GradientTransformationExtraArgs:
+    """S-AdaGrad (Feinberg et al. 2023, "Sketchy"): robust ADA-FD whose ridge collects the whole
+    shrinkage (the "escaped mass"), not half of it: ``C_t = B^T B + (sum of shrinkage) I``."""
+    sketch = _fd_sketch(sketch_size, True, fast, alpha_fraction=1.0)
+    return mirror_descent(learning_rate, _metrics.sketched(sketch, delta), regularizer)
+
+
+@_leafwise.compiled
+def scale_by_ada_fd(
+    sketch_size: int, delta: float, *, robust: bool = False, fast: bool = False
+) -> optax.GradientTransformationExtraArgs:
+    """ADA-FD's preconditioner alone: ``g_t -> H_t^{-1} g_t`` (chain with a learning rate)."""
+    return scale_by_metric(_metrics.sketched(_fd_sketch(sketch_size, robust, fast), delta))
+
+
+@_leafwise.compiled
+def scale_by_ada_full(delta: float) -> optax.GradientTransformationExtraArgs:
+    """ADA-FULL's preconditioner alone: ``g_t -> (delta I + G_t^{1/2})^{-1} g_t``."""
+    return scale_by_metric(_metrics.full(delta))
+
+
+@_leafwise.compiled
+def scale_by_ada_diag(delta: float) -> optax.GradientTransformationExtraArgs:
+    """ADA-DIAG's preconditioner alone: ``g_t -> g_t / (delta + sqrt(sum_s g_s^2))``."""
+    return scale_by_metric(_metrics.diagonal(delta))
+
+
+@_leafwise.compiled
+def radagrad(learning_rate, sketch_size: int, delta: float, key):
+    """RADAGRAD (Krummenacher et al. 2016; Ada-FD paper eq. 4) with a randomized DCT projection.
+
+    ``x_{t+1} = x_t - eta V (Sigma^{1/2} + delta I)^{-1} V^T g_t - eta (g_t - V V^T g_t)`` where
+    ``V Sigma W^T`` is the SVD of ``G~_t = sum_s g_s (Pi g_s)^T``. ``key`` draws ``Pi`` (each leaf
+    uses the same key; ``vmap`` over keys is supported). Heuristic: no regret guarantee.
+    """
+    return mirror_descent(learning_rate, _metrics.radagrad_metric(sketch_size, delta, key))
+
+
+@_leafwise.compiled
+def ada_lr(learning_rate, sketch_size: int, delta: float, key):
+    """ADA-LR (Krummenacher et al. 2016; Ada-FD paper eq. 3) with a randomized DCT projection.
+
+    Keeps the full ``G_t`` (``O(d^2)`` memory, ``O(tau d^2)`` per step): the randomized low-rank
+    SVD of ``G_t`` gives ``V, Sigma`` and ``x_{t+1} = x_t - eta V (Sigma^{1/2} + delta I)^{-1} V^T
+    g_t``. Without a regularizer only.
+    """
+    return mirror_descent(learning_rate, _metrics.ada_lr_metric(sketch_size, delta, key))
+
+
+def inject_hyperparams(
+    inner_factory: Callable[..., optax.GradientTransformation],
+    static_args: str | tuple[str, ...] = (),
+    hyperparam_dtype: Any = None,
+) -> Callable[..., optax.GradientTransformationExtraArgs]:
+    """``optax.inject_hyperparams`` that treats Python ``int`` arguments as static.
+
+    Sizes such as ``sketch_size`` fix array shapes and cannot be traced, so with plain
+    ``optax.inject_hyperparams`` they must be listed in ``static_args``; this wrapper does that
+    automatically for every argument given as a Python ``int`` (floats, arrays and schedules are
+    injected as usual)::
+
+        tx = sketchopt.inject_hyperparams(sketchopt.ada_fd)(learning_rate=0.1, sketch_size=10,
+                                                            delta=1e-3)
+        state.hyperparams["learning_rate"] = 0.05
+    """
+    static = {static_args} if isinstance(static_args, str) else set(static_args)
+    signature = inspect.signature(inner_factory)
+
+    def wrapped(*args, **kwargs):
+        bound = signature.bind(*args, **kwargs)
+        ints = {
+            name
+            for name, value in bound.arguments.items()
+            if isinstance(value, (int, np.integer)) and not isinstance(value, bool)
+        }
+        factory = optax.inject_hyperparams(
+            inner_factory, static_args=tuple(static | ints), hyperparam_dtype=hyperparam_dtype
+        )
+        return factory(*args, **kwargs)
+
+    return wrapped

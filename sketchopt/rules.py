@@ -1,0 +1,304 @@
+r"""The update rules: the second axis of metric x rule x regularizer.
+
+Two rules (``DESIGN.md``, "The three axes"), each combinable with any metric of
+:mod:`sketchopt.metrics` and any regularizer of :mod:`sketchopt.regularizers`:
+
+* :func:`mirror_descent` -- composite mirror descent (Duchi et al. eq. 4; Ada-FD Alg. 2):
+  ``x_{t+1} = argmin_x eta <g_t, x> + eta phi(x) + 1/2 <x - x_t, H_t (x - x_t)>``;
+* :func:`dual_averaging` -- primal-dual subgradient / RDA (Duchi et al. eq. 3; Ada-FD Alg. 1),
+  anchored at the initial parameters ``x_1`` (kept in the state; the papers take ``x_1 = 0``):
+  ``x_{t+1} = argmin_x eta <sum_{s<=t} g_s, x> + eta t phi(x) + 1/2 <x - x_1, H_t (x - x_1)>``.
+
+Both reduce to one proximal step ``argmin_x <u, x> + c phi(x) + 1/2 <x, H_t x>`` (Duchi et al.
+sec. 6); without a regularizer they are ``x_t - eta H_t^{-1} g_t`` and ``x_1 - eta H_t^{-1}
+sum_s g_s``. Every transform returns the *delta* to add to the parameters (Optax semantics).
+
+Per-leaf semantics (the driver of ``sketchopt._leafwise``): every leaf of the parameter pytree is
+flattened and gets its own metric (block-diagonal, Duchi et al. Cor. 14); wrap a transform in
+``optax.flatten`` for one metric over all parameters. A leaf whose gradient holds NaN or Inf, or
+whose step would give a non-finite update or state, is skipped: its state is left exactly as it
+was, its update is zero, and ``nonfinite_count`` counts it. Metric states are at least float32;
+updates come back in each parameter's dtype.
+
+The named algorithms built on these rules (ADA-FD, ADA-FULL, ADA-DIAG, ...) are in
+:mod:`sketchopt.aliases`. (Rules and aliases were one module, ``sketchopt.transforms``, which
+re-exports both: see ``CHANGELOG.md``.)
+"""
+
+from __future__ import annotations
+
+from typing import Any, NamedTuple
+
+import jax
+import jax.numpy as jnp
+import optax
+from optax import ScalarOrSchedule
+
+from sketchopt import _leafwise, _validation
+from sketchopt import metrics as _metrics
+from sketchopt import operators as _operators
+
+__all__ = [
+    "DualAveragingState",
+    "LeafGroups",
+    "MirrorDescentState",
+    "ScaleByMetricState",
+    "dual_averaging",
+    "migrate_state",
+    "mirror_descent",
+    "pack_leaf_states",
+    "per_leaf_states",
+    "scale_by_metric",
+    "unpack_leaf_states",
+]
+
+LeafGroups = _leafwise.LeafGroups
+
+
+class ScaleByMetricState(NamedTuple):
+    """State of :func:`scale_by_metric`: ``metric_state`` holds one metric state per leaf,
+    stacked by leaf shape (a :class:`~sketchopt._leafwise.LeafGroups`; :func:`per_leaf_states`
+    gives them per leaf); ``nonfinite_count`` counts the skipped leaf updates."""
+
+    count: jax.Array
+    metric_state: Any
+    nonfinite_count: jax.Array
+
+
+class MirrorDescentState(NamedTuple):
+    """State of :func:`mirror_descent`: ``metric_state`` holds one metric state per leaf, stacked
+    by leaf shape (a :class:`~sketchopt._leafwise.LeafGroups`; :func:`per_leaf_states` gives them
+    per leaf); ``nonfinite_count`` counts the skipped leaf updates."""
+
+    count: jax.Array
+    metric_state: Any
+    nonfinite_count: jax.Array
+
+
+class DualAveragingState(NamedTuple):
+    """State of :func:`dual_averaging`: per leaf a metric state, the running gradient sum
+    ``sum_{s<=t} g_s`` and the anchor ``x_1`` (the initial parameters, flattened), each stacked
+    by leaf shape (:class:`~sketchopt._leafwise.LeafGroups`; see :func:`per_leaf_states`)."""
+
+    count: jax.Array
+    metric_state: Any
+    grad_sum: Any
+    anchor: Any
+    nonfinite_count: jax.Array
+
+
+# ----------------------------------------------------------------------------------------------
+# Helpers.
+
+
+def _check_learning_rate(learning_rate):
+    return _validation.step_size("learning_rate", learning_rate)
+
+
+def _check_regularizable(metric, regularizer):
+    """A regularizer needs a diagonal or low-rank ``H`` (``sketchopt.operators``): say so now.
+
+    The metric's operator type is read by tracing it on a one-coordinate leaf (no computation),
+    so that a metric whose operator only solves (ADA-LR) fails here with a clear message, not
+    at the first ``update`` with an ``AttributeError`` from inside the proximal step.
+    """
+    if regularizer is None:
+        return
+    op = jax.eval_shape(lambda: metric.operator(metric.init((1,), jnp.float32)))
+    if not _operators.supports_regularizers(op):
+        raise TypeError(
+            f"the {metric.name!r} metric gives a {type(op).__name__}, which the regularizers "
+            "cannot use: their proximal steps need a DiagonalOperator or a LowRankOperator "
+            "(sketchopt.operators); use this metric without a regularizer"
+        )
+
+
+def _learning_rate_at(learning_rate, count):
+    return learning_rate(count) if callable(learning_rate) else learning_rate
+
+
+def pack_leaf_states(treedef, states):
+    """Per-leaf states -> one state structure whose leaves are parameter trees.
+
+    ``states`` lists one state per leaf of ``treedef`` (all of the same structure). The result
+    has that per-leaf structure with, in place of each array, a pytree of the parameters'
+    structure (``state.rows["w"]``): the layout of ``sketchopt`` 0.1 states, and what
+    :func:`per_leaf_states` and :func:`sketchopt.migrate_state` read. ``None`` when the
+    parameters have no leaves.
+    """
+    if not states:
+        return None
+    return jax.tree.transpose(treedef, jax.tree.structure(states[0]), treedef.unflatten(states))
+
+
+def unpack_leaf_states(treedef, packed):
+    """The inverse of :func:`pack_leaf_states`: the list of per-leaf states."""
+    if treedef.num_leaves == 0:
+        return []
+    inner = jax.tree.structure(packed, is_leaf=lambda n: jax.tree.structure(n) == treedef)
+    return treedef.flatten_up_to(jax.tree.transpose(inner, treedef, packed))
+
+
+def per_leaf_states(packed, params):
+    """A per-leaf state field as a tree like ``params`` of per-leaf states.
+
+    For inspection: ``per_leaf_states(state.metric_state, params)["conv"]["kernel"]`` is that
+    kernel's whole metric state (e.g. a ``FrequentDirectionsState``). ``packed`` is a field of a
+    transform state (a :class:`~sketchopt._leafwise.LeafGroups`, which stacks the leaves of equal
+    shape) or, for states saved by ``sketchopt`` 0.1, a :func:`pack_leaf_states` structure.
+    ``params`` only gives the structure (arrays, ``ShapeDtypeStruct``\\ s or gradients all do).
+    """
+    treedef = jax.tree.structure(params)
+    if isinstance(packed, _leafwise.LeafGroups):
+        if packed.layout.num_leaves != treedef.num_leaves:
+            raise ValueError(
+                f"the state covers {packed.layout.num_leaves} leaves, params has "
+                f"{treedef.num_leaves}"
+            )
+        return treedef.unflatten(_leafwise.per_leaf(packed))
+    return treedef.unflatten(unpack_leaf_states(treedef, packed))
+
+
+def migrate_state(restored, target):
+    """A state saved by ``sketchopt`` 0.1, in the current layout (``CHANGELOG.md``, 0.2.0).
+
+    0.1 kept every per-leaf field as a tree like the parameters; 0.2 stacks the leaves of equal
+    shape (:class:`LeafGroups`), so an Orbax restore of a 0.1 checkpoint into a 0.2 target fails
+    on the tree structure. Restore it without a target and convert it::
+
+        raw = ocp.StandardCheckpointer().restore(path)             # nested dicts of arrays
+        state = sketchopt.migrate_state(raw, tx.init(params))       # or jax.eval_shape(...)
+
+    Args:
+      restored: the 0.1 state, as nested dicts (an Orbax restore without a target) or as the
+        0.1 state objects themselves.
+      target: a state (or ``jax.eval_shape`` of one) of the same transform in the 0.2 layout;
+        only its structure, shapes and dtypes are read.
+
+    Returns:
+      The state in the layout of ``target``, with the values of ``restored``; a run continued
+      from it is the run continued from the 0.1 state.
+    """
+    return _leafwise.migrate(restored, target)
+
+
+# ----------------------------------------------------------------------------------------------
+# The rules.
+
+
+def _metric_rule(metric, learning_rate, regularizer, *, scale_only=False):
+    """The per-leaf rule of :func:`mirror_descent` (and of :func:`scale_by_metric`)."""
+
+    def init(spec, param):
+        del param
+        return (metric.init(spec.shape, spec.dtype),)
+
+    def step(ctx, g, values, x, valid):
+        (ms,) = values
+        ms, op, solved = metric.update(ms, g, valid)
+        direction = _metrics.solve_new_gradient(op, g, solved)
+        if scale_only:
+            return direction, (ms,)
+        eta = jnp.asarray(ctx.hyper, g.dtype)
+        if regularizer is None:
+            return -eta * direction, (ms,)
+        # The prox at the unregularized point z = x_t - eta H^{-1} g_t in the H-norm: the same
+        # problem as u = eta g_t - H x_t, but u would lose the part of x_t on the small
+        # eigenvalues of H to rounding once cond(H) passes 1/eps. (No warm start: the solver's
+        # own start, x = z, is closer than x_t.)
+        z = x - eta * direction
+        return regularizer.prox(None, eta, op, shape=ctx.shape, center=z) - x, (ms,)
+
+    needs = None if (regularizer is None or scale_only) else "mirror_descent with a regularizer"
+    return _leafwise.LeafRule(
+        ("metric_state",),
+        init,
+        step,
+        hyper=lambda count: _learning_rate_at(learning_rate, count),
+        needs_params=needs,
+    )
+
+
+@_leafwise.compiled
+def scale_by_metric(metric: _metrics.Metric) -> optax.GradientTransformationExtraArgs:
+    """The preconditioner ``g_t -> H_t^{-1} g_t`` of a metric, leaf by leaf.
+
+    The building block of the ``scale_by_*`` aliases, as ``optax.scale_by_rss`` is of
+    ``optax.adagrad``: chain it with ``optax.scale_by_learning_rate``.
+    """
+    rule = _metric_rule(metric, None, None, scale_only=True)
+    return _leafwise.leafwise(rule, ScaleByMetricState)
+
+
+@_leafwise.compiled
+def mirror_descent(
+    learning_rate: ScalarOrSchedule,
+    metric: _metrics.Metric,
+    regularizer: Any = None,
+) -> optax.GradientTransformationExtraArgs:
+    """Composite mirror descent with an adaptive metric (Duchi et al. eq. 4; Ada-FD Alg. 2).
+
+    ``x_{t+1} = argmin_x eta_t <g_t, x> + eta_t phi(x) + 1/2 <x - x_t, H_t (x - x_t)>`` where
+    ``H_t`` already includes ``g_t``. Without a regularizer this is ``-eta_t H_t^{-1} g_t`` and
+    ``params`` are not needed; with one, ``update`` needs ``params`` (``ValueError`` otherwise)
+    and the step is the regularizer's proximal map ``argmin <u, x> + c phi(x) + 1/2 <x, H x>`` with
+    ``u = eta_t g_t - H_t x_t`` and ``c = eta_t``, solved in the equivalent center form
+    ``argmin c phi(x) + 1/2 ||x - z||_H^2`` at ``z = x_t - eta_t H_t^{-1} g_t`` (``u = -H z``
+    is never formed: it would lose ``x_t`` off the sketch to rounding when ``cond(H_t)`` is
+    beyond ``1/eps``).
+
+    Args:
+      learning_rate: ``eta``, a float or an Optax schedule of the step count (from 0).
+      metric: a :class:`sketchopt.metrics.Metric` (``diagonal``, ``full``, ``sketched``).
+      regularizer: ``None`` or a regularizer of :mod:`sketchopt.regularizers`.
+    """
+    learning_rate = _check_learning_rate(learning_rate)
+    _check_regularizable(metric, regularizer)
+    return _leafwise.leafwise(_metric_rule(metric, learning_rate, regularizer), MirrorDescentState)
+
+
+@_leafwise.compiled
+def dual_averaging(
+    learning_rate: ScalarOrSchedule,
+    metric: _metrics.Metric,
+    regularizer: Any = None,
+) -> optax.GradientTransformationExtraArgs:
+    """Adaptive primal-dual subgradient / dual averaging (Duchi et al. eq. 3; Ada-FD Alg. 1).
+
+    ``x_{t+1} = argmin_x eta_t <sum_{s<=t} g_s, x> + eta_t t phi(x) + 1/2 <x - x_1, H_t (x - x_1)>``
+    anchored at the initial parameters ``x_1`` (stored by ``init``; the papers use ``x_1 = 0``).
+    Without a regularizer ``x_{t+1} = x_1 - eta_t H_t^{-1} sum_s g_s`` (Ada-FD eq. 6). The rule is
+    defined by its running sums, so ``update`` needs ``params`` to return the delta
+    ``x_{t+1} - x_t`` (``ValueError`` when it is missing). ``t`` is the step count; a leaf whose
+    gradient was skipped as non-finite keeps its sum unchanged. With a regularizer the step is
+    the prox ``argmin eta_t t phi(x) + 1/2 ||x - z||_H^2`` at
+    ``z = x_1 - eta_t H_t^{-1} sum_s g_s``.
+    """
+    learning_rate = _check_learning_rate(learning_rate)
+    _check_regularizable(metric, regularizer)
+
+    def init(spec, param):
+        anchor = jnp.ravel(param).astype(spec.dtype)
+        return (metric.init(spec.shape, spec.dtype), jnp.zeros_like(anchor), anchor)
+
+    def step(ctx, g, values, x, valid):
+        ms, gsum, x1 = values
+        ms, op, _ = metric.update(ms, g, valid)
+        gsum = jnp.where(valid, gsum + g, gsum)
+        eta = jnp.asarray(ctx.hyper, g.dtype)
+        z = x1 - eta * op.solve(gsum)
+        if regularizer is None:
+            x_new = z
+        else:  # the prox at z in the H-norm (see mirror_descent)
+            c = eta * (ctx.count + 1).astype(g.dtype)
+            x_new = regularizer.prox(None, c, op, shape=ctx.shape, center=z)
+        return x_new - x, (ms, gsum, x1)
+
+    rule = _leafwise.LeafRule(
+        ("metric_state", "grad_sum", "anchor"),
+        init,
+        step,
+        hyper=lambda count: _learning_rate_at(learning_rate, count),
+        needs_params="dual_averaging",
+    )
+    return _leafwise.leafwise(rule, DualAveragingState)
