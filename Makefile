@@ -24,16 +24,17 @@ venv: $(STAMP)
 run: $(STAMP)
 	$(VENV)/bin/python experiments/run.py all --out results
 
-# The whole test suite (lint included, notebooks executed), as CI runs it.
+# The whole test suite (lint included, notebooks executed, the docstrings' examples run), as CI
+# runs it.
 test: $(STAMP)
 	$(VENV)/bin/ruff check .
-	$(PYTEST) --nbmake --durations=15 tests notebooks
+	$(PYTEST) --nbmake --doctest-modules --durations=15 tests notebooks sketchopt
 
 # The development tier: everything but the tests marked slow (experiments, notebooks, the
 # 8-device sharding run, the long float32 drift runs).
 test-fast: $(STAMP)
 	$(VENV)/bin/ruff check .
-	$(PYTEST) -m "not slow" tests
+	$(PYTEST) -m "not slow" --doctest-modules tests sketchopt
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .

@@ -78,6 +78,23 @@ def ada_fd(
       robust: sketch with RFD, ``C_t = B^T B + alpha_t I`` (RFD paper Alg. 2).
       fast: use the doubling buffer (RFD paper Alg. 4/5), rotating once every ``tau`` rows.
       regularizer: ``None`` or a composite term of :mod:`sketchopt.regularizers`.
+
+    Returns:
+      An ``optax.GradientTransformationExtraArgs``; its ``update`` needs ``params`` only with a
+      regularizer.
+
+    References:
+      Wan, Wei & Zhang, "Efficient Adaptive Online Learning via Frequent Directions", Alg. 2
+      and eq. (7); Luo, Chen, Zhang, Li & Zhang, "Robust Frequent Directions with Application
+      in Online Learning", Alg. 2 (``robust``) and Alg. 4/5 (``fast``).
+
+    Example (step 1: ``H_1 = delta I + |g_1|`` along ``g_1``, so ``-eta g_1 / (delta + 3)``):
+      >>> import jax.numpy as jnp, sketchopt as so
+      >>> params, grads = {"w": jnp.zeros(3)}, {"w": jnp.array([1.0, 2.0, 2.0])}
+      >>> tx = so.ada_fd(learning_rate=0.3, sketch_size=2, delta=1e-3)
+      >>> updates, state = tx.update(grads, tx.init(params))
+      >>> updates["w"].round(3)
+      Array([-0.1, -0.2, -0.2], dtype=float32)
     """
     sketch = _fd_sketch(sketch_size, robust, fast)
     return mirror_descent(learning_rate, _metrics.sketched(sketch, delta), regularizer)
@@ -96,7 +113,25 @@ def ada_fd_dual_averaging(
     """ADA-FD with dual averaging: Ada-FD paper Alg. 1, eq. (6).
 
     ``x_{t+1} = x_1 - (eta/delta) (gbar_t - V (delta I + S')^{-1} S' V^T gbar_t)`` with
-    ``gbar_t = sum_{s<=t} g_s``; arguments as :func:`ada_fd`.
+    ``gbar_t = sum_{s<=t} g_s``, anchored at the initial parameters ``x_1``.
+
+    Args:
+      learning_rate, sketch_size, delta, robust, fast, regularizer: as :func:`ada_fd`.
+
+    Returns:
+      An ``optax.GradientTransformationExtraArgs`` whose ``update`` needs ``params``.
+
+    References:
+      Wan, Wei & Zhang, "Efficient Adaptive Online Learning via Frequent Directions", Alg. 1
+      and eq. (6).
+
+    Example:
+      >>> import jax.numpy as jnp, sketchopt as so
+      >>> params, grads = {"w": jnp.zeros(3)}, {"w": jnp.array([1.0, 2.0, 2.0])}
+      >>> tx = so.ada_fd_dual_averaging(0.1, sketch_size=2, delta=1e-3)
+      >>> updates, state = tx.update(grads, tx.init(params), params)
+      >>> updates["w"].shape
+      (3,)
     """
     sketch = _fd_sketch(sketch_size, robust, fast)
     return dual_averaging(learning_rate, _metrics.sketched(sketch, delta), regularizer)
@@ -106,7 +141,32 @@ def ada_fd_dual_averaging(
 def ada_full(
     learning_rate: ScalarOrSchedule, delta: float, *, regularizer: Any = None
 ) -> optax.GradientTransformationExtraArgs:
-    """ADA-FULL with composite mirror descent (Duchi et al. eq. 4, ``H = delta I + G^{1/2}``)."""
+    """ADA-FULL with composite mirror descent (Duchi et al. eq. 4, ``H = delta I + G^{1/2}``).
+
+    ``G_t = sum_s g_s g_s^T`` is kept exactly: ``O(d^2)`` memory and an ``O(d^3)``
+    eigendecomposition per step, the reference that ADA-FD approximates.
+
+    Args:
+      learning_rate: ``eta``, a float or an Optax schedule.
+      delta: ``delta > 0``.
+      regularizer: ``None`` or a composite term of :mod:`sketchopt.regularizers`.
+
+    Returns:
+      An ``optax.GradientTransformationExtraArgs``; its ``update`` needs ``params`` only with a
+      regularizer.
+
+    References:
+      Duchi, Hazan & Singer, "Adaptive Subgradient Methods for Online Learning and
+      Stochastic Optimization", eq. (4) with ``H_t`` of sec. 1.2.
+
+    Example:
+      >>> import jax.numpy as jnp, sketchopt as so
+      >>> params, grads = {"w": jnp.zeros(3)}, {"w": jnp.array([1.0, 2.0, 2.0])}
+      >>> tx = so.ada_full(0.1, delta=1e-3)
+      >>> updates, state = tx.update(grads, tx.init(params))
+      >>> updates["w"].shape
+      (3,)
+    """
     return mirror_descent(learning_rate, _metrics.full(delta), regularizer)
 
 
@@ -114,7 +174,26 @@ def ada_full(
 def ada_full_dual_averaging(
     learning_rate: ScalarOrSchedule, delta: float, *, regularizer: Any = None
 ) -> optax.GradientTransformationExtraArgs:
-    """ADA-FULL with primal-dual subgradient updates (Duchi et al. eq. 3)."""
+    """ADA-FULL with primal-dual subgradient updates (Duchi et al. eq. 3).
+
+    Args:
+      learning_rate, delta, regularizer: as :func:`ada_full`.
+
+    Returns:
+      An ``optax.GradientTransformationExtraArgs`` whose ``update`` needs ``params``.
+
+    References:
+      Duchi, Hazan & Singer, "Adaptive Subgradient Methods for Online Learning and
+      Stochastic Optimization", eq. (3).
+
+    Example:
+      >>> import jax.numpy as jnp, sketchopt as so
+      >>> params, grads = {"w": jnp.zeros(3)}, {"w": jnp.array([1.0, 2.0, 2.0])}
+      >>> tx = so.ada_full_dual_averaging(0.1, delta=1e-3)
+      >>> updates, state = tx.update(grads, tx.init(params), params)
+      >>> updates["w"].shape
+      (3,)
+    """
     return dual_averaging(learning_rate, _metrics.full(delta), regularizer)
 
 
@@ -124,7 +203,26 @@ def ada_diag(
 ) -> optax.GradientTransformationExtraArgs:
     """ADA-DIAG with composite mirror descent (Duchi et al. eq. 4, ``H = delta I + diag(G)^{1/2}``).
 
-    ``delta >= 0`` (``delta = 0`` with the safe ``0/0 = 0``).
+    Args:
+      learning_rate: ``eta``, a float or an Optax schedule.
+      delta: ``delta >= 0`` (``delta = 0`` with the safe ``0/0 = 0``).
+      regularizer: ``None`` or a composite term of :mod:`sketchopt.regularizers`.
+
+    Returns:
+      An ``optax.GradientTransformationExtraArgs``; its ``update`` needs ``params`` only with a
+      regularizer.
+
+    References:
+      Duchi, Hazan & Singer, "Adaptive Subgradient Methods for Online Learning and
+      Stochastic Optimization", eq. (4) with ``H_t`` of sec. 1.2; the proximal steps of sec. 6.
+
+    Example:
+      >>> import jax.numpy as jnp, sketchopt as so
+      >>> params, grads = {"w": jnp.zeros(3)}, {"w": jnp.array([1.0, 2.0, 2.0])}
+      >>> tx = so.ada_diag(0.1, delta=0.0)
+      >>> updates, state = tx.update(grads, tx.init(params))
+      >>> updates["w"].shape
+      (3,)
     """
     return mirror_descent(learning_rate, _metrics.diagonal(delta), regularizer)
 
@@ -133,7 +231,26 @@ def ada_diag(
 def ada_diag_dual_averaging(
     learning_rate: ScalarOrSchedule, delta: float, *, regularizer: Any = None
 ) -> optax.GradientTransformationExtraArgs:
-    """ADA-DIAG with primal-dual subgradient updates (Duchi et al. eq. 3)."""
+    """ADA-DIAG with primal-dual subgradient updates (Duchi et al. eq. 3).
+
+    Args:
+      learning_rate, delta, regularizer: as :func:`ada_diag`.
+
+    Returns:
+      An ``optax.GradientTransformationExtraArgs`` whose ``update`` needs ``params``.
+
+    References:
+      Duchi, Hazan & Singer, "Adaptive Subgradient Methods for Online Learning and
+      Stochastic Optimization", eq. (3).
+
+    Example:
+      >>> import jax.numpy as jnp, sketchopt as so
+      >>> params, grads = {"w": jnp.zeros(3)}, {"w": jnp.array([1.0, 2.0, 2.0])}
+      >>> tx = so.ada_diag_dual_averaging(0.1, delta=1e-3)
+      >>> updates, state = tx.update(grads, tx.init(params), params)
+      >>> updates["w"].shape
+      (3,)
+    """
     return dual_averaging(learning_rate, _metrics.diagonal(delta), regularizer)
 
 
@@ -147,7 +264,27 @@ def s_adagrad(
     regularizer: Any = None,
 ) -> optax.GradientTransformationExtraArgs:
     """S-AdaGrad (Feinberg et al. 2023, "Sketchy"): robust ADA-FD whose ridge collects the whole
-    shrinkage (the "escaped mass"), not half of it: ``C_t = B^T B + (sum of shrinkage) I``."""
+    shrinkage (the "escaped mass"), not half of it: ``C_t = B^T B + (sum of shrinkage) I``.
+
+    Args:
+      learning_rate, sketch_size, delta, fast, regularizer: as :func:`ada_fd`.
+
+    Returns:
+      An ``optax.GradientTransformationExtraArgs``; its ``update`` needs ``params`` only with a
+      regularizer.
+
+    References:
+      Feinberg, Chen, Sun, Anil & Hazan, "Sketchy: Memory-efficient Adaptive Regularization
+      with Frequent Directions" (NeurIPS 2023), S-AdaGrad.
+
+    Example:
+      >>> import jax.numpy as jnp, sketchopt as so
+      >>> params, grads = {"w": jnp.zeros(3)}, {"w": jnp.array([1.0, 2.0, 2.0])}
+      >>> tx = so.s_adagrad(0.1, sketch_size=2, delta=1e-3)
+      >>> updates, state = tx.update(grads, tx.init(params))
+      >>> updates["w"].shape
+      (3,)
+    """
     sketch = _fd_sketch(sketch_size, True, fast, alpha_fraction=1.0)
     return mirror_descent(learning_rate, _metrics.sketched(sketch, delta), regularizer)
 
@@ -156,19 +293,75 @@ def s_adagrad(
 def scale_by_ada_fd(
     sketch_size: int, delta: float, *, robust: bool = False, fast: bool = False
 ) -> optax.GradientTransformationExtraArgs:
-    """ADA-FD's preconditioner alone: ``g_t -> H_t^{-1} g_t`` (chain with a learning rate)."""
+    """ADA-FD's preconditioner alone: ``g_t -> H_t^{-1} g_t`` (chain with a learning rate).
+
+    Args:
+      sketch_size, delta, robust, fast: as :func:`ada_fd`.
+
+    Returns:
+      An ``optax.GradientTransformationExtraArgs`` giving ``H_t^{-1} g_t``.
+
+    References:
+      Wan, Wei & Zhang, "Efficient Adaptive Online Learning via Frequent Directions", Alg. 2.
+
+    Example:
+      >>> import jax.numpy as jnp, sketchopt as so
+      >>> params, grads = {"w": jnp.zeros(3)}, {"w": jnp.array([1.0, 2.0, 2.0])}
+      >>> tx = so.scale_by_ada_fd(2, 1e-3)  # then optax.scale_by_learning_rate
+      >>> updates, state = tx.update(grads, tx.init(params))
+      >>> updates["w"].shape
+      (3,)
+    """
     return scale_by_metric(_metrics.sketched(_fd_sketch(sketch_size, robust, fast), delta))
 
 
 @_leafwise.compiled
 def scale_by_ada_full(delta: float) -> optax.GradientTransformationExtraArgs:
-    """ADA-FULL's preconditioner alone: ``g_t -> (delta I + G_t^{1/2})^{-1} g_t``."""
+    """ADA-FULL's preconditioner alone: ``g_t -> (delta I + G_t^{1/2})^{-1} g_t``.
+
+    Args:
+      delta: ``delta > 0``.
+
+    Returns:
+      An ``optax.GradientTransformationExtraArgs`` giving ``H_t^{-1} g_t``.
+
+    References:
+      Duchi, Hazan & Singer, "Adaptive Subgradient Methods for Online Learning and
+      Stochastic Optimization", sec. 1.2.
+
+    Example:
+      >>> import jax.numpy as jnp, sketchopt as so
+      >>> params, grads = {"w": jnp.zeros(3)}, {"w": jnp.array([1.0, 2.0, 2.0])}
+      >>> tx = so.scale_by_ada_full(1e-3)
+      >>> updates, state = tx.update(grads, tx.init(params))
+      >>> updates["w"].shape
+      (3,)
+    """
     return scale_by_metric(_metrics.full(delta))
 
 
 @_leafwise.compiled
 def scale_by_ada_diag(delta: float) -> optax.GradientTransformationExtraArgs:
-    """ADA-DIAG's preconditioner alone: ``g_t -> g_t / (delta + sqrt(sum_s g_s^2))``."""
+    """ADA-DIAG's preconditioner alone: ``g_t -> g_t / (delta + sqrt(sum_s g_s^2))``.
+
+    Args:
+      delta: ``delta >= 0``.
+
+    Returns:
+      An ``optax.GradientTransformationExtraArgs`` giving ``H_t^{-1} g_t``.
+
+    References:
+      Duchi, Hazan & Singer, "Adaptive Subgradient Methods for Online Learning and
+      Stochastic Optimization", sec. 1.2.
+
+    Example:
+      >>> import jax.numpy as jnp, sketchopt as so
+      >>> params, grads = {"w": jnp.zeros(3)}, {"w": jnp.array([1.0, 2.0, 2.0])}
+      >>> tx = so.scale_by_ada_diag(0.0)
+      >>> updates, state = tx.update(grads, tx.init(params))
+      >>> updates["w"].shape
+      (3,)
+    """
     return scale_by_metric(_metrics.diagonal(delta))
 
 
@@ -179,6 +372,28 @@ def radagrad(learning_rate, sketch_size: int, delta: float, key):
     ``x_{t+1} = x_t - eta V (Sigma^{1/2} + delta I)^{-1} V^T g_t - eta (g_t - V V^T g_t)`` where
     ``V Sigma W^T`` is the SVD of ``G~_t = sum_s g_s (Pi g_s)^T``. ``key`` draws ``Pi`` (each leaf
     uses the same key; ``vmap`` over keys is supported). Heuristic: no regret guarantee.
+
+    Args:
+      learning_rate: ``eta``, a float or an Optax schedule.
+      sketch_size: ``tau >= 1``, the rows of the projection ``Pi``.
+      delta: ``delta > 0``.
+      key: the PRNG key of ``Pi``.
+
+    Returns:
+      An ``optax.GradientTransformationExtraArgs`` (``params`` not needed).
+
+    References:
+      Krummenacher, Fung, Bayer, Huang & Roth (NeurIPS 2016), "Scalable Adaptive Stochastic
+      Optimization Using Random Projections"; Wan, Wei & Zhang, "Efficient Adaptive Online
+      Learning via Frequent Directions", eq. (4).
+
+    Example:
+      >>> import jax, jax.numpy as jnp, sketchopt as so
+      >>> params, grads = {"w": jnp.zeros(3)}, {"w": jnp.array([1.0, 2.0, 2.0])}
+      >>> tx = so.radagrad(0.1, 2, 1e-3, jax.random.PRNGKey(0))
+      >>> updates, state = tx.update(grads, tx.init(params))
+      >>> updates["w"].shape
+      (3,)
     """
     return mirror_descent(learning_rate, _metrics.radagrad_metric(sketch_size, delta, key))
 
@@ -189,7 +404,29 @@ def ada_lr(learning_rate, sketch_size: int, delta: float, key):
 
     Keeps the full ``G_t`` (``O(d^2)`` memory, ``O(tau d^2)`` per step): the randomized low-rank
     SVD of ``G_t`` gives ``V, Sigma`` and ``x_{t+1} = x_t - eta V (Sigma^{1/2} + delta I)^{-1} V^T
-    g_t``. Without a regularizer only.
+    g_t``. Without a regularizer only (see :func:`sketchopt.metrics.ada_lr_metric`).
+
+    Args:
+      learning_rate: ``eta``, a float or an Optax schedule.
+      sketch_size: ``tau >= 1``, the rank of the randomized SVD.
+      delta: ``delta > 0``.
+      key: the PRNG key of the projection.
+
+    Returns:
+      An ``optax.GradientTransformationExtraArgs`` (``params`` not needed).
+
+    References:
+      Krummenacher, Fung, Bayer, Huang & Roth (NeurIPS 2016), "Scalable Adaptive Stochastic
+      Optimization Using Random Projections"; Wan, Wei & Zhang, "Efficient Adaptive Online
+      Learning via Frequent Directions", eq. (3).
+
+    Example:
+      >>> import jax, jax.numpy as jnp, sketchopt as so
+      >>> params, grads = {"w": jnp.zeros(3)}, {"w": jnp.array([1.0, 2.0, 2.0])}
+      >>> tx = so.ada_lr(0.1, 2, 1e-3, jax.random.PRNGKey(0))
+      >>> updates, state = tx.update(grads, tx.init(params))
+      >>> updates["w"].shape
+      (3,)
     """
     return mirror_descent(learning_rate, _metrics.ada_lr_metric(sketch_size, delta, key))
 

@@ -7,7 +7,16 @@ structured operator (see :mod:`sketchopt.operators`):
 * :func:`full` -- ADA-FULL, ``H_t = delta I + G_t^{1/2}`` with ``G_t = sum_s g_s g_s^T`` kept
   exactly (a ``d x d`` eigendecomposition per step: the baseline, not the product);
 * :func:`sketched` -- ADA-FD, ``H_t = delta I + C_t^{1/2}`` with ``C_t = V^T diag(lam) V + alpha I``
-  from any sketch of :mod:`sketchopt.sketches` (Ada-FD paper sec. 3.1; ``alpha > 0`` for RFD).
+  from any sketch of :mod:`sketchopt.sketches` (Ada-FD paper sec. 3.1; ``alpha > 0`` for RFD);
+* :func:`radagrad_metric` -- RADAGRAD (Ada-FD paper eq. 4), ``H_t = I + V^T diag(Sigma^{1/2} +
+  delta - 1) V`` from a randomized-DCT projection of the gradients;
+* :func:`ada_lr_metric` -- ADA-LR (Ada-FD paper eq. 3), ``H_t^{-1} = V (Sigma^{1/2} + delta I)^{-1}
+  V^T`` from a randomized low-rank SVD of ``G_t`` (a :class:`~sketchopt.operators.SubspaceOperator`:
+  no regularizer).
+
+A metric of one's own is a :class:`Metric` too: its operator needs ``solve`` (the
+:class:`~sketchopt.operators.Operator` protocol), and to take a regularizer it must be a
+:class:`~sketchopt.operators.DiagonalOperator` or :class:`~sketchopt.operators.LowRankOperator`.
 
 ``update`` absorbs the gradient ``g_t`` *before* ``H_t`` is used, as in Ada-FD Alg. 1/2 (the
 sketch already includes ``g_t``).
@@ -261,6 +270,20 @@ def sketched(sketch: _sketches.Sketch, delta: float) -> Metric:
 #   delta I)^{-1} V^T`` (``O(tau d^2)``; no step outside the sketched subspace, as in the paper).
 
 
+def _projected_preamble(sketch_size, delta, key):
+    """The arguments shared by RADAGRAD and ADA-LR, validated; and their per-leaf projection."""
+    tau = _validation.size("sketch_size", sketch_size)
+    check_delta(delta)
+    key = _validation.prng_key("key", key)
+
+    def leaf_projection(shape, dtype):
+        """``(d, state dtype, signs, indices)`` of the randomized DCT of a leaf."""
+        dim = flat_size(shape)
+        return (dim, state_dtype(dtype), *_dct.init(key, dim, tau))
+
+    return tau, key, leaf_projection
+
+
 class RadagradMetricState(NamedTuple):
     """``rows = G~_t^T / 4**scale_exp`` (``tau x d``), ``gram = rows rows^T``, the projection."""
 
@@ -272,14 +295,35 @@ class RadagradMetricState(NamedTuple):
 
 
 def radagrad_metric(sketch_size: int, delta: float, key) -> Metric:
-    """RADAGRAD's metric ``H_t = I + V^T diag(Sigma^{1/2} + delta - 1) V`` (Ada-FD eq. 4)."""
-    tau = _validation.size("sketch_size", sketch_size)
-    check_delta(delta)
-    key = _validation.prng_key("key", key)
+    """RADAGRAD's metric ``H_t = I + V^T diag(Sigma^{1/2} + delta - 1) V`` (Ada-FD eq. 4).
+
+    ``V Sigma W^T`` is the SVD of ``G~_t = sum_s g_s (Pi g_s)^T`` (``d x tau``) with ``Pi`` the
+    subsampled randomized DCT; off ``span(V)`` the step is the plain gradient step.
+
+    Args:
+      sketch_size: ``tau >= 1``, the rows of ``Pi``.
+      delta: ``delta > 0``.
+      key: the PRNG key that draws ``Pi`` (every leaf uses the same key; may be traced).
+
+    Returns:
+      A :class:`Metric` whose operator is a :class:`~sketchopt.operators.LowRankOperator`.
+
+    References:
+      Krummenacher, Gabriel et al., "Scalable Adaptive Stochastic Optimization Using Random
+      Projections" (NeurIPS 2016); as written in Wan, Wei & Zhang, "Efficient Adaptive Online
+      Learning via Frequent Directions", eq. 4.
+
+    Example:
+      >>> import jax, jax.numpy as jnp, sketchopt as so
+      >>> metric = so.metrics.radagrad_metric(2, 1e-3, jax.random.PRNGKey(0))
+      >>> state, op, _ = metric.update(metric.init((4,)), jnp.array([1.0, 0.0, 0.0, 0.0]))
+      >>> op.solve(jnp.array([0.0, 1.0, 0.0, 0.0]))  # off the sketch: H = I
+      Array([0., 1., 0., 0.], dtype=float32)
+    """
+    tau, key, leaf_projection = _projected_preamble(sketch_size, delta, key)
 
     def init(shape, dtype=jnp.float32):
-        dim, dtype = flat_size(shape), state_dtype(dtype)
-        signs, idx = _dct.init(key, dim, tau)
+        dim, dtype, signs, idx = leaf_projection(shape, dtype)
         return RadagradMetricState(
             rows=jnp.zeros((tau, dim), dtype),
             gram=jnp.zeros((tau, tau), dtype),
@@ -341,14 +385,37 @@ class AdaLRMetricState(NamedTuple):
 
 
 def ada_lr_metric(sketch_size: int, delta: float, key) -> Metric:
-    """ADA-LR's metric (Ada-FD eq. 3): ``H_t^{-1} = V (Sigma^{1/2} + delta I)^{-1} V^T``."""
-    tau = _validation.size("sketch_size", sketch_size)
-    check_delta(delta)
-    key = _validation.prng_key("key", key)
+    """ADA-LR's metric (Ada-FD eq. 3): ``H_t^{-1} = V (Sigma^{1/2} + delta I)^{-1} V^T``.
+
+    Keeps the full ``G_t = sum_s g_s g_s^T`` (``O(d^2)`` memory, ``O(tau d^2)`` per step) and
+    takes ``V, Sigma`` from its randomized low-rank SVD: ``Q R = G Pi^T``, ``Q^T G = U Sigma V^T``.
+    There is no step outside ``span(V)``, as in the paper.
+
+    Args:
+      sketch_size: ``tau >= 1``, the rank of the randomized SVD.
+      delta: ``delta > 0``.
+      key: the PRNG key that draws ``Pi`` (may be traced).
+
+    Returns:
+      A :class:`Metric` whose operator is a :class:`~sketchopt.operators.SubspaceOperator`
+      (``solve`` only: the rules refuse a regularizer with it when built).
+
+    References:
+      Krummenacher, Gabriel et al., "Scalable Adaptive Stochastic Optimization Using Random
+      Projections" (NeurIPS 2016); Wan, Wei & Zhang, "Efficient Adaptive Online Learning via
+      Frequent Directions", eq. 3.
+
+    Example:
+      >>> import jax, jax.numpy as jnp, sketchopt as so
+      >>> metric = so.metrics.ada_lr_metric(1, 1.0, jax.random.PRNGKey(0))
+      >>> state, op, _ = metric.update(metric.init((2,)), jnp.array([3.0, 0.0]))
+      >>> op.solve(jnp.array([4.0, 5.0]))  # V = e_1, Sigma^{1/2} = 3: 4 / (3 + 1); no step on e_2
+      Array([1., 0.], dtype=float32)
+    """
+    tau, key, leaf_projection = _projected_preamble(sketch_size, delta, key)
 
     def init(shape, dtype=jnp.float32):
-        dim, dtype = flat_size(shape), state_dtype(dtype)
-        signs, idx = _dct.init(key, dim, tau)
+        dim, dtype, signs, idx = leaf_projection(shape, dtype)
         return AdaLRMetricState(jnp.zeros((dim, dim), dtype), jnp.zeros((), jnp.int32), signs, idx)
 
     def operator(state):

@@ -1259,36 +1259,38 @@ class _L1Ball(Regularizer):
         return jnp.where(theta > 0, _renormalize_l1(x, self.strength), x)
 
 
+class _RowSum(Regularizer):
+    """``phi(X) = strength * sum_i norm(X_i)`` over the rows of a 2-D leaf (sec. 6.6); a leaf
+    that is not 2-D is one row. Subclasses name the row norm and its two row-wise prox solvers
+    ``(v, tau, rows, cols)`` (Euclidean) and ``(u, tau, h, rows, cols)`` (diagonal ``H``)."""
+
+    @staticmethod
+    def _row_norms(x):
+        raise NotImplementedError
+
+    def value(self, x):
+        x = jnp.asarray(x)
+        return self.strength * jnp.sum(self._row_norms(x.reshape(_rows(x.shape))))
+
+    def _euclid(self, v, t, shape):
+        return type(self)._row_euclid(v, t * self.strength, *_rows(shape))
+
+    def _diag(self, u, c, h, shape):
+        return type(self)._row_diag(u, c * self.strength, h, *_rows(shape))
+
+
 @dataclasses.dataclass(frozen=True)
-class _MixedL1L2(Regularizer):
+class _MixedL1L2(_RowSum):
     name = "mixed_l1_l2"
-
-    def value(self, x):
-        x = jnp.asarray(x)
-        rows, cols = _rows(x.shape)
-        return self.strength * jnp.sum(_safe_norm(x.reshape(rows, cols), axis=-1))
-
-    def _euclid(self, v, t, shape):
-        return _group_l2_euclid(v, t * self.strength, *_rows(shape))
-
-    def _diag(self, u, c, h, shape):
-        return _group_l2_diag(u, c * self.strength, h, *_rows(shape))
+    _row_norms = staticmethod(lambda x: _safe_norm(x, axis=-1))
+    _row_euclid, _row_diag = staticmethod(_group_l2_euclid), staticmethod(_group_l2_diag)
 
 
 @dataclasses.dataclass(frozen=True)
-class _MixedL1Linf(Regularizer):
+class _MixedL1Linf(_RowSum):
     name = "mixed_l1_linf"
-
-    def value(self, x):
-        x = jnp.asarray(x)
-        rows, cols = _rows(x.shape)
-        return self.strength * jnp.sum(jnp.max(jnp.abs(x.reshape(rows, cols)), axis=-1, initial=0))
-
-    def _euclid(self, v, t, shape):
-        return _linf_euclid(v, t * self.strength, *_rows(shape))
-
-    def _diag(self, u, c, h, shape):
-        return _linf_diag(u, c * self.strength, h, *_rows(shape))
+    _row_norms = staticmethod(lambda x: jnp.max(jnp.abs(x), axis=-1, initial=0))
+    _row_euclid, _row_diag = staticmethod(_linf_euclid), staticmethod(_linf_diag)
 
 
 # --------------------------------------------------------------------------------------------------
