@@ -127,11 +127,11 @@ def ada_fd_dual_averaging(
 
     Example:
       >>> import jax.numpy as jnp, sketchopt as so
-      >>> params, grads = {"w": jnp.zeros(3)}, {"w": jnp.array([1.0, 2.0, 2.0])}
-      >>> tx = so.ada_fd_dual_averaging(0.1, sketch_size=2, delta=1e-3)
-      >>> updates, state = tx.update(grads, tx.init(params), params)
-      >>> updates["w"].shape
-      (3,)
+      >>> x1 = jnp.ones(2)
+      >>> tx = so.ada_fd_dual_averaging(0.5, sketch_size=3, delta=1.0)
+      >>> updates, state = tx.update(jnp.array([3.0, 4.0]), tx.init(x1), x1)
+      >>> (x1 + updates).round(4)  # x_1 - eta g / (delta + |g|), anchored at x_1
+      Array([0.75  , 0.6667], dtype=float32)
     """
     sketch = _fd_sketch(sketch_size, robust, fast)
     return dual_averaging(learning_rate, _metrics.sketched(sketch, delta), regularizer)
@@ -161,11 +161,10 @@ def ada_full(
 
     Example:
       >>> import jax.numpy as jnp, sketchopt as so
-      >>> params, grads = {"w": jnp.zeros(3)}, {"w": jnp.array([1.0, 2.0, 2.0])}
-      >>> tx = so.ada_full(0.1, delta=1e-3)
-      >>> updates, state = tx.update(grads, tx.init(params))
-      >>> updates["w"].shape
-      (3,)
+      >>> tx = so.ada_full(1.0, delta=1.0)
+      >>> updates, state = tx.update(jnp.array([3.0, 4.0]), tx.init(jnp.zeros(2)))
+      >>> updates.round(4)  # -g / (delta + |g|): G_1^{1/2} = g g^T / |g|
+      Array([-0.5   , -0.6667], dtype=float32)
     """
     return mirror_descent(learning_rate, _metrics.full(delta), regularizer)
 
@@ -188,11 +187,14 @@ def ada_full_dual_averaging(
 
     Example:
       >>> import jax.numpy as jnp, sketchopt as so
-      >>> params, grads = {"w": jnp.zeros(3)}, {"w": jnp.array([1.0, 2.0, 2.0])}
-      >>> tx = so.ada_full_dual_averaging(0.1, delta=1e-3)
-      >>> updates, state = tx.update(grads, tx.init(params), params)
-      >>> updates["w"].shape
-      (3,)
+      >>> tx = so.ada_full_dual_averaging(1.0, delta=1.0)
+      >>> x = jnp.zeros(2)
+      >>> state = tx.init(x)
+      >>> for g in (jnp.array([3.0, 0.0]), jnp.array([0.0, 4.0])):
+      ...     updates, state = tx.update(g, state, x)
+      ...     x = x + updates
+      >>> x  # -(I + diag(3, 4))^{-1} (g_1 + g_2)
+      Array([-0.75, -0.8 ], dtype=float32)
     """
     return dual_averaging(learning_rate, _metrics.full(delta), regularizer)
 
@@ -218,11 +220,10 @@ def ada_diag(
 
     Example:
       >>> import jax.numpy as jnp, sketchopt as so
-      >>> params, grads = {"w": jnp.zeros(3)}, {"w": jnp.array([1.0, 2.0, 2.0])}
-      >>> tx = so.ada_diag(0.1, delta=0.0)
-      >>> updates, state = tx.update(grads, tx.init(params))
-      >>> updates["w"].shape
-      (3,)
+      >>> tx = so.ada_diag(1.0, delta=0.0)
+      >>> updates, state = tx.update(jnp.array([3.0, -4.0]), tx.init(jnp.zeros(2)))
+      >>> updates  # -g / |g| per coordinate on the first step
+      Array([-1.,  1.], dtype=float32)
     """
     return mirror_descent(learning_rate, _metrics.diagonal(delta), regularizer)
 
@@ -245,11 +246,12 @@ def ada_diag_dual_averaging(
 
     Example:
       >>> import jax.numpy as jnp, sketchopt as so
-      >>> params, grads = {"w": jnp.zeros(3)}, {"w": jnp.array([1.0, 2.0, 2.0])}
-      >>> tx = so.ada_diag_dual_averaging(0.1, delta=1e-3)
-      >>> updates, state = tx.update(grads, tx.init(params), params)
-      >>> updates["w"].shape
-      (3,)
+      >>> l1 = so.regularizers.l1(0.5)
+      >>> tx = so.ada_diag_dual_averaging(1.0, delta=1.0, regularizer=l1)
+      >>> x = jnp.zeros(2)
+      >>> updates, state = tx.update(jnp.array([0.2, 3.0]), tx.init(x), x)
+      >>> x + updates  # |g_i| <= l1 stays exactly 0 (Duchi et al. eq. 24)
+      Array([ 0.   , -0.625], dtype=float32)
     """
     return dual_averaging(learning_rate, _metrics.diagonal(delta), regularizer)
 
@@ -279,11 +281,11 @@ def s_adagrad(
 
     Example:
       >>> import jax.numpy as jnp, sketchopt as so
-      >>> params, grads = {"w": jnp.zeros(3)}, {"w": jnp.array([1.0, 2.0, 2.0])}
-      >>> tx = so.s_adagrad(0.1, sketch_size=2, delta=1e-3)
-      >>> updates, state = tx.update(grads, tx.init(params))
-      >>> updates["w"].shape
-      (3,)
+      >>> g = jnp.array([1.0, 2.0, 2.0])
+      >>> a, b = so.s_adagrad(0.1, 2, 1e-3), so.ada_fd(0.1, 2, 1e-3, robust=True)
+      >>> same = jnp.allclose(a.update(g, a.init(g))[0], b.update(g, b.init(g))[0])
+      >>> bool(same)  # nothing shrunk yet: no ridge to collect
+      True
     """
     sketch = _fd_sketch(sketch_size, True, fast, alpha_fraction=1.0)
     return mirror_descent(learning_rate, _metrics.sketched(sketch, delta), regularizer)
@@ -305,12 +307,11 @@ def scale_by_ada_fd(
       Wan, Wei & Zhang, "Efficient Adaptive Online Learning via Frequent Directions", Alg. 2.
 
     Example:
-      >>> import jax.numpy as jnp, sketchopt as so
-      >>> params, grads = {"w": jnp.zeros(3)}, {"w": jnp.array([1.0, 2.0, 2.0])}
-      >>> tx = so.scale_by_ada_fd(2, 1e-3)  # then optax.scale_by_learning_rate
-      >>> updates, state = tx.update(grads, tx.init(params))
-      >>> updates["w"].shape
-      (3,)
+      >>> import jax.numpy as jnp, optax, sketchopt as so
+      >>> tx = optax.chain(so.scale_by_ada_fd(3, 1.0), optax.scale_by_learning_rate(0.5))
+      >>> updates, state = tx.update(jnp.array([3.0, 4.0]), tx.init(jnp.zeros(2)))
+      >>> updates.round(4)  # -0.5 g / (1 + |g|)
+      Array([-0.25  , -0.3333], dtype=float32)
     """
     return scale_by_metric(_metrics.sketched(_fd_sketch(sketch_size, robust, fast), delta))
 
@@ -331,11 +332,11 @@ def scale_by_ada_full(delta: float) -> optax.GradientTransformationExtraArgs:
 
     Example:
       >>> import jax.numpy as jnp, sketchopt as so
-      >>> params, grads = {"w": jnp.zeros(3)}, {"w": jnp.array([1.0, 2.0, 2.0])}
-      >>> tx = so.scale_by_ada_full(1e-3)
-      >>> updates, state = tx.update(grads, tx.init(params))
-      >>> updates["w"].shape
-      (3,)
+      >>> tx = so.scale_by_ada_full(1.0)
+      >>> grads = {"a": jnp.array([0.0, 2.0]), "b": jnp.array([4.0])}  # a metric per leaf
+      >>> updates, state = tx.update(grads, tx.init(grads))
+      >>> updates["a"].round(4), updates["b"]
+      (Array([0.    , 0.6667], dtype=float32), Array([0.8], dtype=float32))
     """
     return scale_by_metric(_metrics.full(delta))
 
@@ -356,11 +357,10 @@ def scale_by_ada_diag(delta: float) -> optax.GradientTransformationExtraArgs:
 
     Example:
       >>> import jax.numpy as jnp, sketchopt as so
-      >>> params, grads = {"w": jnp.zeros(3)}, {"w": jnp.array([1.0, 2.0, 2.0])}
-      >>> tx = so.scale_by_ada_diag(0.0)
-      >>> updates, state = tx.update(grads, tx.init(params))
-      >>> updates["w"].shape
-      (3,)
+      >>> tx = so.scale_by_ada_diag(1.0)
+      >>> updates, state = tx.update(jnp.array([3.0, 4.0]), tx.init(jnp.zeros(2)))
+      >>> updates  # g / (delta + |g_i|)
+      Array([0.75, 0.8 ], dtype=float32)
     """
     return scale_by_metric(_metrics.diagonal(delta))
 
@@ -389,11 +389,11 @@ def radagrad(learning_rate, sketch_size: int, delta: float, key):
 
     Example:
       >>> import jax, jax.numpy as jnp, sketchopt as so
-      >>> params, grads = {"w": jnp.zeros(3)}, {"w": jnp.array([1.0, 2.0, 2.0])}
+      >>> params = {"b": jnp.zeros(2), "w": jnp.zeros((3, 2))}
       >>> tx = so.radagrad(0.1, 2, 1e-3, jax.random.PRNGKey(0))
-      >>> updates, state = tx.update(grads, tx.init(params))
-      >>> updates["w"].shape
-      (3,)
+      >>> updates, state = tx.update(jax.tree.map(jnp.ones_like, params), tx.init(params))
+      >>> jax.tree.map(jnp.shape, updates)
+      {'b': (2,), 'w': (3, 2)}
     """
     return mirror_descent(learning_rate, _metrics.radagrad_metric(sketch_size, delta, key))
 
@@ -422,11 +422,10 @@ def ada_lr(learning_rate, sketch_size: int, delta: float, key):
 
     Example:
       >>> import jax, jax.numpy as jnp, sketchopt as so
-      >>> params, grads = {"w": jnp.zeros(3)}, {"w": jnp.array([1.0, 2.0, 2.0])}
-      >>> tx = so.ada_lr(0.1, 2, 1e-3, jax.random.PRNGKey(0))
-      >>> updates, state = tx.update(grads, tx.init(params))
-      >>> updates["w"].shape
-      (3,)
+      >>> tx = so.ada_lr(1.0, 1, 1.0, jax.random.PRNGKey(0))
+      >>> updates, state = tx.update(jnp.array([3.0, 4.0]), tx.init(jnp.zeros(2)))
+      >>> updates.round(4)  # -g / (delta + |g|) on span(g), the rank-1 SVD of G_1
+      Array([-0.5   , -0.6667], dtype=float32)
     """
     return mirror_descent(learning_rate, _metrics.ada_lr_metric(sketch_size, delta, key))
 
