@@ -318,6 +318,13 @@ class LeafRule(NamedTuple):
     needs_params: str | None = None
 
 
+def at_step(hyperparam, count, dtype=None):
+    """A hyperparameter (a constant or an Optax schedule) at step ``count``, the number of
+    earlier steps as Optax schedules take it; as a ``dtype`` scalar when ``dtype`` is given."""
+    value = hyperparam(count) if callable(hyperparam) else hyperparam
+    return value if dtype is None else jnp.asarray(value, dtype)
+
+
 def require_params(params, name: str) -> None:
     """``ValueError`` for a rule that needs the current parameters when they are missing."""
     if params is None:

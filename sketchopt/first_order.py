@@ -67,11 +67,6 @@ __all__ = [
 ]
 
 
-_NO_PARAMS_MSG = (
-    "this sparse online learner needs the current params: call update(updates, state, params)"
-)
-
-
 class TruncatedGradientState(NamedTuple):
     """State of :func:`simple_truncation`, :func:`truncated_gradient` and :func:`fobos_l1`.
 
@@ -108,13 +103,6 @@ class FTRLProximalState(NamedTuple):
 # Shared helpers.
 
 
-def _value(hyperparam, count, dtype):
-    """A hyperparameter (a constant or an Optax schedule of ``count``) as a ``dtype`` scalar."""
-    if callable(hyperparam):
-        hyperparam = hyperparam(count)
-    return jnp.asarray(hyperparam, dtype)
-
-
 def _learner(fields, init, step, state_class):
     """A sparse learner on the shared driver (``sketchopt._leafwise``); all of them need params."""
     rule = _leafwise.LeafRule(
@@ -147,7 +135,7 @@ def _gradient_step_then_truncate(
         del valid  # no per-leaf state: nothing to keep for a skipped leaf
         count = ctx.hyper
         t = optax.safe_increment(count)  # the slides' t, counted from 1
-        eta = _value(learning_rate, count, g.dtype)
+        eta = _leafwise.at_step(learning_rate, count, g.dtype)
         return truncate(w - eta * g, eta, t) - w, values
 
     return _learner(("leaves",), init, step, TruncatedGradientState)
@@ -347,8 +335,8 @@ def ftrl_proximal(
         steps, z, sqrt_n = values
         new_sqrt_n = jnp.hypot(sqrt_n, g)  # Alg. 6 line 6: n_i += g_i^2
         if callable(alpha):
-            alpha_prev = _value(alpha, jnp.maximum(steps - 1, 0), g.dtype)
-            alpha_t = _value(alpha, steps, g.dtype)
+            alpha_prev = _leafwise.at_step(alpha, jnp.maximum(steps - 1, 0), g.dtype)
+            alpha_t = _leafwise.at_step(alpha, steps, g.dtype)
             # 1/eta_t - 1/eta_{t-1}, written so that beta cancels exactly for constant alpha
             sigma = (
                 new_sqrt_n / alpha_t - sqrt_n / alpha_prev + beta * (1 / alpha_t - 1 / alpha_prev)

@@ -228,6 +228,11 @@ def sketched(sketch: _sketches.Sketch, delta: float) -> Metric:
     ``delta > 0``.
     """
     check_delta(delta)
+    absorb_solve = sketch.absorb_solve
+    if absorb_solve is None:  # a Sketch built by hand with 0.2's fields (see Sketch)
+
+        def absorb_solve(state, g, valid, lift):
+            return _sketches.Absorbed(*sketch.absorb(state, g, valid, lift=lift))
 
     def init(shape, dtype=jnp.float32):
         return sketch.init(flat_size(shape), state_dtype(dtype))
@@ -244,7 +249,7 @@ def sketched(sketch: _sketches.Sketch, delta: float) -> Metric:
         return lr.coef.T @ ldexp(x, -lr.scale_exp)
 
     def update(state, g, valid=True):
-        out = sketch.absorb_solve(state, g, valid, lift=lift_coefficients)
+        out = absorb_solve(state, g, valid, lift=lift_coefficients)
         op = operator(out.state)
         return out.state, op, out.residual / op.scalar
 

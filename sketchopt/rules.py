@@ -27,6 +27,7 @@ re-exports both: see ``CHANGELOG.md``.)
 
 from __future__ import annotations
 
+import functools
 from typing import Any, NamedTuple
 
 import jax
@@ -95,26 +96,33 @@ def _check_learning_rate(learning_rate):
     return _validation.step_size("learning_rate", learning_rate)
 
 
-def _check_regularizable(metric, regularizer):
-    """A regularizer needs a diagonal or low-rank ``H`` (``sketchopt.operators``): say so now.
+def _operator_kind(metric):
+    """``(name of the operator type, whether the regularizers accept it)`` of a metric, read by
+    tracing its operator on a one-coordinate leaf (no computation)."""
+    op = jax.eval_shape(lambda: metric.operator(metric.init((1,), jnp.float32)))
+    return type(op).__name__, _operators.supports_regularizers(op)
 
-    The metric's operator type is read by tracing it on a one-coordinate leaf (no computation),
-    so that a metric whose operator only solves (ADA-LR) fails here with a clear message, not
-    at the first ``update`` with an ``AttributeError`` from inside the proximal step.
-    """
+
+# Transforms are rebuilt at every step under ``optax.inject_hyperparams``: the trace above costs
+# milliseconds, so it runs once per metric spec. (Metrics without a spec, e.g. with traced
+# arguments, are traced each time rather than kept alive here.)
+_cached_operator_kind = functools.lru_cache(maxsize=256)(_operator_kind)
+
+
+def _check_regularizable(metric, regularizer):
+    """A regularizer needs a diagonal or low-rank ``H`` (``sketchopt.operators``): say so now,
+    when the transform is built, rather than with a ``TypeError`` from inside the first traced
+    update's proximal step (a metric whose operator only solves: ADA-LR)."""
     if regularizer is None:
         return
-    op = jax.eval_shape(lambda: metric.operator(metric.init((1,), jnp.float32)))
-    if not _operators.supports_regularizers(op):
+    kind = _cached_operator_kind if metric.spec is not None else _operator_kind
+    name, supported = kind(metric)
+    if not supported:
         raise TypeError(
-            f"the {metric.name!r} metric gives a {type(op).__name__}, which the regularizers "
+            f"the {metric.name!r} metric gives a {name}, which the regularizers "
             "cannot use: their proximal steps need a DiagonalOperator or a LowRankOperator "
             "(sketchopt.operators); use this metric without a regularizer"
         )
-
-
-def _learning_rate_at(learning_rate, count):
-    return learning_rate(count) if callable(learning_rate) else learning_rate
 
 
 def pack_leaf_states(treedef, states):
@@ -214,7 +222,7 @@ def _metric_rule(metric, learning_rate, regularizer, *, scale_only=False):
         ("metric_state",),
         init,
         step,
-        hyper=lambda count: _learning_rate_at(learning_rate, count),
+        hyper=functools.partial(_leafwise.at_step, learning_rate),
         needs_params=needs,
     )
 
@@ -298,7 +306,7 @@ def dual_averaging(
         ("metric_state", "grad_sum", "anchor"),
         init,
         step,
-        hyper=lambda count: _learning_rate_at(learning_rate, count),
+        hyper=functools.partial(_leafwise.at_step, learning_rate),
         needs_params="dual_averaging",
     )
     return _leafwise.leafwise(rule, DualAveragingState)

@@ -107,6 +107,8 @@ class Sketch(NamedTuple):
         rows before the shrink's rotation) giving coefficients ``a`` over the rows of
         :func:`low_rank`'s ``basis``; ``residual = row - basis^T a``. The per-step FD family
         computes it inside the pass that rotates the rows, saving a pass over the sketch.
+        ``None`` on a ``Sketch`` built by hand with the eight fields of 0.2: then
+        :func:`sketchopt.metrics.sketched` calls its ``absorb(..., lift=)`` as 0.2 did.
     """
 
     init: Callable[..., Any]
@@ -382,9 +384,8 @@ def _make_sketch(init, absorb, sketch_size, name, *, spec=None):
         row = jnp.ravel(row)
         finite = jnp.all(jnp.isfinite(row))
         out = absorb(state, jnp.where(finite, row, 0), finite, None)
-        return out.state._replace(nonfinite_count=out.state.nonfinite_count + (~finite)), (
-            out.product
-        )
+        state = out.state._replace(nonfinite_count=out.state.nonfinite_count + (~finite))
+        return state, out.product
 
     def update(state, row):
         return update_with_product(state, row)[0]

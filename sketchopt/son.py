@@ -177,12 +177,6 @@ def _check_son_options(eta, default_eta, curvature, diagonal_rescaling):
     return eta, _validation.flag("diagonal_rescaling", diagonal_rescaling)
 
 
-def _at(value, count, dtype):
-    """A hyperparameter at step ``count`` (schedules get the 0-based count, as in Optax)."""
-    value = value(count) if callable(value) else value
-    return value if dtype is None else jnp.asarray(value, dtype)
-
-
 def _inverse_sqrt_time(count):
     """``eta_t = 1/sqrt(t)`` with ``t = count + 1`` (SON, general convex losses)."""
     return 1.0 / jnp.sqrt(jnp.asarray(count) + 1.0)  # the default float (float64 under x64)
@@ -291,7 +285,7 @@ def _son_transform(init_leaf, step_leaf, *, eta, curvature, diagonal_rescaling):
         return (ls._replace(diag_sqrt=diag),)
 
     def hyper(count):
-        return _at(eta, count, None), _at(curvature, count, None)
+        return _leafwise.at_step(eta, count), _leafwise.at_step(curvature, count)
 
     def step(ctx, g, values, x, valid):
         del x  # the Newton step does not need the parameters; the projection is its own call

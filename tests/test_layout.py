@@ -25,12 +25,10 @@ def _private_uses(path):
     for node in ast.walk(tree):
         if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("sketchopt"):
             for alias in node.names:
-                if node.module == "sketchopt" and not alias.name.startswith("_"):
+                if node.module == "sketchopt":  # a module, underscore modules included
                     modules.add(alias.asname or alias.name)
-                elif alias.name.startswith("_") and node.module != "sketchopt":
+                elif alias.name.startswith("_"):
                     found.append(f"{path.name}:{node.lineno} imports {node.module}.{alias.name}")
-                elif node.module == "sketchopt":
-                    modules.add(alias.asname or alias.name)
         elif isinstance(node, ast.Import):
             for alias in node.names:
                 if alias.name.startswith("sketchopt"):

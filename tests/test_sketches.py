@@ -1030,3 +1030,24 @@ def test_random_projection_hands_back_the_direction_it_drew():
         g = jnp.arange(1.0, 7.0)
         out = sketch.absorb_solve(state, g)
         np.testing.assert_allclose(out.state.rows - state.rows, np.outer(out.drawn, g), rtol=1e-14)
+
+
+def test_a_sketch_built_with_the_fields_of_0_2_still_drives_a_metric():
+    """``Sketch(...)`` with 0.2's eight fields has no ``absorb_solve``: ``metrics.sketched``
+    falls back on ``absorb(..., lift=)`` and solves exactly as with the full sketch."""
+    from sketchopt import metrics
+
+    full = sk.frequent_directions(3)
+    legacy = sk.Sketch(*full[:8])
+    assert legacy.absorb_solve is None
+    rng = np.random.default_rng(1)
+    with x64():
+        results = []
+        for sketch in (full, legacy):
+            metric = metrics.sketched(sketch, 0.1)
+            state = metric.init((5,), jnp.float64)
+            for _ in range(4):
+                state, op, solved = metric.update(state, jnp.asarray(rng.normal(size=5)))
+            results.append(solved)
+            rng = np.random.default_rng(1)
+        np.testing.assert_allclose(results[0], results[1], rtol=1e-12, atol=0)
