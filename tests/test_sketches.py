@@ -1016,7 +1016,11 @@ def test_absorb_solve_is_absorb_plus_the_woodbury_residual(name):
         lifted = sketch.absorb_solve(state, row, True, lambda s, p: a)
         assert isinstance(out, sk.Absorbed) and len(plain) == 2 and out.residual is None
         assert (out.drawn is not None) == (name == "rp")
-        chex.assert_trees_all_close(out.state, plain[0], lifted.state, rtol=0, atol=0)
+        chex.assert_trees_all_close(out.state, plain[0], rtol=0, atol=0)  # the same program
+        # The fused rotation is another program: compare what is unique, not the raw rows.
+        np.testing.assert_allclose(
+            sk.covariance(lifted.state), sk.covariance(out.state), rtol=1e-12, atol=1e-12
+        )
         np.testing.assert_array_equal(out.product, plain[1])
         basis = np.asarray(sk.low_rank(lifted.state).basis)
         np.testing.assert_allclose(lifted.residual, row - a @ basis, rtol=1e-12, atol=1e-12)
