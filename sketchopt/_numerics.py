@@ -11,6 +11,7 @@ that possible, used by every family:
 * :func:`mantissa_exponent`, :func:`mantissa_exponent_add` -- non-negative numbers as
   ``(m, q)`` pairs, for sums of terms whose powers of two differ by more than the range;
 * :func:`safe_norm` -- a Euclidean norm that neither overflows nor underflows;
+* :func:`denoise_residual` -- a projection's residual with its round-off removed;
 * :func:`eigh_desc` -- a small symmetric PSD eigendecomposition, descending, round-off zeroed;
 * :func:`state_dtype` -- states are at least float32 (float64 when enabled and asked for).
 """
@@ -33,6 +34,7 @@ __all__ = [
     "mantissa_exponent",
     "mantissa_exponent_add",
     "rescale_exponent",
+    "denoise_residual",
     "safe_norm",
     "state_dtype",
 ]
@@ -125,11 +127,28 @@ def safe_norm(v, axis=None, keepdims=False):
     return norm if keepdims else jnp.squeeze(norm, axis=axis)
 
 
-def eigh_desc(gram):
+def denoise_residual(r, y, n):
+    """``r = y - P y`` with its round-off removed: zero when ``|r| <= 4 n eps |y|``.
+
+    ``P`` (a projector onto ``n`` orthonormal rows) is exact only to about ``n eps``, so a vector
+    inside its range leaves a residual of that relative size in arbitrary directions. Divided by a
+    ridge much smaller than the eigenvalues on the range (``delta = 1e-8`` against gradients of
+    norm 1, or norm 1e30 against ``alpha = 1``) that noise would dominate ``H^{-1} y`` by orders of
+    magnitude; a residual below the noise floor is not resolvable in this precision anyway. A
+    genuine residual is kept as it is (a soft threshold would bias every one of them by the
+    floor, which in float32 is larger than the round-off it removes).
+    """
+    eps = jnp.finfo(r.dtype).eps
+    thr = 4 * max(n, 1) * eps * safe_norm(y)
+    return jnp.where(safe_norm(r) > thr, r, 0)
+
+
+def eigh_desc(gram, *, zero_round_off=True):
     """Eigendecomposition of a small symmetric PSD matrix, descending, with round-off zeroed.
 
     Returns ``(mu, u)`` with ``gram = u diag(mu) u^T``, ``mu`` descending and every eigenvalue
-    below ``n * eps * mu_max`` (round-off of a rank-deficient matrix) set to exactly 0.
+    below ``n * eps * mu_max`` (round-off of a rank-deficient matrix) set to exactly 0 (with
+    ``zero_round_off=False`` only clipped at 0, for a caller that tells round-off apart itself).
     Eigenvectors are defined only up to sign (and rotation within a repeated eigenvalue): compare
     products such as ``u diag(mu) u^T``, never ``u`` itself, across programs.
     """
@@ -137,6 +156,8 @@ def eigh_desc(gram):
     gram = 0.5 * (gram + jnp.swapaxes(gram, -1, -2))
     mu, u = jnp.linalg.eigh(gram)
     mu, u = mu[..., ::-1], u[..., ::-1]
+    if not zero_round_off:
+        return jnp.maximum(mu, 0), u
     top = jnp.max(mu, axis=-1, keepdims=True, initial=0)
     tol = top * n * jnp.finfo(gram.dtype).eps
     return jnp.where(mu > tol, mu, 0), u

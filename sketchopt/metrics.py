@@ -34,6 +34,7 @@ from sketchopt import _dct, _validation
 from sketchopt import sketches as _sketches
 from sketchopt._numerics import (
     HIGHEST,
+    denoise_residual,
     eigh_desc,
     exponent,
     flat_size,
@@ -241,17 +242,21 @@ def sketched(sketch: _sketches.Sketch, delta: float) -> Metric:
         return _sketched_operator(_sketches.low_rank(state), delta)
 
     def lift_coefficients(state, product):
-        # H^{-1} g = (g - V^T diag(w / (c + w)) V g) / c (Woodbury); V g costs nothing more
-        # (``product`` is B g), and the sketch lifts these basis coefficients in its rotation.
+        # The split solve of LowRankOperator: H^{-1} g = V^T diag(1 / (c + w)) V g + (g - P g) / c.
+        # V g costs nothing more (``product`` is B g), and the sketch lifts both coefficient
+        # vectors in the pass that rotates its rows.
         lr = _sketches.low_rank(state)
         op = _sketched_operator(lr, delta)
-        x = op.weights / (op.scalar + op.weights) * lr.project_product(product)
-        return lr.coef.T @ ldexp(x, -lr.scale_exp)
+        vg = jnp.where(op.weights != 0, lr.project_product(product), 0)
+        pair = jnp.stack([vg, vg / (op.scalar + op.weights)])
+        return ldexp(pair, -lr.scale_exp) @ lr.coef
 
     def update(state, g, valid=True):
         out = absorb_solve(state, g, valid, lift=lift_coefficients)
         op = operator(out.state)
-        return out.state, op, out.residual / op.scalar
+        residual, inside = out.residual
+        n = op.weights.shape[0]
+        return out.state, op, inside + denoise_residual(residual, g, n) / op.scalar
 
     spec = _validation.spec_key("sketched", sketch, delta)
     return Metric(init, update, operator, f"sketched_{sketch.name}", spec)

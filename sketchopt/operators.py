@@ -76,10 +76,17 @@ class DiagonalOperator(NamedTuple):
 class LowRankOperator(NamedTuple):
     """``H = scalar * I + V^T diag(weights) V`` with ``V = 2**-scale_exp * coef @ basis``.
 
-    ``V`` has orthonormal (or exactly zero) rows, ``scalar > 0`` and ``weights >= 0``. The power
+    ``V`` has orthonormal (or exactly zero) rows, ``scalar > 0`` and ``scalar + weights > 0``
+    (RADAGRAD's ``H = I + V^T diag(Sigma^{1/2} + delta - 1) V`` has negative weights). The power
     of two ``2**-scale_exp`` (default 0) keeps products finite for sketches of huge or tiny rows.
-    Inverses use the Woodbury identity (Ada-FD paper, the formula below eq. 5):
-    ``(c I + V^T W V)^{-1} = (1/c) (I - V^T diag(w / (c + w)) V)``.
+    Inverses split ``y`` on the range of the rows with ``weights != 0`` (projector ``P``):
+    ``H^{-1} y = V^T diag(1 / (scalar + weights)) V y + (y - P y) / scalar``. This is the Woodbury
+    identity of the Ada-FD paper (the formula below eq. 5), ``(c I + V^T W V)^{-1} = (1/c) (I -
+    V^T diag(w / (c + w)) V)``, written so that nothing cancels: the Woodbury form subtracts two
+    vectors of size ``|y| / c`` to leave one of size ``|y| / (c + w)``, which in float32 loses
+    everything once ``c < eps w`` (``delta = 1e-8`` against unit gradients). The residual
+    ``y - P y`` is cleaned of the projector's round-off
+    (:func:`sketchopt._numerics.denoise_residual`) before it is divided by the small ``c``.
     """
 
     scalar: jnp.ndarray
@@ -94,24 +101,26 @@ class LowRankOperator(NamedTuple):
         return self.coef @ _partitioning.contract_d(self.basis, x)
 
     def lift(self, a):
-        """``V^T a`` (d,), one pass over ``basis``."""
+        """``V^T a`` (d,), one pass over ``basis``; ``a`` may be a ``(j, k)`` stack of vectors."""
         # Scale a first: coef may carry 2**scale_exp itself (Oja's unit directions), and
-        # coef.T @ a could then overflow where the result does not.
-        a = self.coef.T @ _numerics.ldexp(a, -jnp.asarray(self.scale_exp, jnp.int32))
+        # a @ coef could then overflow where the result does not.
+        a = _numerics.ldexp(a, -jnp.asarray(self.scale_exp, jnp.int32)) @ self.coef
         return jnp.matmul(a, self.basis, precision=_numerics.HIGHEST)
 
-    def solve_projected(self, y, vy):
-        """``H^{-1} y`` given ``vy = V y`` already (saves one pass over ``basis``)."""
-        c = self.scalar
-        return (y - self.lift(self.weights / (c + self.weights) * vy)) / c
+    def solve_projected(self, y, vy, rho=0.0):
+        """``(H + rho I)^{-1} y`` given ``vy = V y`` already (one pass over ``basis``)."""
+        c = self.scalar + rho
+        vy = jnp.where(self.weights != 0, vy, 0)
+        inside, projected = self.lift(jnp.stack([vy / (c + self.weights), vy]))
+        residual = _numerics.denoise_residual(y - projected, y, self.weights.shape[0])
+        return inside + residual / c
 
     def matvec(self, x):
         return self.scalar * x + self.lift(self.weights * self.project(x))
 
     def solve_shifted(self, rho, y):
-        """``(H + rho I)^{-1} y`` by Woodbury in ``O(n*d)``."""
-        c = self.scalar + rho
-        return (y - self.lift(self.weights / (c + self.weights) * self.project(y))) / c
+        """``(H + rho I)^{-1} y`` in ``O(n*d)`` (two passes over ``basis``)."""
+        return self.solve_projected(y, self.project(y), rho)
 
     def solve(self, y):
         return self.solve_shifted(0.0, y)

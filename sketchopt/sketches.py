@@ -105,7 +105,9 @@ class Sketch(NamedTuple):
         update produced (see :class:`Absorbed`). ``lift(state, product) -> a`` is a function of
         the new state's small fields (it must not read ``state.rows``, which may still hold the
         rows before the shrink's rotation) giving coefficients ``a`` over the rows of
-        :func:`low_rank`'s ``basis``; ``residual = row - basis^T a``. The per-step FD family
+        :func:`low_rank`'s ``basis``; ``residual = row - basis^T a``. A ``(2, n)`` pair ``(a, b)``
+        gives the pair ``(row - basis^T a, basis^T b)`` in the same pass (the split solve of
+        :class:`sketchopt.operators.LowRankOperator`). The per-step FD family
         computes it inside the pass that rotates the rows, saving a pass over the sketch.
         ``None`` on a ``Sketch`` built by hand with the eight fields of 0.2: then
         :func:`sketchopt.metrics.sketched` calls its ``absorb(..., lift=)`` as 0.2 did.
@@ -131,7 +133,8 @@ class Absorbed(NamedTuple):
     Attributes:
       state: the new sketch state.
       product: ``basis @ row / 4**scale_exp`` against the *new* basis rows (``V g`` for free).
-      residual: ``row - basis^T lift(state, product)``, or ``None`` when no ``lift`` was given.
+      residual: ``row - basis^T a`` for ``a = lift(state, product)`` (for a pair ``(a, b)`` the
+        pair ``(row - basis^T a, basis^T b)``), or ``None`` when no ``lift`` was given.
       drawn: the random vector the update drew (the random projection's ``r_t``), or ``None``
         for the deterministic sketches: a caller that needs ``r_t`` reads it here and never
         draws it again.
@@ -291,12 +294,12 @@ def _rotate_rows(rot, rows, valid=True, coef=None, base=None):
     """``rot @ rows`` for a small ``k x n`` ``rot`` (``k <= n``; output rows past ``k`` are zero),
     computed in place over column blocks.
 
-    With ``coef`` (an ``n``-vector) and ``base`` (a ``d``-vector) also returns
-    ``base - coef @ rows`` of the rows *before* the rotation, taken from the same tiles while they
-    are in cache (a lift ``V^T a`` of the new basis is ``coef = rot^T a`` on the old one), and
-    written over ``base``'s buffer. With ``valid`` false the rows come back bit-identical (an
-    identity ``rot`` alone would turn their ``-0.0`` entries into ``+0.0``): the blocked loop
-    then runs no iteration, and ``base`` comes back unchanged.
+    With ``coef`` (an ``n``-vector, or a ``(j, n)`` stack) and ``base`` (a ``d``-vector, or
+    ``(j, d)``) also returns ``base - coef @ rows`` of the rows *before* the rotation, taken from
+    the same tiles while they are in cache (a lift ``V^T a`` of the new basis is ``coef = rot^T
+    a`` on the old one), and written over ``base``'s buffer. With ``valid`` false the rows come
+    back bit-identical (an identity ``rot`` alone would turn their ``-0.0`` entries into
+    ``+0.0``): the blocked loop then runs no iteration, and ``base`` comes back unchanged.
 
     On a CPU a plain ``n x n`` by ``n x d`` matmul needs a second ``n x d`` buffer (a fresh
     allocation, page faults included, every step) and, with ``n`` small, runs far below peak;
@@ -334,11 +337,11 @@ def _rotate_rows(rot, rows, valid=True, coef=None, base=None):
         rows, base = carry
         start = i * block
         tile = jax.lax.dynamic_slice_in_dim(rows, start, block, axis=1)
-        base_tile = None if coef is None else jax.lax.dynamic_slice_in_dim(base, start, block)
+        base_tile = None if coef is None else jax.lax.dynamic_slice_in_dim(base, start, block, -1)
         tile, base_tile = rotate(tile, base_tile)
         rows = jax.lax.dynamic_update_slice_in_dim(rows, tile, start, axis=1)
         if coef is not None:
-            base = jax.lax.dynamic_update_slice_in_dim(base, base_tile, start, axis=0)
+            base = jax.lax.dynamic_update_slice_in_dim(base, base_tile, start, axis=-1)
         return rows, base
 
     num_blocks = d // block
@@ -348,11 +351,11 @@ def _rotate_rows(rot, rows, valid=True, coef=None, base=None):
     if start < d:
         # The ragged tail after the loop, under a cond: a select reading the rows inside the
         # update (or the tail placed before the loop) made XLA copy the whole buffer.
-        tails = (rows[:, start:], None if coef is None else base[start:])
+        tails = (rows[:, start:], None if coef is None else base[..., start:])
         tail, base_tail = jax.lax.cond(valid, rotate, lambda *t: t, *tails)
         rows = jax.lax.dynamic_update_slice_in_dim(rows, tail, start, axis=1)
         if coef is not None:
-            base = jax.lax.dynamic_update_slice_in_dim(base, base_tail, start, axis=0)
+            base = jax.lax.dynamic_update_slice_in_dim(base, base_tail, start, axis=-1)
     return rows if coef is None else (rows, base)
 
 
@@ -368,6 +371,13 @@ def _exact_gram(rows, scale_exp):
     """``B B^T / 4**scale_exp``, the rows scaled first so that nothing overflows."""
     scaled = ldexp(rows, -scale_exp)
     return contract_d(scaled, scaled.T)
+
+
+def _residual_terms(a, row):
+    """``(coef, base)`` with ``base - coef @ basis`` the residual :class:`Absorbed` documents."""
+    if a.ndim == 1:
+        return a, row
+    return jnp.stack([a[0], -a[1]]), jnp.stack([row, jnp.zeros_like(row)])
 
 
 def _make_sketch(init, absorb, sketch_size, name, *, spec=None):
@@ -398,9 +408,9 @@ def _make_sketch(init, absorb, sketch_size, name, *, spec=None):
         out = absorb(state, row, valid, lift)
         if lift is None or out.residual is not None:
             return out
+        coef, base = _residual_terms(lift(out.state, out.product), row)
         basis = low_rank(out.state).basis
-        lifted = jnp.matmul(lift(out.state, out.product), basis, precision=HIGHEST)
-        return out._replace(residual=row - lifted)
+        return out._replace(residual=base - jnp.matmul(coef, basis, precision=HIGHEST))
 
     def absorb_pair(state, row, valid=True, lift=None):
         out = absorb_solve(state, row, valid, lift)
@@ -488,8 +498,8 @@ def _fd_family(
         if lift is None:
             return new._replace(rows=_rotate_rows(kept, state.rows, valid)), product
         # new.rows still holds the rows before the rotation: lift reads only the small fields.
-        coef = rot.T @ lift(new, product)  # B'^T a = B^T (rot^T a)
-        rows, residual = _rotate_rows(kept, state.rows, valid, coef, row)
+        coef, base = _residual_terms(lift(new, product) @ rot, row)  # B'^T a = B^T (rot^T a)
+        rows, residual = _rotate_rows(kept, state.rows, valid, coef, base)
         return new._replace(rows=rows), product, residual
 
     def absorb(state, row, valid, lift=None):

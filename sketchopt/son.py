@@ -203,22 +203,6 @@ def _lowrank_terms(lr: _sketches.LowRank, alpha):
     return ridge, denom, lr.eigenvalues > 0
 
 
-def _denoise(r, y, n):
-    """``r = y - P y`` with its round-off removed: soft-threshold ``|r|`` by ``4 n eps |y|``.
-
-    ``P`` (a projector onto ``n`` sketch rows) is exact only to about ``n eps``, so a vector
-    inside the sketch leaves a residual of that relative size in arbitrary directions. Divided by
-    a ridge much smaller than the sketch's eigenvalues (e.g. gradients of norm 1e30 against
-    ``alpha = 1``) that noise would dominate ``A^{-1} y`` by orders of magnitude (and grow with
-    the gradient scale); components below the noise floor are not resolvable in this precision
-    anyway. Genuine residuals lose only a relative ``4 n eps``.
-    """
-    eps = jnp.finfo(r.dtype).eps
-    thr = 4 * max(n, 1) * eps * _numerics.safe_norm(y)
-    nr = _numerics.safe_norm(r)
-    return r * jnp.where(nr > thr, 1 - thr / jnp.where(nr > 0, nr, 1), 0)
-
-
 def _lift(lr: _sketches.LowRank, a):
     """``V^T a`` with ``a`` normalized first: ``LowRank.lift`` scales by ``2**-scale_exp``
     inside, which would flush a small ``a`` (e.g. ``1e-31`` against rows of norm ``1e30``)."""
@@ -235,8 +219,8 @@ def _lowrank_pinv(lr: _sketches.LowRank, alpha, y, vy=None, *, want_null=False):
     pseudo-inverse, RFD paper appendix A). All scales enter as powers of two, so ``zhat`` is
     bounded by about ``2 |y|`` and ``k`` carries the magnitude; one pass for ``V y`` (skipped when
     ``vy`` is given) and two lifts. The residual ``(I - P) y`` is cleaned of round-off
-    (:func:`_denoise`). With ``want_null`` also returns it when the ridge is 0 (zeros otherwise):
-    the component of ``y`` in the null space of ``A``.
+    (:func:`sketchopt._numerics.denoise_residual`). With ``want_null`` also returns it when the
+    ridge is 0 (zeros otherwise): the component of ``y`` in the null space of ``A``.
     """
     (rm, rq), (dm, dq), mask = _lowrank_terms(lr, alpha)
     has_ridge = rm > 0
@@ -249,7 +233,7 @@ def _lowrank_pinv(lr: _sketches.LowRank, alpha, y, vy=None, *, want_null=False):
     if vy is None:
         vy = lr.project(y)
     vy = jnp.where(mask, vy, 0)
-    residual = _denoise(y - _lift(lr, vy), y, lr.basis.shape[0])
+    residual = _numerics.denoise_residual(y - _lift(lr, vy), y, lr.basis.shape[0])
     # Exponent shifts below are <= 0, so every coefficient is at most 2 |V y|.
     shift = jnp.where(mask, qmin - dq, 0)  # (masked-out lanes: no 0 * inf, not even transient)
     coef = jnp.where(mask, _numerics.ldexp(vy / jnp.where(mask, dm, 1), shift), 0)

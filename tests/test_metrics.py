@@ -270,6 +270,24 @@ def test_solve_is_as_accurate_as_the_conditioning_of_h_allows(name, x64):
                 assert err < tol, (delta, scale, t, err, tol)
 
 
+@pytest.mark.parametrize("name", ["fd", "fast_rfd", "full"])
+def test_gradient_inside_the_range_is_solved_accurately_in_float32_for_tiny_delta(name):
+    """Gradients from a rank-2 subspace (``tau = 3``, ``d = 6``): ``g_t`` lies in the sketch's
+    span, so ``H^{-1} g_t`` never divides by ``delta``. The split solve keeps the round-off of
+    the projection ``g - P g`` (~eps |g|) out of the ``1/delta`` term; a Woodbury form divided
+    it by ``delta = 1e-8`` and was off by orders of magnitude in float32."""
+    d, steps, delta = 6, 12, 1e-8
+    rng = np.random.default_rng(11)  # small integers: exactly rank 2 in float32 too
+    grads = (rng.integers(-9, 10, (steps, 2)) @ rng.integers(-9, 10, (2, d))).astype(np.float32)
+    _, (_, _, sol_g, _, _, _) = run_metric(name, delta, grads, grads)
+    sol_g = np.asarray(sol_g, np.float64)
+    refs = reference_run(name, grads.astype(np.float64))
+    for t in range(steps):
+        want = ref_solve(refs[t], delta, grads[t].astype(np.float64))
+        err = np.linalg.norm(sol_g[t] - want) / np.linalg.norm(want)
+        assert err < 1e-3, (t, err)
+
+
 # --------------------------------------------------------------------------------------------
 # Exactness, special cases.
 

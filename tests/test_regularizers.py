@@ -565,7 +565,8 @@ def test_center_form_float32_matches_float64_when_ill_conditioned(name):
     tolerance (1e-6 by default) bounds ``||x - x*||_H <= 1e-6 ||z||_H <= 1e-6 sqrt(lambda_max)
     |z|``; we allow ``1e-5 sqrt(lambda_max) |z|`` (~80 eps; measured <= 3e-7) and, as the step
     of mirror descent is read in the Euclidean norm, ``1e-5 |z|`` there too (measured <= 5e-7;
-    the u-form is off by 1e-1..1e4 at 1e8..1e12). The float64 reference itself is certified to
+    the u-form, having lost the part of ``z`` off the rows, is off by more than ``1e-2 |z|`` at
+    1e12). The float64 reference itself is certified to
     ``1e-7 sqrt(lambda_max) |z|`` by an independent duality gap / KKT bound (the gap is known to
     rounding, so its square root resolves ~sqrt(eps64) = 1e-8, 100x below the tolerance).
     """
@@ -603,9 +604,10 @@ def test_center_form_float32_matches_float64_when_ill_conditioned(name):
         if name == "l1_ball":
             assert np.abs(np.asarray(x32[i], np.float64)).sum() <= STRENGTH * (1 + 1e-6)
         elif cd == 1e12:  # the u-form cannot be accurate here (not l1_ball: its KKT polish
-            # recovers from u, as the support is tiny)
+            # recovers from u, as the support is tiny): u = -H z has lost the part of z off the
+            # rows of V, so its step is off by about that part (small only in the H-norm).
             err_u = np.asarray(x32_u[i], np.float64) - x64_[i]
-            assert np_h_norm(scalar, v, w, err_u) > 1e-3 * ref
+            assert np.linalg.norm(err_u) > 1e-2 * np.linalg.norm(z), np.linalg.norm(err_u)
 
 
 def test_center_form_api():
