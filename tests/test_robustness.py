@@ -12,7 +12,8 @@
   input at ``update`` (a mismatched tree, integer gradients) fails at trace time.
 * Long runs: ``1e5`` float32 steps keep the FD directions orthonormal and the sketched covariance
   close to a float64 run of the same stream.
-* Hypothesis fuzzing over shapes, dtypes, magnitudes and NaN/Inf placements.
+* Hypothesis fuzzing over magnitudes, step counts and NaN/Inf placements, on three trees that
+  between them hold every kind of leaf (scalar, size 0, size 1, vector, matrix, 3-d) and dtype.
 * Every state round-trips through ``orbax.checkpoint`` and the restored run continues
   bit-identically.
 """
@@ -271,7 +272,7 @@ def _check_steps(name, grads_fn, *, tau=TAU, steps=4, jit=True):
 
 
 @pytest.mark.parametrize("case", list(CASES))
-@pytest.mark.parametrize("name", NAMES)
+@pytest.mark.parametrize("name", _params())
 def test_extreme_gradients_stay_finite(name, case, request):
     reason = KNOWN.get((case, name)) or KNOWN.get(("size0", name))
     if reason:
@@ -286,28 +287,34 @@ def test_sketch_size_one_and_larger_than_d(name, tau):
     _check_steps(name, CASES["mixed"], tau=tau, steps=3)
 
 
-@pytest.mark.parametrize("case", ["huge", "tiny"])
-@pytest.mark.parametrize("name", NAMES)
-def test_no_transient_nan_without_jit(name, case, request):
-    """One un-jitted step under ``debug_nans``: every primitive's output is checked."""
-    reason = KNOWN.get((f"transient-{case}", name)) or KNOWN.get(("size0", name))
-    if reason:
-        request.applymarker(pytest.mark.xfail(strict=True, reason=reason))
-    _check_steps(name, CASES[case], steps=1, jit=False)
+@pytest.mark.parametrize("name", _params())
+def test_no_transient_nan_without_jit(name, request):
+    """One un-jitted step under ``debug_nans`` for huge and for tiny gradients: every primitive's
+    output is checked. (One item for both: the second reuses the primitives the first compiled.)"""
+    for case in ("huge", "tiny"):
+        reason = KNOWN.get((f"transient-{case}", name)) or KNOWN.get(("size0", name))
+        if reason:
+            request.applymarker(pytest.mark.xfail(strict=True, reason=reason))
+        _check_steps(name, CASES[case], steps=1, jit=False)
 
 
 # ----------------------------------------------------------------------------------------------
 # Dtypes.
 
 
-@pytest.mark.parametrize("name", _params(test="size0"))
-def test_low_precision_params_keep_float32_state(name):
-    params = {
+def low_precision_params():
+    """:func:`shapes_params`'s leaves in bfloat16 and float16."""
+    return {
         "m": shapes_params(jnp.bfloat16)["m"],
         "v": shapes_params(jnp.float16)["v"],
         "s": jnp.asarray(0.25, jnp.bfloat16),
         "e": jnp.zeros((0,), jnp.float16),
     }
+
+
+@pytest.mark.parametrize("name", _params(test="size0"))
+def test_low_precision_params_keep_float32_state(name):
+    params = low_precision_params()
     grads = [random_like(params, s) for s in range(3)]
     new_params, state, outs = run(name, params, grads)
     for updates in outs:
@@ -398,7 +405,7 @@ def test_invalid_construction_names_the_argument(index):
     assert any(s in message for s in (">=", ">", "<", "(", "[", "one of", "integer")), message
 
 
-@pytest.mark.parametrize("name", NAMES)
+@pytest.mark.parametrize("name", _params())
 def test_mismatched_tree_fails_at_trace_time(name):
     params = shapes_params(with_empty=False)
     tx = make(name)
@@ -488,49 +495,60 @@ def test_long_run_keeps_directions_orthonormal(record_property):
 # ----------------------------------------------------------------------------------------------
 # Property-based fuzzing.
 
-SHAPES = [(), (0,), (1,), (4,), (2, 3), (7,), (3, 1, 2)]
-DTYPES = [jnp.float32, jnp.bfloat16, jnp.float16]
+
+def _other_shapes_params():
+    """Leaf shapes the other trees lack, in every dtype."""
+    shapes = {"a": ((1,), jnp.bfloat16), "b": ((2, 3), jnp.float32), "c": ((7,), jnp.float16)}
+    shapes["d"] = ((3, 1, 2), jnp.float32)
+    return {
+        k: (0.1 * jnp.arange(math.prod(s), dtype=jnp.float32).reshape(s)).astype(dtype)
+        for k, (s, dtype) in shapes.items()
+    }
+
+
+# The fuzzed trees: the float32 tree of the tests above, their low-precision tree, and one with
+# the remaining shapes. Between them they hold every kind of leaf (scalar, size 0, size 1, vector,
+# matrix, 3-d) and every dtype the transforms accept. A fixed set of trees lets each family
+# compile its step once per tree (shared with the tests above), so the examples go into what
+# varies the invariants: magnitudes per leaf, the number of steps, and where a NaN or Inf lands.
+FUZZ_TREES = {
+    "float32": shapes_params,
+    "low_precision": low_precision_params,
+    "other_shapes": _other_shapes_params,
+}
 
 
 @st.composite
 def fuzz_cases(draw):
-    dtype = draw(st.sampled_from(DTYPES))
-    shapes = draw(st.lists(st.sampled_from(SHAPES), min_size=1, max_size=3))
-    # magnitudes representable in the dtype (float16 stops at 65504)
-    top = 30 if dtype != jnp.float16 else 3
+    tree = draw(st.sampled_from(sorted(FUZZ_TREES)))
+    params = FUZZ_TREES[tree]()
     steps = []
     for _ in range(draw(st.integers(1, 3))):
-        exponents = [draw(st.integers(-top, top)) for _ in shapes]
+        # magnitudes representable in each leaf's dtype (float16 stops at 65504)
+        exponents = {
+            k: draw(st.integers(-3, 3) if p.dtype == jnp.float16 else st.integers(-30, 30))
+            for k, p in params.items()
+        }
         bad = draw(st.sampled_from([None, np.nan, np.inf, -np.inf]))
-        where = draw(st.integers(0, len(shapes) - 1))
+        where = draw(st.sampled_from(sorted(params)))
         position = draw(st.floats(0, 1))
         steps.append((exponents, bad, where, position))
-    return dtype, shapes, steps
+    return tree, steps
 
 
-def _fuzz_params(dtype, shapes):
-    return {
-        f"p{i}": (0.1 * jnp.arange(math.prod(s), dtype=jnp.float32).reshape(s)).astype(dtype)
-        for i, s in enumerate(shapes)
-    }
-
-
-@pytest.mark.parametrize("name", NAMES)
-@settings(max_examples=3, deadline=None)
+@pytest.mark.parametrize("name", _params())
+@settings(max_examples=6, deadline=None)
 @given(case=fuzz_cases())
 def test_fuzz_invariants(name, case):
-    dtype, shapes, steps = case
+    tree, steps = case
     tx = make(name)
-    params = _fuzz_params(dtype, shapes)
+    params = FUZZ_TREES[tree]()
     state = tx.init(params)
     for seed, (exponents, bad, where, position) in enumerate(steps):
-        keys = [f"p{i}" for i in range(len(shapes))]
-        grads = {
-            k: random_like(params[k], seed, 10.0**e) for k, e in zip(keys, exponents, strict=True)
-        }
+        grads = {k: random_like(params[k], seed, 10.0 ** exponents[k]) for k in params}
         bad_leaf = None
-        if bad is not None and grads[keys[where]].size:
-            bad_leaf = keys[where]
+        if bad is not None and grads[where].size:
+            bad_leaf = where
             flat = grads[bad_leaf].reshape(-1)
             index = min(int(position * flat.size), flat.size - 1)
             grads[bad_leaf] = flat.at[index].set(bad).reshape(grads[bad_leaf].shape)
@@ -540,7 +558,7 @@ def test_fuzz_invariants(name, case):
         before = nonfinite_count(state)
         old_leaves = per_leaf_states(state, params)
         updates, new_state = jitted_update(name)(grads, state, params)
-        for k in keys:
+        for k in params:
             assert updates[k].dtype == params[k].dtype
         assert_finite(updates, "updates")
         assert_finite(new_state, "state")
