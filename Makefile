@@ -31,10 +31,11 @@ test: $(STAMP)
 	$(PYTEST) --nbmake --doctest-modules --durations=15 tests notebooks sketchopt
 
 # The development tier: everything but the tests marked slow (experiments, notebooks, the
-# 8-device sharding run, the long float32 drift runs).
+# 8-device sharding run, the long float32 drift runs), and the per-family tests for a sample of
+# the families only (tests/conftest.py, FAST_SAMPLE).
 test-fast: $(STAMP)
 	$(VENV)/bin/ruff check .
-	$(PYTEST) -m "not slow" --doctest-modules tests sketchopt
+	SKETCHOPT_TEST_TIER=fast $(PYTEST) -m "not slow" --doctest-modules --durations=10 tests sketchopt
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .

@@ -98,8 +98,64 @@ def pytest_unconfigure(config):
         shutil.rmtree(cache, ignore_errors=True)
 
 
+# The development tier (``make test-fast``, SKETCHOPT_TEST_TIER=fast): the tests parametrized by a
+# transform family, sketch, metric or regularizer (``name``) run for this sample only, one of each
+# kind of state and code path; a test none of whose names is sampled runs for its first one, so
+# every check still runs once. ``make test`` (CI) runs every name.
+FAST_SAMPLE = frozenset(
+    {
+        # transform families: a sketch under each rule, the diagonal metric, SON, a sparse learner
+        "ada_fd",
+        "ada_fd_dual_averaging",
+        "ada_diag",
+        "fd_son",
+        "ftrl_proximal",
+        # sketches and metrics
+        "fd",
+        "fast_rfd",
+        "oja",
+        "rp",
+        "diag",
+        "full",
+        # regularizers: the separable prox and the l1-ball's constrained solver
+        "l1",
+        "l1_ball",
+        # test_son's SON variants
+        "fd_diag",
+        "ons",
+    }
+)
+
+
+def _family(item):
+    name = getattr(getattr(item, "callspec", None), "params", {}).get("name")
+    return name if isinstance(name, str) else None
+
+
+def _fast_tier_sample(items, config):
+    seen: dict[tuple, str] = {}  # (module, test function) -> the first name collected
+    sampled: set[tuple] = set()
+    for item in items:
+        if (name := _family(item)) is not None:
+            key = (item.module.__name__, item.originalname)
+            seen.setdefault(key, name)
+            if name in FAST_SAMPLE:
+                sampled.add(key)
+    keep, drop = [], []
+    for item in items:
+        if (name := _family(item)) is not None:
+            key = (item.module.__name__, item.originalname)
+            if name not in FAST_SAMPLE and (key in sampled or seen[key] != name):
+                drop.append(item)
+                continue
+        keep.append(item)
+    if drop:
+        config.hook.pytest_deselected(items=drop)
+        items[:] = keep
+
+
 @pytest.hookimpl(tryfirst=True)  # before pytest-xdist reads the xdist_group marks
-def pytest_collection_modifyitems(items):
+def pytest_collection_modifyitems(config, items):
     """Start the tests marked ``first`` (the minutes-long 8-device sharding subprocess) before the
     others: pytest-xdist hands out items in collection order, and a long item collected last
     leaves the other worker idle while it runs.
@@ -108,8 +164,9 @@ def pytest_collection_modifyitems(items):
     (``--dist loadgroup``, set in the Makefile): they share the family's compiled step, which
     each worker would otherwise compile again.
     """
+    if os.environ.get("SKETCHOPT_TEST_TIER") == "fast":
+        _fast_tier_sample(items, config)
     for item in items:
-        family = getattr(getattr(item, "callspec", None), "params", {}).get("name")
-        if isinstance(family, str):
+        if (family := _family(item)) is not None:
             item.add_marker(pytest.mark.xdist_group(f"{item.module.__name__}:{family}"))
     items.sort(key=lambda item: item.get_closest_marker("first") is None)
