@@ -22,6 +22,7 @@ import math
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 __all__ = [
     "BIG_EXPONENT",
@@ -62,6 +63,18 @@ def flat_size(shape_or_dim) -> int:
     return int(shape_or_dim)
 
 
+def _pow2(e, dtype):
+    """``2**e`` in ``dtype`` for an int32 ``e`` in the normal range, built from its bits: the
+    biased exponent shifted into place. ``jnp.ldexp`` takes a ``frexp`` and a floating ``pow``
+    instead; at some twenty calls per sketch step that was a third of the step's compiled
+    program."""
+    info = jnp.finfo(dtype)
+    bits = np.dtype(f"int{info.bits}")
+    biased = jax.lax.convert_element_type(jax.lax.add(e, np.int32(1 - int(info.minexp))), bits)
+    shifted = jax.lax.shift_left(biased, bits.type(info.nmant))
+    return jax.lax.bitcast_convert_type(shifted, dtype)
+
+
 def ldexp(x, e):
     """``x * 2**e`` exactly, as ``jnp.ldexp``, but cheap when ``e`` is one integer.
 
@@ -70,20 +83,25 @@ def ldexp(x, e):
     scalar ``e`` the power of two is formed once, as (at most) three normal powers of two
     multiplied in one after the other: exact wherever the result is a normal number, and never
     ``0 * inf`` (``e`` is first clipped to where the result is already ``0`` or ``inf`` for every
-    ``x``). An array of exponents falls back to ``jnp.ldexp``.
+    ``x``). An array of exponents falls back to ``jnp.ldexp``. Written in ``lax`` primitives with
+    NumPy constants: it runs some twenty times per sketch step, and every ``jnp`` call costs
+    trace time of its own.
     """
     x = jnp.asarray(x)
     if jnp.ndim(e) != 0 or not jnp.issubdtype(x.dtype, jnp.floating):
         return jnp.ldexp(x, e)
     info = jnp.finfo(x.dtype)
-    lo, hi = int(info.minexp), int(info.maxexp) - 1
-    span = hi - lo + int(info.nmant) + 2  # |e| beyond this leaves only 0 or +-inf
-    rest = jnp.clip(jnp.asarray(e, jnp.int32), -span, span)
-    one = jnp.ones((), x.dtype)
-    for _ in range(3):  # three normal factors cover |e| <= span
-        part = jnp.clip(rest, lo, hi)
-        x = x * jnp.ldexp(one, part)
-        rest = rest - part
+    lo, hi = np.int32(info.minexp), np.int32(int(info.maxexp) - 1)
+    span = np.int32(hi - lo + int(info.nmant) + 2)  # |e| beyond this leaves only 0 or +-inf
+    # Two clipped parts leave a remainder within [lo, hi] for every IEEE format (at most
+    # nmant + 3 away from 0), so the third part needs no clip.
+    assert span - 2 * min(-lo, hi) <= min(-lo, hi)
+    rest = jax.lax.clamp(-span, jax.lax.convert_element_type(e, np.int32), span)
+    first = jax.lax.clamp(lo, rest, hi)
+    rest = jax.lax.sub(rest, first)
+    second = jax.lax.clamp(lo, rest, hi)
+    for part in (first, second, jax.lax.sub(rest, second)):
+        x = jax.lax.mul(x, jax.lax.broadcast(_pow2(part, x.dtype), x.shape))
     return x
 
 
