@@ -384,7 +384,8 @@ def _policy_step(rule: LeafRule, ctx: LeafContext, out_dtype, g, values, x):
     """One leaf under the non-finite policy (module docstring): ``(update, values, skipped)``.
 
     The update is checked in ``out_dtype``, the parameter's dtype (a bf16 update can overflow
-    where its float32 value did not).
+    where its float32 value did not). It is returned *unmasked*: :func:`_masked_updates` zeroes
+    the skipped leaves' updates for the whole group.
     """
     valid = _finite(g)
     g = jnp.where(valid, g, jnp.zeros((), g.dtype))
@@ -396,9 +397,25 @@ def _policy_step(rule: LeafRule, ctx: LeafContext, out_dtype, g, values, x):
     ok = valid & _all_finite([update.astype(out_dtype), *checked])
     if rule_ok:
         ok = ok & rule_ok[0]
-    update = jnp.where(ok, update, jnp.zeros((), update.dtype))
     new = jax.tree.map(lambda n, o, m: n if m else jnp.where(ok, n, o), new, values, mask)
     return update, new, jnp.logical_not(ok)
+
+
+def _masked_updates(us, skipped):
+    """A group's stacked updates with the skipped leaves' set to zero.
+
+    For several leaves the mask is applied under a ``lax.cond`` (taken only when some leaf was
+    skipped), whose result XLA materializes once. A plain select would be fused, with the step's
+    whole elementwise tail, into every leaf's slice of the stacked update: one large kernel per
+    leaf, so that compile time grew with the number of leaves (FD-SON on a 24-layer transformer
+    tree: 21 s against 9 s for 4 layers of the same shapes; 12.6 s with the ``cond``).
+    """
+    def mask(u):
+        return jnp.where(skipped.reshape((-1,) + (1,) * (u.ndim - 1)), jnp.zeros((), u.dtype), u)
+
+    if us.shape[0] == 1:
+        return mask(us)
+    return jax.lax.cond(jnp.any(skipped), mask, lambda u: u, us)
 
 
 def _run_group(rule, ctx, out_dtype, gs, values, xs):
@@ -408,9 +425,10 @@ def _run_group(rule, ctx, out_dtype, gs, values, xs):
         take = functools.partial(jax.tree.map, lambda a: a[0])
         put = functools.partial(jax.tree.map, lambda a: a[None])
         u, new, skipped = step(gs[0], take(values), None if xs is None else xs[0])
-        return u[None], put(new), skipped[None]
+        return _masked_updates(u[None], skipped[None]), put(new), skipped[None]
     with _group_context(True):
-        return jax.vmap(step, axis_name=GROUP_AXIS)(gs, values, xs)
+        us, new, skipped = jax.vmap(step, axis_name=GROUP_AXIS)(gs, values, xs)
+    return _masked_updates(us, skipped), new, skipped
 
 
 def _layout_of_state(state, fields) -> Layout:
@@ -478,6 +496,11 @@ def leafwise(rule: LeafRule, state_class: type) -> optax.GradientTransformationE
             for f, v in enumerate(values):
                 new_groups[f].append(v)
             skipped = skipped + jnp.sum(skip, dtype=jnp.int32)
+            if len(members) > 1:
+                # Materialize the group's update before cutting it into leaves: XLA would fuse
+                # the step's whole elementwise tail into every leaf's slice, one kernel per leaf
+                # (a 24-layer tree compiled 2.3x longer than a 4-layer one for FD-SON).
+                us = jax.lax.optimization_barrier(us)
             for k, i in enumerate(members):
                 out[i] = us[k].reshape(shape).astype(_dtype_of(flat[i]))
         new_fields = {

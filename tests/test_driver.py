@@ -9,6 +9,8 @@ migration of states saved by 0.1.
 
 from __future__ import annotations
 
+import re
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -150,15 +152,20 @@ def test_inject_hyperparams_eager_compiles_once():
 
 @pytest.mark.parametrize("name", ["ada_fd", "fd_son"])
 def test_equal_shaped_leaves_compile_as_one_group(name):
-    """The lowered program of 40 equal-shaped leaves is about as large as that of 4."""
+    """The program of 40 equal-shaped leaves is about as large as that of 4, as lowered and as
+    compiled: XLA once fused the step's elementwise tail into every leaf's slice of the group's
+    update, one copy of it per leaf (FD-SON compiled 7.5k instructions for 4 leaves, 21k for 40)."""
     tx = FAMILIES[name]()
 
-    def size(n):
+    def sizes(n):
         params = {f"l{i:02d}": jax.ShapeDtypeStruct((6, 5), jnp.float32) for i in range(n)}
         state = jax.eval_shape(tx.init, params)
-        return len(jax.jit(tx.update).trace(params, state, params).lower().as_text())
+        lowered = jax.jit(tx.update).trace(params, state, params).lower()
+        compiled = lowered.compile().as_text()
+        instructions = len(re.findall(r"^\s*(?:ROOT )?%\S+ = ", compiled, re.M))
+        return np.array([len(lowered.as_text()), instructions])
 
-    assert size(40) < 1.5 * size(4)
+    assert np.all(sizes(40) < 1.3 * sizes(4))
     params = {f"l{i}": jnp.ones((6, 5)) * i for i in range(5)}
     state = tx.init(params)
     assert [len(g) for g in state[1].layout.groups] == [5]  # one stacked group of five
