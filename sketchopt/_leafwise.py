@@ -10,7 +10,8 @@ same sharding) form a *group*; a group's per-leaf states are stored stacked alon
 in one :class:`LeafGroups` container, and one ``vmap`` of the leaf step runs the whole group. The
 compiled program therefore grows with the number of distinct leaf shapes, not of leaves (a
 transformer's 24 identical layers compile once), and the stacked state is updated in place, with
-no copy per step. A group of one leaf is stepped without ``vmap``.
+no copy per step. A group of one leaf is stepped without ``vmap``. What remains per leaf is one
+slice of the group's update, kept a plain copy (see :func:`_masked_updates`).
 
 **Bad input, one policy.** A leaf update is *skipped* -- its update is zero, its state is left
 bit-identical and the transform's ``nonfinite_count`` grows by one -- when its gradient holds NaN
