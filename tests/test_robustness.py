@@ -288,14 +288,18 @@ def test_sketch_size_one_and_larger_than_d(name, tau):
 
 
 @pytest.mark.parametrize("name", _params())
-def test_no_transient_nan_without_jit(name, request):
+def test_no_transient_nan_without_jit(name):
     """One un-jitted step under ``debug_nans`` for huge and for tiny gradients: every primitive's
-    output is checked. (One item for both: the second reuses the primitives the first compiled.)"""
+    output is checked. (One item for both: the second reuses the primitives the first compiled.)
+    A case listed in ``KNOWN`` must still fail (a strict xfail per case), and the other case is
+    checked all the same."""
     for case in ("huge", "tiny"):
         reason = KNOWN.get((f"transient-{case}", name)) or KNOWN.get(("size0", name))
         if reason:
-            request.applymarker(pytest.mark.xfail(strict=True, reason=reason))
-        _check_steps(name, CASES[case], steps=1, jit=False)
+            with pytest.raises(Exception):  # noqa: B017 -- whatever the known failure raises
+                _check_steps(name, CASES[case], steps=1, jit=False)
+        else:
+            _check_steps(name, CASES[case], steps=1, jit=False)
 
 
 # ----------------------------------------------------------------------------------------------
