@@ -43,7 +43,8 @@ lint: $(STAMP)
 ci: test smoke-lowest smoke-wheel
 
 # The lowest declared versions of every dependency ("lowest direct" resolution, pins written by
-# .ci/lowest_requirements.py) in a separate environment, and the smoke subset of the tests.
+# .ci/lowest_requirements.py) in a separate environment, and the smoke subset of the tests. These
+# run with XLA's default compiler pipeline (make test compiles the cheap way, tests/conftest.py).
 smoke-lowest:
 	rm -rf $(CI_DIR)/venv-lowest
 	mkdir -p $(CI_DIR)
@@ -53,7 +54,8 @@ smoke-lowest:
 	$(CI_DIR)/venv-lowest/bin/pip install --quiet -c $(CI_DIR)/lowest.txt -e . \
 		pytest pytest-xdist hypothesis chex scipy orbax-checkpoint
 	$(CI_DIR)/venv-lowest/bin/pip list 2>/dev/null | grep -iE '^(jax|jaxlib|optax|chex|numpy) '
-	$(CI_DIR)/venv-lowest/bin/python -m pytest -n 2 -q -p no:cacheprovider -m "not slow" \
+	SKETCHOPT_TEST_XLA_OPT=default $(CI_DIR)/venv-lowest/bin/python -m pytest -n 2 -q \
+		-p no:cacheprovider -m "not slow" \
 		$(SMOKE_TESTS)
 
 # The wheel as users install it: built, installed into a clean environment with the newest JAX,

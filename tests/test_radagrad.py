@@ -196,6 +196,7 @@ def test_explicit_projection_matrix_equals_the_fft_projection(d, tau):
         np.testing.assert_array_equal(explicit, expected)
 
 
+@pytest.mark.slow  # a float64 DCT of the d x d identity, d = 5003
 def test_explicit_projection_matrix_is_accurate_in_float32_for_large_d():
     # (2j + 1) k reaches ~5e7 > 2**24 here: unreduced, the float32 cosine argument would be off.
     d, tau = 5003, 4

@@ -494,6 +494,7 @@ def test_rp_sketch_is_unbiased_over_keys():
     assert err.max() < 1e-4
 
 
+@pytest.mark.slow  # vmapped and separate float64 runs, each compiled
 def test_vmap_over_hyperparameters_and_keys():
     """A grid of alphas / alpha0s (traced, so validation is skipped) and a batch of keys, each in
     one vmapped run, equal the separate runs."""
@@ -692,6 +693,7 @@ def test_extreme_gradients_float32(name):
         assert int(state.nonfinite_count) == 0
 
 
+@pytest.mark.slow  # an integration test: five optax wrappers, each compiled
 def test_chain_flatten_multisteps_inject_and_eager():
     """The SON state works (and is found by the projection) inside optax.chain, optax.flatten,
     optax.MultiSteps and inject_hyperparams (eager: these share the primitives compiled once)."""
