@@ -20,8 +20,9 @@ for _var in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):
 # values, not speed, so they compile the cheap way: at backend optimization level 0 (a third of
 # the compile time was LLVM's backend optimizations) and with XLA:CPU's classic elemental fusion
 # emitters instead of its newer MLIR fusion emitters (which took 40% of what was left: 41 s ->
-# 24 s for one step of each of the 27 families of tests/test_robustness.py). Neither changes the
-# IEEE semantics (XLA's fast-math stays off); both only change how fast the compiled code runs.
+# 24 s for one step of each of the 27 families of tests/test_robustness.py). Fast-math stays off
+# either way: only the speed of the compiled code and the last bits of transcendental functions
+# can differ.
 # Subprocesses (the sharding test, the experiments' CLI runs) inherit the flags. Timings are
 # measured by the benchmark scripts, in their own processes, with the default pipeline. Set
 # SKETCHOPT_TEST_XLA_OPT=default to test the default pipeline.
