@@ -295,8 +295,8 @@ def test_sketch_size_one_and_larger_than_d(name, tau):
 def test_no_transient_nan_without_jit(name):
     """One un-jitted step under ``debug_nans`` for huge and for tiny gradients: every primitive's
     output is checked. (One item for both: the second reuses the primitives the first compiled.)
-    A case listed in ``KNOWN`` must still fail (a strict xfail per case), and the other case is
-    checked all the same."""
+    A case listed in ``KNOWN`` must still fail (``pytest.raises``, so that a fix is noticed), and
+    the other case is checked all the same."""
     for case in ("huge", "tiny"):
         reason = KNOWN.get((f"transient-{case}", name)) or KNOWN.get(("size0", name))
         if reason:

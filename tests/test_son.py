@@ -39,15 +39,6 @@ def x64():
     return enable_x64()
 
 
-# Test programs are tiny and compiled once each: compile them without XLA's backend optimizations
-# (about a third less compile time; the arithmetic is the same IEEE operations).
-FAST_COMPILE = {"xla_backend_optimization_level": 0}
-
-
-def jit(fn, **kwargs):
-    return jax.jit(fn, compiler_options=FAST_COMPILE, **kwargs)
-
-
 def eta_fn(count):
     return 1.0 / jnp.sqrt(count + 1.0)
 
@@ -272,7 +263,7 @@ def runner(kind):
     ``alphas`` is the ridge of the sketch after each round (RFD kinds; 0 otherwise).
     """
 
-    @jit
+    @jax.jit
     def run(h, state, x, y, warm_g, warm):
         tx = build(kind, h)
 
@@ -482,7 +473,7 @@ def test_rp_sketch_is_unbiased_over_keys():
         return state.leaf_state.leaf(0)
 
     keys = jax.random.split(jax.random.PRNGKey(8), 4096)
-    leaf = jit(jax.vmap(final_state))(keys)
+    leaf = jax.jit(jax.vmap(final_state))(keys)
     s = np.asarray(leaf.sketch.rows, np.float64)
     covs = np.swapaxes(s, -1, -2) @ s
     exact = np.asarray(grads, np.float64).T @ np.asarray(grads, np.float64)
@@ -530,7 +521,7 @@ def test_vmap_over_hyperparameters_and_keys():
         return jax.lax.scan(body, (w0, state), (jnp.asarray(x, jnp.float32), y))[1]
 
     keys = jax.random.split(jax.random.PRNGKey(17), 3)
-    batched = jit(jax.vmap(run_rp))(keys)
+    batched = jax.jit(jax.vmap(run_rp))(keys)
     assert batched.shape == (3, STEPS) and np.all(np.isfinite(batched))
     assert not np.allclose(batched[0], batched[1])  # the keys give different sketches
 
@@ -552,7 +543,7 @@ NAMES = list(FACTORIES)
 @functools.cache
 def compiled(name):
     tx = FACTORIES[name]()
-    return tx, jit(tx.update), jit(so.project_bounded_prediction)
+    return tx, jax.jit(tx.update), jax.jit(so.project_bounded_prediction)
 
 
 def tree_params(dtype=jnp.float32):
@@ -754,7 +745,7 @@ def test_inject_hyperparams_alpha_change_is_used():
     rng = np.random.default_rng(13)
     grads = jnp.asarray(rng.standard_normal((4, 5)), jnp.float32)
 
-    @jit
+    @jax.jit
     def run(grads):
         tx = so.inject_hyperparams(so.rp_son)(1.0, 3, KEY, eta=1.0)
         plain = so.rp_son(1.0, 3, KEY, eta=1.0)
