@@ -11,7 +11,11 @@ in one :class:`LeafGroups` container, and one ``vmap`` of the leaf step runs the
 compiled program therefore grows with the number of distinct leaf shapes, not of leaves (a
 transformer's 24 identical layers compile once), and the stacked state is updated in place, with
 no copy per step. A group of one leaf is stepped without ``vmap``. What remains per leaf is one
-slice of the group's update, kept a plain copy (see :func:`_masked_updates`).
+slice of the group's update, kept a plain copy (see :func:`_masked_updates`). Under a rule that
+is exact under zero padding (``LeafRule.paddable``: the FD-family and random-projection sketches,
+the diagonal) the groups of *small* leaves (:data:`SMALL_LEAF`), a network's biases and norms of
+many sizes, are stepped as one group zero-padded to the widest of them (:func:`step_plan`); the
+state keeps each group at its own size, so only this small slice of it is copied per step.
 
 **Bad input, one policy.** A leaf update is *skipped* -- its update is zero, its state is left
 bit-identical and the transform's ``nonfinite_count`` grows by one -- when its gradient holds NaN
@@ -62,6 +66,7 @@ __all__ = [
     "LeafRule",
     "LeafSpec",
     "Layout",
+    "SMALL_LEAF",
     "all_leaves",
     "any_leaf",
     "compiled",
@@ -70,6 +75,7 @@ __all__ = [
     "per_leaf",
     "require_params",
     "select_leaves",
+    "step_plan",
 ]
 
 #: The name of the ``vmap`` axis over the leaves of a group (for collectives over a group).
@@ -310,6 +316,11 @@ class LeafRule(NamedTuple):
         non-finite one. With ``valid`` false it must return ``values`` bit-identical.
       hyper: ``hyper(count) -> pytree``, evaluated once per update for all leaves (schedules).
       needs_params: ``None``, or the name under which a missing ``params`` is reported.
+      paddable: whether the rule is exact under zero padding: coordinates appended to a flat
+        leaf, in their initial state with zero gradient and parameter, leave the step of the
+        others unchanged. The driver then steps all small leaves as one padded group
+        (:data:`SMALL_LEAF`); ``ctx.shape`` is the padded ``(width,)`` there, so a rule whose
+        step reads the shape is not paddable.
     """
 
     fields: tuple[str, ...]
@@ -317,6 +328,7 @@ class LeafRule(NamedTuple):
     step: Callable[..., tuple[jax.Array, tuple]]
     hyper: Callable[[jax.Array], Any] = lambda count: None
     needs_params: str | None = None
+    paddable: bool = False
 
 
 def at_step(hyperparam, count, dtype=None):
@@ -433,6 +445,99 @@ def _run_group(rule, ctx, out_dtype, gs, values, xs):
     return _masked_updates(us, skipped), new, skipped
 
 
+#: Leaves of at most this many entries are *small*: under a paddable rule (``LeafRule.paddable``)
+#: the groups of small leaves of one dtype are stepped together, zero-padded to the widest of
+#: them, so that a network's biases and norms compile one step, not one per distinct size.
+SMALL_LEAF = 4096
+
+
+def step_plan(layout: Layout, paddable: bool) -> tuple[tuple[int, ...], ...]:
+    """Which groups are stepped together: one tuple of group indices per compiled step.
+
+    Without padding every group is its own step. With it, the groups of small leaves (not laid
+    out by an explicit mesh) are merged by parameter dtype; the stored state keeps its layout
+    (each group at its own size), only the step runs on the padded stack.
+    """
+    if not paddable:
+        return tuple((j,) for j in range(len(layout.groups)))
+    merged: dict[str, list[int]] = {}
+    plan: list[Any] = []
+    for j, (members, spec) in enumerate(zip(layout.groups, layout.specs, strict=True)):
+        i = members[0]
+        if spec is None and math.prod(layout.shapes[i]) <= SMALL_LEAF:
+            dtype = layout.dtypes[i]
+            if dtype not in merged:
+                merged[dtype] = []
+                plan.append(merged[dtype])  # the merged step takes its first group's place
+            merged[dtype].append(j)
+        else:
+            plan.append((j,))
+    return tuple(tuple(p) for p in plan)
+
+
+def _padded(values, fresh):
+    """Stacked per-leaf ``values`` written into copies of ``fresh``, the initial state of one
+    wider leaf: every array keeps its entries at the origin and the initial state beyond."""
+
+    def pad(v, init):
+        if v.shape[1:] == init.shape:
+            return v
+        wide = jnp.broadcast_to(init, (v.shape[0], *init.shape))
+        return jax.lax.dynamic_update_slice(wide, v.astype(init.dtype), (0,) * v.ndim)
+
+    return jax.tree.map(pad, values, fresh)
+
+
+def _unpadded(values, like):
+    """Inverse of :func:`_padded`: each array cut back to the shape of ``like``'s."""
+    return jax.tree.map(
+        lambda v, ref: v if v.shape == ref.shape else jax.lax.slice(v, (0,) * v.ndim, ref.shape),
+        values,
+        like,
+    )
+
+
+def _merged_step(rule, layout, steps, count, hyper, fields, state, flat, x_leaves):
+    """One padded step of the groups ``steps`` (see :func:`step_plan`).
+
+    Returns ``{group: (us, values, skipped)}`` as :func:`_run_group` gives them, with each
+    group's updates and values cut back to its own leaves' size.
+    """
+    first = layout.leaf(layout.groups[steps[0]][0])
+    width = max(layout.leaf(layout.groups[j][0]).size for j in steps)
+    wide = first._replace(shape=(width,))
+    fresh = rule.init(wide, jnp.zeros((width,), first.param_dtype))  # a wide leaf's initial state
+
+    def stacked(leaves, members):
+        rows = jnp.stack([jnp.ravel(leaves[i]).astype(first.dtype) for i in members])
+        return jnp.pad(rows, ((0, 0), (0, width - rows.shape[1])))
+
+    gs, xs, values, own = [], [], [], []
+    for j in steps:
+        members = layout.groups[j]
+        gs.append(stacked(flat, members))
+        if x_leaves is not None:
+            xs.append(stacked(x_leaves, members))
+        own.append(tuple(getattr(state, f).groups[j] for f in fields))
+        values.append(_padded(own[-1], fresh))
+    ctx = LeafContext(count, (width,), hyper)
+    us, new, skip = _run_group(
+        rule,
+        ctx,
+        first.param_dtype,
+        jnp.concatenate(gs),
+        jax.tree.map(lambda *a: jnp.concatenate(a), *values),
+        jnp.concatenate(xs) if xs else None,
+    )
+    out, start = {}, 0
+    for j, values_j in zip(steps, own, strict=True):
+        k, size = len(layout.groups[j]), layout.leaf(layout.groups[j][0]).size
+        new_j = jax.tree.map(lambda a, s=start, k=k: a[s : s + k], new)
+        out[j] = (us[start : start + k, :size], _unpadded(new_j, values_j), skip[start : start + k])
+        start += k
+    return out
+
+
 def _layout_of_state(state, fields) -> Layout:
     layouts = {getattr(state, f).layout for f in fields}
     if len(layouts) != 1:
@@ -482,24 +587,33 @@ def leafwise(rule: LeafRule, state_class: type) -> optax.GradientTransformationE
         x_leaves = None if rule.needs_params is None else treedef.flatten_up_to(params)
         count = state.count
         hyper = rule.hyper(count)
+        stepped = {}
+        for steps in step_plan(layout, rule.paddable):
+            if len(steps) > 1:
+                stepped.update(
+                    _merged_step(rule, layout, steps, count, hyper, fields, state, flat, x_leaves)
+                )
+                continue
+            (j,) = steps
+            members = layout.groups[j]
+            spec = layout.leaf(members[0])
+            gs = jnp.stack([jnp.ravel(flat[i]).astype(spec.dtype) for i in members])
+            xs = None
+            if x_leaves is not None:
+                xs = jnp.stack([jnp.ravel(x_leaves[i]).astype(spec.dtype) for i in members])
+            values = tuple(getattr(state, f).groups[j] for f in fields)
+            ctx = LeafContext(count, spec.shape, hyper)
+            stepped[j] = _run_group(rule, ctx, spec.param_dtype, gs, values, xs)
         out = [None] * len(flat)
         new_groups = [[] for _ in fields]
         skipped = jnp.zeros((), jnp.int32)
         for j, members in enumerate(layout.groups):
-            spec = layout.leaf(members[0])
-            shape, dtype = spec.shape, spec.dtype
-            gs = jnp.stack([jnp.ravel(flat[i]).astype(dtype) for i in members])
-            xs = None
-            if x_leaves is not None:
-                xs = jnp.stack([jnp.ravel(x_leaves[i]).astype(dtype) for i in members])
-            values = tuple(getattr(state, f).groups[j] for f in fields)
-            ctx = LeafContext(count, shape, hyper)
-            us, values, skip = _run_group(rule, ctx, spec.param_dtype, gs, values, xs)
+            us, values, skip = stepped[j]
             for f, v in enumerate(values):
                 new_groups[f].append(v)
             skipped = skipped + jnp.sum(skip, dtype=jnp.int32)
             for k, i in enumerate(members):
-                out[i] = us[k].reshape(shape).astype(_dtype_of(flat[i]))
+                out[i] = us[k].reshape(layout.shapes[i]).astype(_dtype_of(flat[i]))
         new_fields = {
             f: LeafGroups(tuple(groups), layout)
             for f, groups in zip(fields, new_groups, strict=True)

@@ -77,6 +77,9 @@ class Metric(NamedTuple):
       spec: what identifies the metric by value (``sketchopt._validation.spec_key`` of its
         constructor's arguments), or ``None``: equal specs make equal metrics, so a transform
         rebuilt with an equal metric reuses its compiled update.
+      paddable: whether zero coordinates appended to a leaf change nothing else (the diagonal
+        and the FD-family and random-projection sketches; see ``Sketch.paddable``): the rules
+        then step a network's small leaves as one padded group.
     """
 
     init: Callable[[int, Any], Any]
@@ -84,6 +87,7 @@ class Metric(NamedTuple):
     operator: Callable[[Any], Any]
     name: str
     spec: Any = None
+    paddable: bool = False
 
     __eq__ = _validation.value_eq
     __hash__ = _validation.value_hash
@@ -133,7 +137,8 @@ def diagonal(delta: float) -> Metric:
         state = DiagonalMetricState(jnp.hypot(state.rss, g))
         return state, operator(state), None
 
-    return Metric(init, update, operator, "diag", _validation.spec_key("diagonal", delta))
+    spec = _validation.spec_key("diagonal", delta)
+    return Metric(init, update, operator, "diag", spec, paddable=True)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -259,7 +264,7 @@ def sketched(sketch: _sketches.Sketch, delta: float) -> Metric:
         return out.state, op, inside + denoise_residual(residual, g, n) / op.scalar
 
     spec = _validation.spec_key("sketched", sketch, delta)
-    return Metric(init, update, operator, f"sketched_{sketch.name}", spec)
+    return Metric(init, update, operator, f"sketched_{sketch.name}", spec, sketch.paddable)
 
 
 # ----------------------------------------------------------------------------------------------

@@ -224,6 +224,7 @@ def _metric_rule(metric, learning_rate, regularizer, *, scale_only=False):
         step,
         hyper=functools.partial(_leafwise.at_step, learning_rate),
         needs_params=needs,
+        paddable=metric.paddable and regularizer is None,  # a prox may read the leaf's shape
     )
 
 
@@ -308,5 +309,6 @@ def dual_averaging(
         step,
         hyper=functools.partial(_leafwise.at_step, learning_rate),
         needs_params="dual_averaging",
+        paddable=metric.paddable and regularizer is None,
     )
     return _leafwise.leafwise(rule, DualAveragingState)

@@ -111,6 +111,9 @@ class Sketch(NamedTuple):
         computes it inside the pass that rotates the rows, saving a pass over the sketch.
         ``None`` on a ``Sketch`` built by hand with the eight fields of 0.2: then
         :func:`sketchopt.metrics.sketched` calls its ``absorb(..., lift=)`` as 0.2 did.
+      paddable: whether zero coordinates appended to the rows change nothing else (the FD family
+        and the random projection: their small Gram matrices see only inner products; not Oja,
+        whose random initial directions depend on ``dim``). See ``LeafRule.paddable``.
     """
 
     init: Callable[..., Any]
@@ -122,6 +125,7 @@ class Sketch(NamedTuple):
     absorb: Callable[[Any, jax.Array], tuple[Any, jax.Array]]
     spec: Any = None
     absorb_solve: Callable[..., Absorbed] | None = None
+    paddable: bool = False
 
     __eq__ = _validation.value_eq
     __hash__ = _validation.value_hash
@@ -380,7 +384,7 @@ def _residual_terms(a, row):
     return jnp.stack([a[0], -a[1]]), jnp.stack([row, jnp.zeros_like(row)])
 
 
-def _make_sketch(init, absorb, sketch_size, name, *, spec=None):
+def _make_sketch(init, absorb, sketch_size, name, *, spec=None, paddable=False):
     """Wrap ``absorb(state, row, valid, lift) -> Absorbed`` into a :class:`Sketch`.
 
     ``absorb`` must leave the state bit-identical when ``valid`` is false (it then receives a zero
@@ -426,6 +430,7 @@ def _make_sketch(init, absorb, sketch_size, name, *, spec=None):
         absorb_pair,
         spec,
         absorb_solve,
+        paddable,
     )
 
 
@@ -570,7 +575,7 @@ def _fd_family(
     spec = _validation.spec_key(
         "fd_family", tau, fast, name, alpha0, alpha_fraction, compensate, num_shrunk
     )
-    return _make_sketch(init, absorb, tau, name, spec=spec)
+    return _make_sketch(init, absorb, tau, name, spec=spec, paddable=True)
 
 
 def frequent_directions(sketch_size: int, *, fast: bool = False) -> Sketch:
@@ -818,7 +823,7 @@ def random_projection(sketch_size: int, key: jax.Array) -> Sketch:
         return Absorbed(new, prod + sq * r, drawn=r)  # S_t g / 4**exp; r_t handed back
 
     spec = _validation.spec_key("random_projection", m, key)
-    return _make_sketch(init, absorb, m, "random_projection", spec=spec)
+    return _make_sketch(init, absorb, m, "random_projection", spec=spec, paddable=True)
 
 
 # ----------------------------------------------------------------------------------------------

@@ -252,13 +252,14 @@ def _lowrank_pinv(lr: _sketches.LowRank, alpha, y, vy=None, *, want_null=False):
 # The transforms.
 
 
-def _son_transform(init_leaf, step_leaf, *, eta, curvature, diagonal_rescaling):
+def _son_transform(init_leaf, step_leaf, *, eta, curvature, diagonal_rescaling, paddable=False):
     """A SON transform from its per-leaf pieces, on the shared driver (``sketchopt._leafwise``).
 
     ``init_leaf(index, dim, dtype) -> leaf state``; ``step_leaf(ls, gz, ghat, c, valid) ->
     (ls, A^+ gz)`` absorbs the to-sketch vector ``ghat = sqrt(c) gz`` and solves with the new
     ``A``. With ``valid`` false it receives zeros and must return its state bit-identical (the
     skip is a selection, not a ``lax.cond``). ``c = eta_t + sigma_t`` is evaluated once per step.
+    ``paddable``: whether the sketch is exact under zero padding (``LeafRule.paddable``).
     """
 
     def init(spec, param):
@@ -289,7 +290,7 @@ def _son_transform(init_leaf, step_leaf, *, eta, curvature, diagonal_rescaling):
             new = new._replace(diag_sqrt=jnp.hypot(ls.diag_sqrt, jnp.where(sketchable, g, 0)))
         return -sol, (new,), sketchable  # false also for an invalid g (sketchable needs valid)
 
-    rule = _leafwise.LeafRule(("leaf_state",), init, step, hyper=hyper)
+    rule = _leafwise.LeafRule(("leaf_state",), init, step, hyper=hyper, paddable=paddable)
     return _leafwise.leafwise(rule, SONState)
 
 
@@ -318,7 +319,12 @@ def _sketched_son(make_sketch, alpha, *, eta, curvature, diagonal_rescaling, ini
         return ls._replace(sketch=sk_state, alpha=a), _numerics.ldexp(zhat, k)
 
     return _son_transform(
-        init_leaf, step_leaf, eta=eta, curvature=curvature, diagonal_rescaling=diagonal_rescaling
+        init_leaf,
+        step_leaf,
+        eta=eta,
+        curvature=curvature,
+        diagonal_rescaling=diagonal_rescaling,
+        paddable=sketch0.paddable,
     )
 
 
@@ -639,7 +645,12 @@ def rp_son(
         return new, _numerics.ldexp(zhat, k)
 
     return _son_transform(
-        init_leaf, step_leaf, eta=eta, curvature=curvature, diagonal_rescaling=diagonal_rescaling
+        init_leaf,
+        step_leaf,
+        eta=eta,
+        curvature=curvature,
+        diagonal_rescaling=diagonal_rescaling,
+        paddable=sketch0.paddable,
     )
 
 

@@ -18,7 +18,7 @@ import optax
 import pytest
 
 import sketchopt as so
-from sketchopt import metrics, regularizers, sketches
+from sketchopt import _leafwise, metrics, regularizers, sketches
 
 KEY = jax.random.PRNGKey(0)
 
@@ -195,6 +195,43 @@ def test_groups_match_leaf_by_leaf_transforms():
             rtol=1e-4,
             atol=1e-5,
         )
+
+
+PADDED = ["ada_fd", "ada_fd_fast_robust", "ada_fd_dual_averaging", "scale_by_ada_fd", "ada_diag"]
+PADDED += ["fd_son", "rfd_son", "rp_son"]
+
+
+@pytest.mark.parametrize("name", PADDED)
+def test_small_leaves_step_as_one_padded_group(name, monkeypatch):
+    """Small leaves of different sizes (a network's biases and norms) are stepped as one
+    zero-padded group under every rule exact under padding: the same updates and states, in
+    float64, as when each size is stepped on its own, with one leaf skipped as non-finite."""
+    shapes = {"a": (1,), "b": (3,), "c": (3,), "k": (4, 5), "v": (7,)}
+    rng = np.random.default_rng(5)
+    with jax.enable_x64(True):
+        params = {k: jnp.asarray(rng.standard_normal(s)) for k, s in shapes.items()}
+        stream = [
+            {k: jnp.asarray(rng.standard_normal(s)) for k, s in shapes.items()} for _ in range(12)
+        ]
+        stream[5]["v"] = stream[5]["v"].at[2].set(jnp.nan)
+        assert _leafwise.step_plan(_leafwise.Layout.of(params), True) == ((0, 1, 2, 3),)
+        runs = []
+        for small in (_leafwise.SMALL_LEAF, 0):  # 0: no leaf is small, each size on its own
+            monkeypatch.setattr(_leafwise, "SMALL_LEAF", small)
+            jax.clear_caches()  # the update is traced anew under this setting
+            tx = FAMILIES[name]()
+            step = jax.jit(tx.update)
+            state, updates = tx.init(params), []
+            for grads in stream:
+                u, state = step(grads, state, params)
+                updates.append(u)
+            runs.append((jax.tree.leaves(updates), state))
+        (padded, end_padded), (alone, end_alone) = runs
+        for u, w in zip(padded, alone, strict=True):
+            np.testing.assert_allclose(u, w, rtol=1e-10, atol=1e-13)
+        assert end_padded.nonfinite_count == end_alone.nonfinite_count == 1
+        for a, b in zip(jax.tree.leaves(end_padded), jax.tree.leaves(end_alone), strict=True):
+            assert a.shape == b.shape  # the state keeps each group at its own size
 
 
 def test_state_layout_views():
