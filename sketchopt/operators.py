@@ -74,7 +74,7 @@ class DiagonalOperator(NamedTuple):
 
 
 class LowRankOperator(NamedTuple):
-    """``H = scalar * I + V^T diag(weights) V`` with ``V = 2**-scale_exp * coef @ basis``.
+    """``H = 4**value_exp (scalar I + V^T diag(weights) V)``, ``V = 2**-scale_exp coef @ basis``.
 
     ``V`` has orthonormal (or exactly zero) rows, ``scalar > 0`` and ``scalar + weights > 0``
     (RADAGRAD's ``H = I + V^T diag(Sigma^{1/2} + delta - 1) V`` has negative weights). The power
@@ -87,6 +87,28 @@ class LowRankOperator(NamedTuple):
     everything once ``c < eps w`` (``delta = 1e-8`` against unit gradients). The residual
     ``y - P y`` is cleaned of the projector's round-off
     (:func:`sketchopt._numerics.denoise_residual`) before it is divided by the small ``c``.
+
+    The one low-rank type of the package: the metrics hand it to the rules and regularizers
+    (``value_exp = 0``: ``scalar`` and ``weights`` in true units), and
+    :func:`sketchopt.sketches.low_rank` returns a sketch's covariance ``C = alpha I + V^T diag(lam)
+    V`` as one (``sketchopt.sketches.LowRank`` is this class), with ``scalar = alpha`` and
+    ``weights = lam`` stored divided by ``4**value_exp`` (``value_exp = scale_exp``), so that
+    nothing overflows or underflows whatever the rows' magnitude; :attr:`alpha`,
+    :attr:`eigenvalues` and the ``true_*``/``sqrt_*`` methods read it that way. Build it by
+    keyword: the field order is not that of 0.3's ``sketches.LowRank``.
+
+    Examples:
+      >>> import jax.numpy as jnp
+      >>> from sketchopt.operators import LowRankOperator
+      >>> op = LowRankOperator(
+      ...     scalar=jnp.array(1.0), basis=jnp.eye(2, 3), coef=jnp.eye(2),
+      ...     weights=jnp.array([3.0, 0.0]))
+      >>> op.solve(jnp.array([4.0, 2.0, 1.0]))  # diag(4, 1, 1)^{-1} y
+      Array([1., 2., 1.], dtype=float32)
+
+    References:
+      Wan & Zhang, "Efficient Adaptive Online Learning via Frequent Directions" (Ada-FD), the
+      Woodbury form below eq. 5.
     """
 
     scalar: jnp.ndarray
@@ -94,6 +116,46 @@ class LowRankOperator(NamedTuple):
     coef: jnp.ndarray  # (k, n)
     weights: jnp.ndarray  # (k,)
     scale_exp: jnp.ndarray | int = 0
+    value_exp: jnp.ndarray | int = 0  # scalar and weights are stored divided by 4**value_exp
+
+    # -- the sketch reading (sketchopt.sketches.low_rank): C = alpha I + V^T diag(lam) V.
+
+    @property
+    def alpha(self):
+        """``scalar``: the sketch's ridge, divided by ``4**value_exp``."""
+        return self.scalar
+
+    @property
+    def eigenvalues(self):
+        """``weights``: the sketch's ``lam`` (descending), divided by ``4**value_exp``."""
+        return self.weights
+
+    def true_eigenvalues(self):
+        """``weights`` in true units."""
+        return _numerics.ldexp(self.weights, 2 * jnp.asarray(self.value_exp, jnp.int32))
+
+    def true_alpha(self):
+        """``scalar`` in true units."""
+        return _numerics.ldexp(self.scalar, 2 * jnp.asarray(self.value_exp, jnp.int32))
+
+    def sqrt_eigenvalues(self):
+        """``sqrt(weights)`` in true units."""
+        return _numerics.ldexp(jnp.sqrt(self.weights), jnp.asarray(self.value_exp, jnp.int32))
+
+    def sqrt_alpha(self):
+        """``sqrt(scalar)`` in true units."""
+        return _numerics.ldexp(jnp.sqrt(self.scalar), jnp.asarray(self.value_exp, jnp.int32))
+
+    def directions(self):
+        """``V`` materialized (``k x d``)."""
+        coef = _numerics.ldexp(self.coef, -jnp.asarray(self.scale_exp, jnp.int32))
+        return jnp.matmul(coef, self.basis, precision=_numerics.HIGHEST)
+
+    def project_product(self, product):
+        """``V g`` from ``product = basis @ g / 4**scale_exp`` (what a sketch update returns)."""
+        return self.coef @ _numerics.ldexp(product, jnp.asarray(self.scale_exp, jnp.int32))
+
+    # -- products and solves.
 
     def project(self, x):
         """``V x`` (k,), one pass over ``basis``."""
@@ -109,6 +171,11 @@ class LowRankOperator(NamedTuple):
 
     def solve_projected(self, y, vy, rho=0.0):
         """``(H + rho I)^{-1} y`` given ``vy = V y`` already (one pass over ``basis``)."""
+        if not _unit_values(self):  # H / 4**value_exp + rho / 4**value_exp, solved, rescaled
+            e = jnp.asarray(self.value_exp, jnp.int32)
+            unit = self._replace(value_exp=0)
+            shifted = _numerics.ldexp(jnp.asarray(rho, self.scalar.dtype), -2 * e)
+            return _numerics.ldexp(unit.solve_projected(y, vy, shifted), -2 * e)
         c = self.scalar + rho
         vy = jnp.where(self.weights != 0, vy, 0)
         inside, projected = self.lift(jnp.stack([vy / (c + self.weights), vy]))
@@ -116,7 +183,10 @@ class LowRankOperator(NamedTuple):
         return inside + residual / c
 
     def matvec(self, x):
-        return self.scalar * x + self.lift(self.weights * self.project(x))
+        out = self.scalar * x + self.lift(self.weights * self.project(x))
+        if _unit_values(self):
+            return out
+        return _numerics.ldexp(out, 2 * jnp.asarray(self.value_exp, jnp.int32))
 
     def solve_shifted(self, rho, y):
         """``(H + rho I)^{-1} y`` in ``O(n*d)`` (two passes over ``basis``)."""
@@ -127,10 +197,19 @@ class LowRankOperator(NamedTuple):
 
     def lambda_min(self):
         """A lower bound of the spectrum (exact when ``k < d``)."""
-        return self.scalar
+        return self.true_alpha() if not _unit_values(self) else self.scalar
 
     def lambda_max(self):
-        return self.scalar + jnp.max(self.weights, initial=0)
+        top = self.scalar + jnp.max(self.weights, initial=0)
+        if _unit_values(self):
+            return top
+        return _numerics.ldexp(top, 2 * jnp.asarray(self.value_exp, jnp.int32))
+
+
+def _unit_values(op: LowRankOperator) -> bool:
+    """Whether ``scalar`` and ``weights`` are in true units (``value_exp`` is the static 0),
+    the form the metrics build and the regularizers' proximal steps read."""
+    return isinstance(op.value_exp, int) and op.value_exp == 0
 
 
 class SubspaceOperator(NamedTuple):
@@ -149,5 +228,9 @@ class SubspaceOperator(NamedTuple):
 
 
 def supports_regularizers(op) -> bool:
-    """Whether the regularizers' proximal steps accept ``op`` (a diagonal or low-rank ``H``)."""
-    return isinstance(op, (DiagonalOperator, LowRankOperator))
+    """Whether the regularizers' proximal steps accept ``op``: a diagonal ``H``, or a low-rank one
+    in true units (``value_exp`` the static 0, as every metric builds it; a sketch's scaled
+    covariance from :func:`sketchopt.sketches.low_rank` is not)."""
+    if isinstance(op, LowRankOperator):
+        return _unit_values(op)
+    return isinstance(op, DiagonalOperator)

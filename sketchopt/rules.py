@@ -99,8 +99,14 @@ def _check_learning_rate(learning_rate):
 def _operator_kind(metric):
     """``(name of the operator type, whether the regularizers accept it)`` of a metric, read by
     tracing its operator on a one-coordinate leaf (no computation)."""
-    op = jax.eval_shape(lambda: metric.operator(metric.init((1,), jnp.float32)))
-    return type(op).__name__, _operators.supports_regularizers(op)
+    found = []
+
+    def probe():  # read inside the trace: eval_shape's output would turn static fields abstract
+        op = metric.operator(metric.init((1,), jnp.float32))
+        found.append((type(op).__name__, _operators.supports_regularizers(op)))
+
+    jax.eval_shape(probe)
+    return found[0]
 
 
 # Transforms are rebuilt at every step under ``optax.inject_hyperparams``: the trace above costs

@@ -62,6 +62,7 @@ from sketchopt._numerics import (
     state_dtype,
 )
 from sketchopt._partitioning import contract_d, like_last_axis
+from sketchopt.operators import LowRankOperator
 
 __all__ = [
     "Absorbed",
@@ -202,49 +203,11 @@ class RandomProjectionState(NamedTuple):
     nonfinite_count: jax.Array
 
 
-class LowRank(NamedTuple):
-    """Implicit factors of a sketch: ``C = V^T diag(lam) V + alpha I``, ``V = 2**-e coef @ basis``.
-
-    ``e = scale_exp``. ``eigenvalues`` and ``alpha`` are stored divided by ``4**e`` and ``coef``
-    multiplied by ``2**e``, so that nothing overflows or underflows whatever the magnitude of the
-    rows; use :meth:`sqrt_eigenvalues`, :meth:`true_eigenvalues`, ... for true values. ``V`` has
-    orthonormal rows except rows whose eigenvalue is 0, which are exactly zero. Products with
-    ``V`` cost one pass over the ``n x d`` basis.
-    """
-
-    basis: jax.Array  # (n, d)
-    coef: jax.Array  # (k, n)
-    eigenvalues: jax.Array  # (k,), descending, divided by 4**scale_exp
-    alpha: jax.Array  # divided by 4**scale_exp
-    scale_exp: jax.Array
-
-    def project(self, x):
-        """``V x`` (the input is pre-scaled so that ``basis @ x`` cannot overflow)."""
-        return self.coef @ contract_d(self.basis, ldexp(x, -self.scale_exp))
-
-    def project_product(self, product):
-        """``V g`` from ``product = basis @ g / 4**scale_exp`` (as returned by a sketch update)."""
-        return self.coef @ ldexp(product, self.scale_exp)
-
-    def lift(self, a):
-        """``V^T a`` (``a`` is scaled first: Oja's ``coef`` carries ``2**scale_exp`` itself)."""
-        return jnp.matmul(self.coef.T @ ldexp(a, -self.scale_exp), self.basis, precision=HIGHEST)
-
-    def directions(self):
-        """``V`` materialized (``k x d``)."""
-        return jnp.matmul(ldexp(self.coef, -self.scale_exp), self.basis, precision=HIGHEST)
-
-    def true_eigenvalues(self):
-        return ldexp(self.eigenvalues, 2 * self.scale_exp)
-
-    def true_alpha(self):
-        return ldexp(self.alpha, 2 * self.scale_exp)
-
-    def sqrt_eigenvalues(self):
-        return ldexp(jnp.sqrt(self.eigenvalues), self.scale_exp)
-
-    def sqrt_alpha(self):
-        return ldexp(jnp.sqrt(self.alpha), self.scale_exp)
+#: The implicit factors of a sketch: ``C = V^T diag(lam) V + alpha I`` with ``V = 2**-e coef @
+#: basis`` (``e = scale_exp``), ``lam`` and ``alpha`` stored divided by ``4**e``: since 0.4 the
+#: one low-rank type, :class:`sketchopt.operators.LowRankOperator` (``weights = lam``, ``scalar =
+#: alpha``, ``value_exp = e``; ``.eigenvalues`` and ``.alpha`` read them as before).
+LowRank = LowRankOperator
 
 
 # ----------------------------------------------------------------------------------------------
@@ -287,7 +250,14 @@ def _gram_low_rank(rows, gram, scale_exp, alpha, drop_last):
         mu, u = mu[:-1], u[:, :-1]
     inv_sqrt = jnp.where(mu > 0, 1 / jnp.sqrt(jnp.where(mu > 0, mu, 1)), 0)
     # V = diag(mu^-1/2) U^T B / 2**scale_exp: the 2**-scale_exp stays outside coef (see LowRank).
-    return LowRank(rows, (u * inv_sqrt).T, mu, alpha, scale_exp)
+    return LowRank(
+        scalar=alpha,
+        basis=rows,
+        coef=(u * inv_sqrt).T,
+        weights=mu,
+        scale_exp=scale_exp,
+        value_exp=scale_exp,
+    )
 
 
 # Column-block width of the in-place rotation (a tau x block tile stays in cache).
@@ -840,7 +810,7 @@ def low_rank(state) -> LowRank:
 def _(state: FrequentDirectionsState) -> LowRank:
     lr = _gram_low_rank(state.rows, state.gram, state.scale_exp, state.alpha, drop_last=True)
     lam = jnp.where(lr.eigenvalues > 0, lr.eigenvalues + state.compensation, 0)
-    return lr._replace(eigenvalues=lam)
+    return lr._replace(weights=lam)
 
 
 @low_rank.register
@@ -859,7 +829,14 @@ def _(state: OjaState) -> LowRank:
     lam = lam[order]
     coef = ldexp(jnp.eye(m, dtype=dtype)[order], state.scale_exp)
     coef = jnp.where((lam > 0)[:, None], coef, 0)  # V's rows with a zero eigenvalue are zero
-    return LowRank(state.directions, coef, lam, jnp.zeros((), dtype), state.scale_exp)
+    return LowRank(
+        scalar=jnp.zeros((), dtype),
+        basis=state.directions,
+        coef=coef,
+        weights=lam,
+        scale_exp=state.scale_exp,
+        value_exp=state.scale_exp,
+    )
 
 
 def factors(state) -> tuple[jax.Array, jax.Array, jax.Array]:
