@@ -80,14 +80,28 @@ class Metric(NamedTuple):
       paddable: whether zero coordinates appended to a leaf change nothing else (the diagonal
         and the FD-family and random-projection sketches; see ``Sketch.paddable``): the rules
         then step a network's small leaves as one padded group.
+      hyper: ``None``, or ``hyper(count) -> pytree``: values of the metric that follow the step
+        count (SON's ``eta_t`` and ``sigma_t``), evaluated once per update by the rules and
+        passed as ``update(state, g, valid, hyper=...)``.
+      seeded: whether ``init`` takes the leaf's index, ``init(shape, dtype, index)``: a metric
+        with random state (Oja's initial directions, random projections) draws each leaf's
+        randomness from it.
+
+      accepts: ``None``, or ``accepts(state, g, hyper) -> bool`` for a metric that cannot absorb
+        every finite ``g`` (SON, whose to-sketch vector ``sqrt(eta_t + sigma_t) g`` can
+        overflow): where it is false the rules skip the leaf like a non-finite gradient (zero
+        update, state bit-identical, counted) and call ``update`` with ``valid`` false.
     """
 
-    init: Callable[[int, Any], Any]
-    update: Callable[[Any, jax.Array], tuple[Any, Any, Any]]
+    init: Callable[..., Any]
+    update: Callable[..., tuple[Any, Any, Any]]
     operator: Callable[[Any], Any]
     name: str
     spec: Any = None
     paddable: bool = False
+    hyper: Callable[[jax.Array], Any] | None = None
+    seeded: bool = False
+    accepts: Callable[..., jax.Array] | None = None
 
     __eq__ = _validation.value_eq
     __hash__ = _validation.value_hash

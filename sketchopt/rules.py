@@ -200,20 +200,62 @@ def migrate_state(restored, target):
 # The rules.
 
 
-def _metric_rule(metric, learning_rate, regularizer, *, scale_only=False):
-    """The per-leaf rule of :func:`mirror_descent` (and of :func:`scale_by_metric`)."""
+def metric_rule(
+    metric: _metrics.Metric,
+    learning_rate: ScalarOrSchedule | None,
+    regularizer: Any = None,
+    *,
+    scale_only: bool = False,
+    field: str = "metric_state",
+) -> _leafwise.LeafRule:
+    """The per-leaf rule of :func:`mirror_descent` (and, with ``scale_only``, of
+    :func:`scale_by_metric`), for the driver of ``sketchopt._leafwise``.
+
+    Transforms that keep a state class of their own build on it: the SON family is this rule
+    with ``learning_rate = 1`` and its Newton metric, stored under ``field = "leaf_state"`` of
+    :class:`sketchopt.son.SONState`.
+
+    Args:
+      metric: a :class:`sketchopt.metrics.Metric`.
+      learning_rate: ``eta_t``, a float or an Optax schedule (``None`` with ``scale_only``).
+      regularizer: ``None`` or a regularizer of :mod:`sketchopt.regularizers`.
+      scale_only: return ``H_t^{-1} g_t`` itself (a preconditioner, no step).
+      field: the name of the state field that holds the per-leaf metric states.
+
+    Returns:
+      A ``sketchopt._leafwise.LeafRule``; ``sketchopt._leafwise.leafwise(rule, state_class)``
+      makes it a transform.
+    """
 
     def init(spec, param):
         del param
+        if metric.seeded:
+            return (metric.init(spec.shape, spec.dtype, spec.index),)
         return (metric.init(spec.shape, spec.dtype),)
+
+    def hyper(count):
+        metric_hyper = None if metric.hyper is None else metric.hyper(count)
+        return _leafwise.at_step(learning_rate, count), metric_hyper
 
     def step(ctx, g, values, x, valid):
         (ms,) = values
-        ms, op, solved = metric.update(ms, g, valid)
+        eta, metric_hyper = ctx.hyper
+        if metric.accepts is None:
+            return move(ctx, g, ms, x, valid, eta, metric_hyper)
+        # A refused g is skipped like a non-finite one: the driver reads the third result.
+        valid = valid & metric.accepts(ms, g, metric_hyper)
+        g = jnp.where(valid, g, jnp.zeros((), g.dtype))
+        return (*move(ctx, g, ms, x, valid, eta, metric_hyper), valid)
+
+    def move(ctx, g, ms, x, valid, eta, metric_hyper):
+        if metric.hyper is None:
+            ms, op, solved = metric.update(ms, g, valid)
+        else:
+            ms, op, solved = metric.update(ms, g, valid, hyper=metric_hyper)
         direction = _metrics.solve_new_gradient(op, g, solved)
         if scale_only:
             return direction, (ms,)
-        eta = jnp.asarray(ctx.hyper, g.dtype)
+        eta = jnp.asarray(eta, g.dtype)
         if regularizer is None:
             return -eta * direction, (ms,)
         # The prox at the unregularized point z = x_t - eta H^{-1} g_t in the H-norm: the same
@@ -225,10 +267,10 @@ def _metric_rule(metric, learning_rate, regularizer, *, scale_only=False):
 
     needs = None if (regularizer is None or scale_only) else "mirror_descent with a regularizer"
     return _leafwise.LeafRule(
-        ("metric_state",),
+        (field,),
         init,
         step,
-        hyper=functools.partial(_leafwise.at_step, learning_rate),
+        hyper=hyper,
         needs_params=needs,
         paddable=metric.paddable and regularizer is None,  # a prox may read the leaf's shape
     )
@@ -241,7 +283,7 @@ def scale_by_metric(metric: _metrics.Metric) -> optax.GradientTransformationExtr
     The building block of the ``scale_by_*`` aliases, as ``optax.scale_by_rss`` is of
     ``optax.adagrad``: chain it with ``optax.scale_by_learning_rate``.
     """
-    rule = _metric_rule(metric, None, None, scale_only=True)
+    rule = metric_rule(metric, None, None, scale_only=True)
     return _leafwise.leafwise(rule, ScaleByMetricState)
 
 
@@ -269,7 +311,7 @@ def mirror_descent(
     """
     learning_rate = _check_learning_rate(learning_rate)
     _check_regularizable(metric, regularizer)
-    return _leafwise.leafwise(_metric_rule(metric, learning_rate, regularizer), MirrorDescentState)
+    return _leafwise.leafwise(metric_rule(metric, learning_rate, regularizer), MirrorDescentState)
 
 
 @_leafwise.compiled

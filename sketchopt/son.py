@@ -22,6 +22,14 @@ Transforms (all ``optax.GradientTransformationExtraArgs``):
 * :func:`ons` -- the full-matrix Online Newton Step (``O(d^2)`` per step, Sherman-Morrison), the
   baseline the sketched ones approximate (with ``sketch_size > d`` FD-SON equals it).
 
+On the package's architecture (metric x rule): each transform is the mirror-descent rule with step
+1 (``sketchopt.rules.metric_rule``) in SON's metric ``H_t = D_t^{1/2} A_t D_t^{1/2}``, whose
+operator (:class:`SketchedNewtonOperator`, :class:`RandomProjectionNewtonOperator`,
+:class:`DenseInverseOperator`, each leaf state's ``newton_operator()``) solves with ``A_t`` and
+gives the pieces of the projection; :func:`newton_metric` is that metric for any sketch, usable
+with :func:`sketchopt.mirror_descent`. The state class stays :class:`SONState`, where
+:func:`project_bounded_prediction` finds it.
+
 ``alpha = 0`` is allowed for FD- and Oja-SON (the pseudo-inverse of SON Appendix D, no step outside
 the sketch) and is RFD0-SON's start; with a full-rank ``A`` (sketch larger than ``d``, after ``d``
 independent gradients) such runs are exactly invariant to ``x -> M x`` (SON sec. 2). While ``A`` is
@@ -87,14 +95,22 @@ import optax
 from optax import ScalarOrSchedule
 
 from sketchopt import _leafwise, _numerics, _partitioning, _validation
+from sketchopt import metrics as _metrics
+from sketchopt import operators as _operators
+from sketchopt import rules as _rules
 from sketchopt import sketches as _sketches
 
 __all__ = [
+    "DenseInverseOperator",
     "ONSLeafState",
+    "RandomProjectionNewtonOperator",
     "RandomProjectionNewtonState",
+    "RescaledOperator",
     "SONState",
+    "SketchedNewtonOperator",
     "SketchedNewtonState",
     "fd_son",
+    "newton_metric",
     "ons",
     "oja_son",
     "project_bounded_prediction",
@@ -142,6 +158,10 @@ class SketchedNewtonState(NamedTuple):
     alpha: jax.Array
     diag_sqrt: jax.Array | None
 
+    def newton_operator(self) -> SketchedNewtonOperator:
+        """``A = alpha I + C`` (in the rescaled coordinates), ``O(m^3)`` small work."""
+        return SketchedNewtonOperator(_sketches.low_rank(self.sketch), self.alpha)
+
 
 class RandomProjectionNewtonState(NamedTuple):
     """Per-leaf state of RP-SON: the random-projection sketch and ``inverse`` =
@@ -154,6 +174,10 @@ class RandomProjectionNewtonState(NamedTuple):
     alpha: jax.Array
     diag_sqrt: jax.Array | None
 
+    def newton_operator(self) -> RandomProjectionNewtonOperator:
+        """``A = alpha I + S^T S`` (in the rescaled coordinates)."""
+        return RandomProjectionNewtonOperator(self.sketch, self.inverse, self.alpha)
+
 
 class ONSLeafState(NamedTuple):
     """Per-leaf state of :func:`ons`: ``inverse = A_t^{-1}`` (``d x d``, Sherman-Morrison) and,
@@ -164,6 +188,10 @@ class ONSLeafState(NamedTuple):
     scale_exp: jax.Array
     alpha: jax.Array
     diag_sqrt: jax.Array | None
+
+    def newton_operator(self) -> DenseInverseOperator:
+        """``A`` through the kept ``A^{-1}`` (in the rescaled coordinates)."""
+        return DenseInverseOperator(self.inverse)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -249,53 +277,212 @@ def _lowrank_pinv(lr: _sketches.LowRank, alpha, y, vy=None, *, want_null=False):
 
 
 # ----------------------------------------------------------------------------------------------
+# The Newton operators: A_t of each family, what SON's metric and the projection solve with.
+
+
+class _LeafTerms(NamedTuple):
+    """The per-leaf pieces of Lemma 1 for a normalized example ``xhat``."""
+
+    zhat: jax.Array  # A^+ xhat = 2**k zhat
+    k: jax.Array
+    null: jax.Array  # component of xhat in the null space of A (0 if A is invertible)
+    null_cost: jax.Array  # null^T A null = null_cost * 2**null_cost_exp
+    null_cost_exp: jax.Array
+
+
+class SketchedNewtonOperator(NamedTuple):
+    """FD/RFD/Oja-SON's ``A = alpha I + C``, ``C = V^T diag(lam) V + alpha_sketch I`` the sketch's
+    covariance (:func:`sketchopt.sketches.low_rank`). ``solve`` is the pseudo-inverse (no step
+    outside the sketch while the total ridge is 0: SON Appendix D, RFD paper appendix A)."""
+
+    factors: _operators.LowRankOperator
+    alpha: jax.Array
+
+    @property
+    def dim(self) -> int:
+        return self.factors.basis.shape[-1]
+
+    def solve(self, y, vy=None):
+        """``A^+ y``; ``vy = V y`` when known (saves a pass over the sketch)."""
+        zhat, k, _ = _lowrank_pinv(self.factors, self.alpha, y, vy)
+        return _numerics.ldexp(zhat, k)
+
+    def projection_terms(self, x) -> _LeafTerms:
+        """Lemma 1's pieces for ``x`` (``|x| <= 1``), with the null-space component."""
+        lr = self.factors
+        zhat, k, null = _lowrank_pinv(lr, self.alpha, x, want_null=True)
+        vn = lr.project(null)
+        cost = jnp.sum(jnp.where(lr.eigenvalues > 0, lr.eigenvalues * jnp.square(vn), 0))
+        return _LeafTerms(zhat, k, null, cost.astype(x.dtype), 2 * lr.scale_exp)
+
+
+class RandomProjectionNewtonOperator(NamedTuple):
+    """RP-SON's ``A = alpha I + S^T S`` with the kept ``inverse = 4**e (alpha I + S S^T)^{-1}``
+    (see :class:`RandomProjectionNewtonState`); always invertible (``alpha > 0``)."""
+
+    sketch: _sketches.RandomProjectionState
+    inverse: jax.Array
+    alpha: jax.Array
+
+    @property
+    def dim(self) -> int:
+        return self.sketch.rows.shape[-1]
+
+    def solve(self, y):
+        """``A^{-1} y`` (:func:`_rp_pinv`)."""
+        return _numerics.ldexp(*_rp_pinv(self, y))
+
+    def projection_terms(self, x) -> _LeafTerms:
+        zhat, k = _rp_pinv(self, x)
+        zero = jnp.zeros((), x.dtype)
+        return _LeafTerms(zhat, k, jnp.zeros_like(x), zero, jnp.int32(0))
+
+
+class DenseInverseOperator(NamedTuple):
+    """ONS's ``A`` through its kept ``d x d`` inverse (always invertible)."""
+
+    inverse: jax.Array
+
+    @property
+    def dim(self) -> int:
+        return self.inverse.shape[-1]
+
+    def solve(self, y):
+        return jnp.matmul(self.inverse, y, precision=_numerics.HIGHEST)
+
+    def projection_terms(self, x) -> _LeafTerms:
+        zero = jnp.zeros((), x.dtype)
+        return _LeafTerms(self.solve(x), jnp.int32(0), jnp.zeros_like(x), zero, jnp.int32(0))
+
+
+# ----------------------------------------------------------------------------------------------
 # The transforms.
 
 
-def _son_transform(init_leaf, step_leaf, *, eta, curvature, diagonal_rescaling, paddable=False):
-    """A SON transform from its per-leaf pieces, on the shared driver (``sketchopt._leafwise``).
+class RescaledOperator(NamedTuple):
+    """``D^{1/2} A D^{1/2}``: a Newton operator ``A`` in the coordinates ``z = D^{1/2} w`` of the
+    diagonal rescaling (SON sec. 5.2), mapped back to the parameters: ``solve(y) = D^{-1/2}
+    A^+ D^{-1/2} y``."""
 
-    ``init_leaf(index, dim, dtype) -> leaf state``; ``step_leaf(ls, gz, ghat, c, valid) ->
-    (ls, A^+ gz)`` absorbs the to-sketch vector ``ghat = sqrt(c) gz`` and solves with the new
-    ``A``. With ``valid`` false it receives zeros and must return its state bit-identical (the
-    skip is a selection, not a ``lax.cond``). ``c = eta_t + sigma_t`` is evaluated once per step.
-    ``paddable``: whether the sketch is exact under zero padding (``LeafRule.paddable``).
+    inner: Any
+    diag_sqrt: jax.Array
+
+    @property
+    def dim(self):
+        return self.diag_sqrt.shape[-1]
+
+    def solve(self, y):
+        return self.inner.solve(y / self.diag_sqrt) / self.diag_sqrt
+
+
+def _newton_metric(name, init_leaf, absorb, *, eta, curvature, diagonal_rescaling, **fields):
+    """SON's metric ``H_t = D_t^{1/2} A_t D_t^{1/2}`` (``D = I`` without diagonal rescaling) from
+    its per-leaf pieces, a :class:`sketchopt.metrics.Metric`.
+
+    ``init_leaf(index, dim, dtype) -> leaf state``; ``absorb(ls, gz, ghat, c, valid) -> (ls,
+    A_t^+ gz)`` absorbs the to-sketch vector ``ghat = sqrt(c) gz`` (SON Alg. 1 line 8) and
+    solves with the new ``A_t``; with ``valid`` false it receives zeros and must return its state
+    bit-identical. ``c = eta_t + sigma_t`` comes from the metric's ``hyper``. ``fields``:
+    ``paddable``, ``seeded`` of the ``Metric``.
     """
 
-    def init(spec, param):
-        del param
-        dim = spec.size
-        ls = init_leaf(spec.index, dim, spec.dtype)
-        diag = jnp.full((dim,), np.sqrt(_DIAGONAL_INIT), spec.dtype) if diagonal_rescaling else None
-        return (ls._replace(diag_sqrt=diag),)
+    def init(shape, dtype=jnp.float32, index=0):
+        dim = _metrics.flat_size(shape)
+        ls = init_leaf(index, dim, dtype)
+        diag = jnp.full((dim,), np.sqrt(_DIAGONAL_INIT), dtype) if diagonal_rescaling else None
+        return ls._replace(diag_sqrt=diag)
 
     def hyper(count):
         return _leafwise.at_step(eta, count), _leafwise.at_step(curvature, count)
 
-    def step(ctx, g, values, x, valid):
-        del x  # the Newton step does not need the parameters; the projection is its own call
-        (ls,) = values
-        dtype = g.dtype
-        c = jnp.asarray(ctx.hyper[0], dtype) + jnp.asarray(ctx.hyper[1], dtype)
+    def operator(ls):
+        op = ls.newton_operator()
+        return op if ls.diag_sqrt is None else RescaledOperator(op, ls.diag_sqrt)
+
+    def to_sketch(ls, g, hyper):
+        """``c = eta_t + sigma_t``, ``gz = D^{-1/2} g``, ``ghat = sqrt(c) gz``."""
+        c = jnp.asarray(hyper[0], g.dtype) + jnp.asarray(hyper[1], g.dtype)
         gz = g / ls.diag_sqrt if diagonal_rescaling else g
-        ghat = jnp.sqrt(c) * gz
-        # A finite gradient can still give a non-finite to-sketch vector (absurd eta/sigma): the
-        # leaf is then skipped like a non-finite gradient (the driver reads ``sketchable``).
-        sketchable = valid & jnp.all(jnp.isfinite(ghat))
-        gz = jnp.where(sketchable, gz, 0)
-        ghat = jnp.where(sketchable, ghat, 0)
-        new, sol = step_leaf(ls, gz, ghat, c, sketchable)
+        return c, gz, jnp.sqrt(c) * gz
+
+    def accepts(ls, g, hyper):
+        # A finite gradient can still give a non-finite to-sketch vector (absurd eta/sigma).
+        return jnp.all(jnp.isfinite(to_sketch(ls, g, hyper)[2]))
+
+    def update(ls, g, valid=True, *, hyper):
+        c, gz, ghat = to_sketch(ls, g, hyper)
+        gz = jnp.where(valid, gz, 0)
+        ghat = jnp.where(valid, ghat, 0)
+        new, sol = absorb(ls, gz, ghat, c, valid)
         if diagonal_rescaling:  # D^{-1/2} A^{-1} D^{-1/2} g; hypot(D, 0) == D exactly
             sol = sol / ls.diag_sqrt
-            new = new._replace(diag_sqrt=jnp.hypot(ls.diag_sqrt, jnp.where(sketchable, g, 0)))
-        return -sol, (new,), sketchable  # false also for an invalid g (sketchable needs valid)
+            new = new._replace(diag_sqrt=jnp.hypot(ls.diag_sqrt, jnp.where(valid, g, 0)))
+        return new, operator(new), sol
 
-    rule = _leafwise.LeafRule(("leaf_state",), init, step, hyper=hyper, paddable=paddable)
-    return _leafwise.leafwise(rule, SONState)
+    return _metrics.Metric(init, update, operator, name, hyper=hyper, accepts=accepts, **fields)
 
 
-def _sketched_son(make_sketch, alpha, *, eta, curvature, diagonal_rescaling, init_alpha=None):
-    """FD/RFD/Oja-SON: ``make_sketch(leaf_index)`` gives the sketch of a leaf."""
+def _son_transform(metric):
+    """A SON transform: mirror descent with step 1 in SON's metric (SON Alg. 1 line 9,
+    ``u_{t+1} = w_t - A_t^{-1} g_t``), on the shared driver, with the state :class:`SONState`."""
+    return _leafwise.leafwise(_rules.metric_rule(metric, 1.0, field="leaf_state"), SONState)
+
+
+def newton_metric(
+    sketch: _sketches.Sketch,
+    alpha: float = 0.0,
+    *,
+    eta: ScalarOrSchedule | None = None,
+    curvature: ScalarOrSchedule = 0.0,
+    diagonal_rescaling: bool = False,
+) -> _metrics.Metric:
+    r"""SON's metric ``A_t = alpha I + S_t^T S_t`` with ``S`` any sketch of the to-sketch vectors.
+
+    At step ``t`` the sketch absorbs ``ghat_t = sqrt(sigma_t + eta_t) g_t`` (SON Alg. 1 line 8), so
+    that ``A_t`` approximates ``alpha I + sum_{s<=t} (sigma_s + eta_s) g_s g_s^T``, the matrix of
+    the Online Newton Step (SON eq. 2). Its solve is the Moore-Penrose pseudo-inverse where
+    ``A_t`` is singular (``alpha = 0``: SON Appendix D). :func:`fd_son`, :func:`rfd_son` and
+    :func:`oja_son` are ``mirror_descent(1.0, newton_metric(...))`` with their sketch (and a state
+    of class :class:`SONState`, which :func:`project_bounded_prediction` finds).
+
+    Args:
+      sketch: a sketch of :mod:`sketchopt.sketches` (FD, RFD, Oja; its own ``alpha`` enters
+        ``A_t`` too: RFD's adaptive ridge).
+      alpha: the fixed ridge ``alpha >= 0``.
+      eta: ``eta_t``, a float or an Optax schedule of the 0-based count; default ``1/sqrt(t)``.
+      curvature: ``sigma_t >= 0`` (exp-concavity, SON Assumption 2), float or schedule.
+      diagonal_rescaling: SON sec. 5.2 (module docstring): ``H_t = D_t^{1/2} A_t D_t^{1/2}``.
+
+    Returns:
+      A :class:`sketchopt.metrics.Metric` whose operator solves with ``H_t`` (``solve``, the
+      pseudo-inverse) and is not combinable with a regularizer.
+
+    References:
+      Luo, Agarwal, Cesa-Bianchi & Langford, "Efficient Second Order Online Learning by
+      Sketching" (NeurIPS 2016), Alg. 1 and eq. 2.
+
+    Examples:
+      >>> import jax.numpy as jnp, sketchopt
+      >>> metric = sketchopt.son.newton_metric(sketchopt.sketches.frequent_directions(4), 1.0)
+      >>> tx = sketchopt.mirror_descent(1.0, metric)
+      >>> state = tx.init(jnp.zeros(3))
+      >>> updates, state = tx.update(jnp.array([1.0, 0.0, 0.0]), state)
+      >>> updates[0]  # -(I + g g^T)^{-1} g = -g / 2 at t = 1 (eta_1 = 1)
+      Array(-0.5, dtype=float32)
+    """
+    _validation.ridge("alpha", alpha)
+    eta, diagonal_rescaling = _check_son_options(
+        eta, _inverse_sqrt_time, curvature, diagonal_rescaling
+    )
+    return _sketched_newton_metric(
+        lambda i: sketch, alpha, eta=eta, curvature=curvature, diagonal_rescaling=diagonal_rescaling
+    )
+
+
+def _sketched_newton_metric(
+    make_sketch, alpha, *, eta, curvature, diagonal_rescaling, init_alpha=None
+):
+    """FD/RFD/Oja-SON's metric: ``make_sketch(leaf_index)`` gives the sketch of a leaf."""
     sketch0 = make_sketch(0)
 
     def init_leaf(i, dim, dtype):
@@ -304,7 +491,7 @@ def _sketched_son(make_sketch, alpha, *, eta, curvature, diagonal_rescaling, ini
             sk_state = sk_state._replace(alpha=jnp.asarray(init_alpha, sk_state.alpha.dtype))
         return SketchedNewtonState(sk_state, jnp.asarray(alpha, dtype), None)
 
-    def step_leaf(ls, gz, ghat, c, valid):
+    def absorb(ls, gz, ghat, c, valid):
         a = jnp.where(valid, jnp.asarray(alpha, ls.alpha.dtype), ls.alpha)
         root = jnp.sqrt(c)
         sk_state, product = sketch0.absorb(ls.sketch, ghat, valid)
@@ -315,17 +502,23 @@ def _sketched_son(make_sketch, alpha, *, eta, curvature, diagonal_rescaling, ini
             lambda: lr.project_product(product) / root,
             lambda: lr.project(gz),
         )
-        zhat, k, _ = _lowrank_pinv(lr, a, gz, vg)
-        return ls._replace(sketch=sk_state, alpha=a), _numerics.ldexp(zhat, k)
+        return ls._replace(sketch=sk_state, alpha=a), SketchedNewtonOperator(lr, a).solve(gz, vg)
 
-    return _son_transform(
+    return _newton_metric(
+        f"newton[{sketch0.name}]",
         init_leaf,
-        step_leaf,
+        absorb,
         eta=eta,
         curvature=curvature,
         diagonal_rescaling=diagonal_rescaling,
         paddable=sketch0.paddable,
+        seeded=True,
     )
+
+
+def _sketched_son(make_sketch, alpha, **options):
+    """FD/RFD/Oja-SON: :func:`_son_transform` of :func:`_sketched_newton_metric`."""
+    return _son_transform(_sketched_newton_metric(make_sketch, alpha, **options))
 
 
 @_leafwise.compiled
@@ -610,7 +803,7 @@ def rp_son(
         inverse = jnp.eye(m, dtype=dtype) / a
         return RandomProjectionNewtonState(sk_state, inverse, a, None)
 
-    def step_leaf(ls, gz, ghat, c, valid):
+    def absorb(ls, gz, ghat, c, valid):
         dtype = ls.alpha.dtype
         a = jnp.asarray(alpha, dtype)
         sk0 = ls.sketch
@@ -644,14 +837,17 @@ def rp_son(
         zhat, k = _rp_pinv(new, gz, product, root)
         return new, _numerics.ldexp(zhat, k)
 
-    return _son_transform(
+    metric = _newton_metric(
+        "newton[random_projection]",
         init_leaf,
-        step_leaf,
+        absorb,
         eta=eta,
         curvature=curvature,
         diagonal_rescaling=diagonal_rescaling,
         paddable=sketch0.paddable,
+        seeded=True,
     )
+    return _son_transform(metric)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -699,7 +895,7 @@ def ons(
         lam = _numerics.ldexp(jnp.maximum(mu, 0), 2 * e)  # may overflow to inf: 1/inf = 0 is right
         return (u / (a + lam)) @ u.T
 
-    def step_leaf(ls, gz, ghat, c, valid):
+    def absorb(ls, gz, ghat, c, valid):
         if _partitioning.explicit_mesh():
             # An O(d^2) baseline: under an explicit mesh its d x d matrices are gathered for the
             # step and resharded as they came (automatic sharding needs no help).
@@ -753,48 +949,19 @@ def ons(
         )
         return new, sol
 
-    return _son_transform(
-        init_leaf, step_leaf, eta=eta, curvature=curvature, diagonal_rescaling=diagonal_rescaling
+    metric = _newton_metric(
+        "ons",
+        init_leaf,
+        absorb,
+        eta=eta,
+        curvature=curvature,
+        diagonal_rescaling=diagonal_rescaling,
     )
+    return _son_transform(metric)
 
 
 # ----------------------------------------------------------------------------------------------
 # The bounded-prediction projection (SON eq. 1, Lemma 1; RFD paper appendix A).
-
-
-class _LeafTerms(NamedTuple):
-    zhat: jax.Array  # A^+ xhat = 2**k zhat
-    k: jax.Array
-    null: jax.Array  # component of xhat in the null space of A (0 if A is invertible)
-    null_cost: jax.Array  # null^T A null = null_cost * 2**null_cost_exp
-    null_cost_exp: jax.Array
-
-
-def _leaf_terms(ls, x):
-    """The per-leaf pieces of Lemma 1 for the normalized example ``x`` (``|x| <= 1``)."""
-    dtype = x.dtype
-    zero = jnp.zeros((), dtype)
-    if isinstance(ls, SketchedNewtonState):
-        lr = _sketches.low_rank(ls.sketch)
-        zhat, k, null = _lowrank_pinv(lr, ls.alpha, x, want_null=True)
-        vn = lr.project(null)
-        cost = jnp.sum(jnp.where(lr.eigenvalues > 0, lr.eigenvalues * jnp.square(vn), 0))
-        return _LeafTerms(zhat, k, null, cost.astype(dtype), 2 * lr.scale_exp)
-    if isinstance(ls, RandomProjectionNewtonState):
-        zhat, k = _rp_pinv(ls, x)
-        return _LeafTerms(zhat, k, jnp.zeros_like(x), zero, jnp.int32(0))
-    if isinstance(ls, ONSLeafState):
-        zhat = jnp.matmul(ls.inverse, x, precision=jax.lax.Precision.HIGHEST)
-        return _LeafTerms(zhat, jnp.int32(0), jnp.zeros_like(x), zero, jnp.int32(0))
-    raise TypeError(f"not a SON leaf state: {type(ls).__name__}")
-
-
-def _leaf_dim(ls):
-    if isinstance(ls, ONSLeafState):
-        return ls.inverse.shape[-1]
-    return (
-        ls.sketch.rows.shape[-1] if hasattr(ls.sketch, "rows") else ls.sketch.directions.shape[-1]
-    )
 
 
 def _find_son_state(opt_state) -> SONState:
@@ -859,32 +1026,52 @@ def project_bounded_prediction(opt_state, params, features, bound):
         return params
     leaf_states = _leafwise.per_leaf(son.leaf_state)
     p_leaves, p_def = jax.tree.flatten(params)
-    x_leaves = p_def.flatten_up_to(features)
-    dims = [_leaf_dim(ls) for ls in leaf_states]
-    sizes = [int(np.size(p)) for p in p_leaves]
-    flattened = False
-    if dims != sizes:
-        if len(leaf_states) == 1 and dims[0] == sum(sizes):
-            flattened = True  # optax.flatten: one sketch over the concatenated parameters
-        else:
-            raise ValueError(
-                f"project_bounded_prediction: the SON state covers leaves of sizes {dims}, but "
-                f"params has leaves of sizes {sizes}"
-            )
-
+    flattened = _covers_flattened(leaf_states, p_leaves)
     dtypes = [ls.alpha.dtype for ls in leaf_states]
-    if flattened:
-        us = [jnp.concatenate([jnp.ravel(p).astype(dtypes[0]) for p in p_leaves])]
-        xs = [jnp.concatenate([jnp.ravel(x).astype(dtypes[0]) for x in x_leaves])]
-    else:
-        us = [jnp.ravel(p).astype(dt) for p, dt in zip(p_leaves, dtypes, strict=True)]
-        xs = [jnp.ravel(x).astype(dt) for x, dt in zip(x_leaves, dtypes, strict=True)]
-
+    us, xs = (
+        _flat_vectors(leaves, dtypes, flattened)
+        for leaves in (p_leaves, p_def.flatten_up_to(features))
+    )
     # The prediction u^T x and tau_C of it, in true units.
     pred = sum((jnp.sum(u * x) for u, x in zip(us, xs, strict=True)), jnp.zeros((), dtypes[0]))
-    excess = jnp.maximum(jnp.abs(pred) - bound, 0)
-    tau = jnp.sign(pred) * excess
+    tau = jnp.sign(pred) * jnp.maximum(jnp.abs(pred) - bound, 0)
+    moves = _projection_moves(leaf_states, xs, tau)
+    new = [u + m for u, m in zip(us, moves, strict=True)]
+    if flattened:
+        sizes = np.cumsum([int(np.size(p)) for p in p_leaves])[:-1]
+        new = jnp.split(new[0], sizes)
+    out = [
+        n.reshape(jnp.shape(p)).astype(jnp.asarray(p).dtype)
+        for n, p in zip(new, p_leaves, strict=True)
+    ]
+    return p_def.unflatten(out)
 
+
+def _covers_flattened(leaf_states, p_leaves) -> bool:
+    """Whether one SON state covers the concatenated parameters (``optax.flatten``) rather than
+    each leaf; ``ValueError`` when it covers neither."""
+    dims = [ls.newton_operator().dim for ls in leaf_states]
+    sizes = [int(np.size(p)) for p in p_leaves]
+    if dims == sizes:
+        return False
+    if len(leaf_states) == 1 and dims[0] == sum(sizes):
+        return True
+    raise ValueError(
+        f"project_bounded_prediction: the SON state covers leaves of sizes {dims}, but "
+        f"params has leaves of sizes {sizes}"
+    )
+
+
+def _flat_vectors(leaves, dtypes, flattened):
+    """The leaves as flat vectors in their state's dtype, concatenated under ``optax.flatten``."""
+    if flattened:
+        return [jnp.concatenate([jnp.ravel(x).astype(dtypes[0]) for x in leaves])]
+    return [jnp.ravel(x).astype(dt) for x, dt in zip(leaves, dtypes, strict=True)]
+
+
+def _projection_moves(leaf_states, xs, tau):
+    """``w - u`` per leaf for the excess ``tau = tau_C(u^T x)`` (SON Lemma 1; RFD paper
+    appendix A where ``A`` is singular), in the parameters' coordinates."""
     # z-coordinates of the diagonal rescaling: x~ = D^{-1/2} x; then normalize by a power of two.
     xt = [
         x if ls.diag_sqrt is None else x / ls.diag_sqrt
@@ -897,12 +1084,13 @@ def project_bounded_prediction(opt_state, params, features, bound):
     kx = jnp.where(kx == _numerics.NO_EXPONENT, 0, kx)
     xh = [_numerics.ldexp(x, -kx) for x in xt]
 
-    terms = [_leaf_terms(ls, x) for ls, x in zip(leaf_states, xh, strict=True)]
+    terms = [
+        ls.newton_operator().projection_terms(x) for ls, x in zip(leaf_states, xh, strict=True)
+    ]
     # A leaf whose A^+ x vanishes must not set the common scale.
     ks = [jnp.where(jnp.any(t.zhat != 0), t.k, _numerics.NO_EXPONENT) for t in terms]
     big_k = jnp.max(jnp.stack(ks))
-    terms = [t._replace(k=k) for t, k in zip(terms, ks, strict=True)]
-    ztil = [_numerics.ldexp(t.zhat, t.k - big_k) for t in terms]  # 2**-K A^+ xhat
+    ztil = [_numerics.ldexp(t.zhat, k - big_k) for t, k in zip(terms, ks, strict=True)]
     s1 = sum(jnp.sum(x * z) for x, z in zip(xh, ztil, strict=True))  # 2**-K xhat^T A^+ xhat
     nn = sum(jnp.sum(jnp.square(t.null)) for t in terms)  # |xhat_perp|^2
     null_cost = sum(_numerics.ldexp(t.null_cost, t.null_cost_exp + big_k) for t in terms)
@@ -911,29 +1099,9 @@ def project_bounded_prediction(opt_state, params, features, bound):
     ok_range = s1 > 0
 
     moves = []
-    for x_leaf, t, z in zip(xh, terms, ztil, strict=True):
-        del x_leaf
+    for t, z, ls in zip(terms, ztil, leaf_states, strict=True):
         via_null = _numerics.ldexp(t.null / jnp.where(nn > 0, nn, 1), -kx)
         via_range = _numerics.ldexp(z / jnp.where(ok_range, s1, 1), -kx)
-        step = jnp.where(use_null, via_null, jnp.where(ok_range, via_range, 0))
-        moves.append(-tau * step)
-    moves = [
-        m if ls.diag_sqrt is None else m / ls.diag_sqrt
-        for m, ls in zip(moves, leaf_states, strict=True)
-    ]
-    new = [u + m for u, m in zip(us, moves, strict=True)]
-
-    if flattened:
-        flat = new[0]
-        out, start = [], 0
-        for p in p_leaves:
-            size = int(np.size(p))
-            piece = flat[start : start + size]
-            out.append(piece.reshape(jnp.shape(p)).astype(jnp.asarray(p).dtype))
-            start += size
-    else:
-        out = [
-            n.reshape(jnp.shape(p)).astype(jnp.asarray(p).dtype)
-            for n, p in zip(new, p_leaves, strict=True)
-        ]
-    return p_def.unflatten(out)
+        move = -tau * jnp.where(use_null, via_null, jnp.where(ok_range, via_range, 0))
+        moves.append(move if ls.diag_sqrt is None else move / ls.diag_sqrt)
+    return moves

@@ -389,6 +389,41 @@ def test_fd_son_equals_ons_without_shrink():
 
 
 @pytest.mark.parametrize(
+    ("transform", "metric"),
+    [
+        (
+            lambda: so.fd_son(0.5, 3, fast=True),
+            lambda: so.son.newton_metric(sk.frequent_directions(3, fast=True), 0.5),
+        ),
+        (
+            lambda: so.fd_son(0.0, 3, diagonal_rescaling=True),
+            lambda: so.son.newton_metric(sk.frequent_directions(3), diagonal_rescaling=True),
+        ),
+        (
+            lambda: so.oja_son(0.5, 2),  # one leaf: its key is oja_son's key itself
+            lambda: so.son.newton_metric(sk.oja(2, key=jax.random.PRNGKey(0)), 0.5),
+        ),
+    ],
+    ids=["fd_fast", "fd_alpha0_rescaled", "oja"],
+)
+def test_son_is_mirror_descent_in_the_newton_metric(transform, metric):
+    """FD/Oja-SON are the mirror-descent rule with step 1 in SON's metric (newton_metric): the
+    same updates step by step, a skipped non-finite gradient included."""
+    rng = np.random.default_rng(3)
+    tx, md = transform(), so.mirror_descent(1.0, metric())
+    with x64():
+        s1, s2 = tx.init(jnp.zeros(6)), md.init(jnp.zeros(6))
+        for t in range(12):
+            g = jnp.asarray(rng.normal(size=6) * 10.0 ** rng.integers(-2, 3))
+            if t == 4:
+                g = g.at[1].set(jnp.nan)
+            u1, s1 = tx.update(g, s1)
+            u2, s2 = md.update(g, s2)
+            np.testing.assert_allclose(u2, u1, rtol=1e-12, atol=0)
+        assert int(s1.nonfinite_count) == int(s2.nonfinite_count) == 1
+
+
+@pytest.mark.parametrize(
     ("kind", "alpha", "tol"),
     [("fd_big", 0.0, 1e-10), ("rfd_big", 0.0, 1e-10), ("fd_big", 1e-6, 1e-4), ("ons", 1e-7, 1e-6)],
 )
