@@ -88,7 +88,7 @@ def _config(size: str) -> dict:
 
 
 def learners(cfg) -> list[common.Algorithm]:
-    """The learners of this version of sketchopt (RADAGRAD only once it has landed)."""
+    """The learners of the comparison."""
     import jax.numpy as jnp
 
     import sketchopt as so
@@ -103,7 +103,9 @@ def learners(cfg) -> list[common.Algorithm]:
     def inv_sqrt(eta):
         return lambda count: eta * jnp.reciprocal(jnp.sqrt(count + 1.0))
 
-    algs = [
+    son = {"sketch_size": tau, "fast": True, "eta": 0.0, "curvature": CURVATURE, "bound": BOUND}
+    c = CURVATURE
+    return [
         common.Algorithm(
             "ada_fd", "ADA-FD", lambda h, k: so.ada_fd(h["eta"], tau, h["delta"]), ada,
             {"sketch_size": tau},
@@ -121,36 +123,26 @@ def learners(cfg) -> list[common.Algorithm]:
             lambda h, k: so.ada_diag_dual_averaging(h["eta"], h["delta"]), ada,
             rule="dual_averaging",
         ),
-    ]  # fmt: skip
-    if callable(getattr(so, "radagrad", None)):
-        algs.append(
-            common.Algorithm(
-                "radagrad", "RADAGRAD", lambda h, k: so.radagrad(h["eta"], tau, h["delta"], k),
-                ada, {"sketch_size": tau}, random=True,
-            )
-        )  # fmt: skip
-    if callable(getattr(so, "fd_son", None)):
-        son = {"sketch_size": tau, "fast": True, "eta": 0.0, "curvature": CURVATURE, "bound": BOUND}
-        c = CURVATURE
-        algs += [
-            common.Algorithm(
-                "fd_son", "FD-SON",
-                lambda h, k: so.fd_son(h["alpha"], tau, eta=0.0, curvature=c, fast=True),
-                {"alpha": cfg["son_grid"]}, son, project=project, rule="son",
-            ),
-            common.Algorithm(
-                "rfd_son", "RFD-SON",
-                lambda h, k: so.rfd_son(tau, alpha0=h["alpha0"], eta=0.0, curvature=c, fast=True),
-                {"alpha0": cfg["son_grid"]}, son, project=project, rule="son",
-            ),
-            common.Algorithm(
-                "rfd0_son", "RFD0-SON",
-                lambda h, k: so.rfd_son(tau, alpha0=0.0, eta=0.0, curvature=c, fast=True),
-                {"alpha0": [0.0]}, {**son, "api": "rfd_son(alpha0=0)"}, project=project,
-                rule="son",
-            ),
-        ]  # fmt: skip
-    algs += [
+        common.Algorithm(
+            "radagrad", "RADAGRAD", lambda h, k: so.radagrad(h["eta"], tau, h["delta"], k),
+            ada, {"sketch_size": tau}, random=True,
+        ),
+        common.Algorithm(
+            "fd_son", "FD-SON",
+            lambda h, k: so.fd_son(h["alpha"], tau, eta=0.0, curvature=c, fast=True),
+            {"alpha": cfg["son_grid"]}, son, project=project, rule="son",
+        ),
+        common.Algorithm(
+            "rfd_son", "RFD-SON",
+            lambda h, k: so.rfd_son(tau, alpha0=h["alpha0"], eta=0.0, curvature=c, fast=True),
+            {"alpha0": cfg["son_grid"]}, son, project=project, rule="son",
+        ),
+        common.Algorithm(
+            "rfd0_son", "RFD0-SON",
+            lambda h, k: so.rfd_son(tau, alpha0=0.0, eta=0.0, curvature=c, fast=True),
+            {"alpha0": [0.0]}, {**son, "api": "rfd_son(alpha0=0)"}, project=project,
+            rule="son",
+        ),
         common.Algorithm(
             "simple_truncation", "simple truncation",
             lambda h, k: so.simple_truncation(inv_sqrt(h["eta"]), h["l1"], 10),
@@ -179,15 +171,6 @@ def learners(cfg) -> list[common.Algorithm]:
             {"beta": 1.0, "l2": 0.0, "alpha": "eta"}, rule="sparse",
         ),
     ]  # fmt: skip
-    return [a for a in algs if callable(getattr(so, a.name.replace("rfd0_son", "rfd_son"), None))]
-
-
-def missing_algorithms() -> list[str]:
-    import sketchopt as so
-
-    wanted = ("radagrad", "fd_son", "rfd_son", "simple_truncation", "truncated_gradient",
-              "fobos_l1", "rda_l1", "ftrl_proximal")  # fmt: skip
-    return [n for n in wanted if not callable(getattr(so, n, None))]
 
 
 def prepare(name: str, cfg, seed: int):
@@ -280,7 +263,6 @@ def run(*, quick: bool, full: bool, seed: int, out: pathlib.Path) -> dict:
             "sketch_size": SKETCH_SIZE,
             "selection": "fewest mean online mistakes over the permutations",
         },
-        "missing": missing_algorithms(),
         "algorithms": results,
     }
     rows = []
@@ -301,8 +283,6 @@ def run(*, quick: bool, full: bool, seed: int, out: pathlib.Path) -> dict:
         k: {ds: v["datasets"][ds]["test_accuracy"] for ds in v["datasets"]}
         for k, v in results.items()
     }
-    if payload["missing"]:
-        summary["notes"] = [f"not yet in sketchopt, skipped: {', '.join(payload['missing'])}"]
     return summary
 
 

@@ -19,8 +19,7 @@ FD-SON to the convolutional layers, and other layers are still trained with ADA-
 * ``adam`` -- ``optax.adam`` on everything, the everyday reference.
 
 A mixed optimizer is one ``optax.partition`` whose labels come from the parameter paths
-(:func:`conv_kernel_labels`); each conv kernel is its own block with its own sketch. RADAGRAD and
-FD-SON are run when this version of ``sketchopt`` has them (the JSON lists the missing ones).
+(:func:`conv_kernel_labels`); each conv kernel is its own block with its own sketch.
 
 Hyperparameters. ADA-DIAG is tuned first; the ADA-DIAG part of every mixed optimizer keeps
 ADA-DIAG's chosen ``(eta, delta)``, so a mixed optimizer differs from ADA-DIAG only on the conv
@@ -67,8 +66,6 @@ import functools
 import pathlib
 import sys
 import time
-from collections.abc import Callable, Mapping, Sequence
-from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -190,23 +187,6 @@ def conv_kernel_labels(params):
 # Optimizers.
 
 
-@dataclasses.dataclass(frozen=True)
-class Method:
-    """An optimizer of the comparison.
-
-    ``make(hyper, diag, key)`` builds the transformation from its own (possibly traced)
-    hyperparameters, ADA-DIAG's chosen pair ``diag`` (used on the non-conv parameters of the mixed
-    optimizers) and a PRNG key (RADAGRAD's projections). ``grids`` maps a grid mode to a grid.
-    """
-
-    name: str
-    label: str
-    make: Callable[[Mapping[str, Any], Mapping[str, Any], Any], Any]
-    grids: Mapping[str, Mapping[str, Sequence[float]]]
-    static: Mapping[str, Any] = dataclasses.field(default_factory=dict)
-    mixed: bool = True
-
-
 def conv_partition(conv_tx, diag_eta, diag_delta):
     """``conv_tx`` on the conv kernels, ADA-DIAG on every other parameter (the paper's setup)."""
     return optax.partition(
@@ -215,66 +195,70 @@ def conv_partition(conv_tx, diag_eta, diag_delta):
 
 
 def _mixed(conv_factory):
-    return lambda h, d, k: conv_partition(conv_factory(h, k), d["eta"], d["delta"])
+    """``conv_factory(hyper, key)`` on the conv kernels, ADA-DIAG's chosen pair elsewhere."""
+    return lambda h, k: conv_partition(conv_factory(h, k), h["diag"]["eta"], h["diag"]["delta"])
 
 
-def methods() -> list[Method]:
-    """The optimizers of Fig. 4 that this version of sketchopt has, then Adam."""
+SKETCHED_GRIDS = {  # ADA-FD and RADAGRAD on the conv kernels
+    "one": {"eta": [1.0], "delta": [1.0]},
+    "default": {"eta": [0.3, 1.0], "delta": [0.1, 1.0]},
+    "full": {"eta": [0.1, 0.3, 1.0, 3.0], "delta": [0.01, 0.1, 1.0, 10.0]},
+}
+
+
+def methods(grid_mode: str = "default") -> list[common.Algorithm]:
+    """The optimizers of Fig. 4, the SGD control, then Adam, with the grids of ``grid_mode``.
+
+    ``make(hyper, key)`` builds the transformation from its own (possibly traced) hyperparameters
+    and a PRNG key (RADAGRAD's projections); a ``mixed`` optimizer also reads ADA-DIAG's chosen
+    pair ``hyper["diag"]`` (used on the non-conv parameters).
+    """
     tau = SKETCH_SIZE
-    out = [
-        Method(
+
+    def method(name, label, make, grids, static=None, **kwargs):
+        return common.Algorithm(name, label, make, grids[grid_mode], static or {}, **kwargs)
+
+    return [
+        method(
             "ada_diag",
             "ADA-DIAG",
-            lambda h, d, k: so.ada_diag(h["eta"], h["delta"]),
+            lambda h, k: so.ada_diag(h["eta"], h["delta"]),
             {
                 "one": {"eta": [0.01], "delta": [1e-6]},
                 "default": {"eta": [0.01, 0.03], "delta": [1e-6, 1e-2]},
                 "full": {"eta": [0.003, 0.01, 0.03, 0.1], "delta": [1e-8, 1e-6, 1e-4, 1e-2]},
             },
-            mixed=False,
         ),
-        Method(
+        method(
             "ada_fd",
             "ADA-FD",
             _mixed(lambda h, k: so.ada_fd(h["eta"], tau, h["delta"])),
-            {
-                "one": {"eta": [1.0], "delta": [1.0]},
-                "default": {"eta": [0.3, 1.0], "delta": [0.1, 1.0]},
-                "full": {"eta": [0.1, 0.3, 1.0, 3.0], "delta": [0.01, 0.1, 1.0, 10.0]},
-            },
+            SKETCHED_GRIDS,
             {"sketch_size": tau},
+            mixed=True,
         ),
-    ]
-    if callable(getattr(so, "radagrad", None)):
-        out.append(
-            Method(
-                "radagrad",
-                "RADAGRAD",
-                _mixed(lambda h, k: so.radagrad(h["eta"], tau, h["delta"], k)),
-                {
-                    "one": {"eta": [1.0], "delta": [1.0]},
-                    "default": {"eta": [0.3, 1.0], "delta": [0.1, 1.0]},
-                    "full": {"eta": [0.1, 0.3, 1.0, 3.0], "delta": [0.01, 0.1, 1.0, 10.0]},
-                },
-                {"sketch_size": tau},
-            )
-        )
-    if callable(getattr(so, "fd_son", None)):
-        out.append(
-            Method(
-                "fd_son",
-                "FD-SON",
-                _mixed(lambda h, k: so.fd_son(h["alpha"], tau, eta=h["eta"], curvature=0.0)),
-                {
-                    "one": {"eta": [3.0], "alpha": [0.3]},
-                    "default": {"eta": [1.0, 3.0], "alpha": [0.3, 1.0]},
-                    "full": {"eta": [0.1, 0.3, 1.0, 3.0], "alpha": [0.1, 0.3, 1.0, 3.0]},
-                },
-                {"sketch_size": tau, "curvature": 0.0},
-            )
-        )
-    out.append(  # control: is a gain the preconditioner or just another step on the kernels?
-        Method(
+        method(
+            "radagrad",
+            "RADAGRAD",
+            _mixed(lambda h, k: so.radagrad(h["eta"], tau, h["delta"], k)),
+            SKETCHED_GRIDS,
+            {"sketch_size": tau},
+            random=True,
+            mixed=True,
+        ),
+        method(
+            "fd_son",
+            "FD-SON",
+            _mixed(lambda h, k: so.fd_son(h["alpha"], tau, eta=h["eta"], curvature=0.0)),
+            {
+                "one": {"eta": [3.0], "alpha": [0.3]},
+                "default": {"eta": [1.0, 3.0], "alpha": [0.3, 1.0]},
+                "full": {"eta": [0.1, 0.3, 1.0, 3.0], "alpha": [0.1, 0.3, 1.0, 3.0]},
+            },
+            {"sketch_size": tau, "curvature": 0.0},
+            mixed=True,
+        ),
+        method(  # control: is a gain the preconditioner or just another step on the kernels?
             "sgd",
             "SGD",
             _mixed(lambda h, k: optax.sgd(h["eta"])),
@@ -283,26 +267,19 @@ def methods() -> list[Method]:
                 "default": {"eta": [0.3, 1.0]},
                 "full": {"eta": [0.1, 0.3, 1.0, 3.0]},
             },
-        )
-    )
-    out.append(
-        Method(
+            mixed=True,
+        ),
+        method(
             "adam",
             "Adam",
-            lambda h, d, k: optax.adam(h["eta"]),
+            lambda h, k: optax.adam(h["eta"]),
             {
                 "one": {"eta": [0.01]},
                 "default": {"eta": [3e-3, 0.01, 0.03]},
                 "full": {"eta": [1e-3, 3e-3, 0.01, 0.03]},
             },
-            mixed=False,
-        )
-    )
-    return out
-
-
-def missing_methods() -> list[str]:
-    return [n for n in ("radagrad", "fd_son") if not callable(getattr(so, n, None))]
+        ),
+    ]
 
 
 # ------------------------------------------------------------------------------------------------
@@ -313,7 +290,7 @@ class Trainer:
     """One compiled training step per optimizer: hyperparameters, keys and batches are arguments,
     so a grid and all the seeds share one compilation."""
 
-    def __init__(self, method: Method, cfg: Config, data):
+    def __init__(self, method: common.Algorithm, cfg: Config, data):
         self.method, self.cfg = method, cfg
         x_train, y_train, x_test, y_test = data
         self.x_train, self.y_train = jnp.asarray(x_train), jnp.asarray(y_train)
@@ -327,7 +304,7 @@ class Trainer:
 
         def step(params, opt_state, hyper, diag, key, t, idx):
             _, tx_key, dropout_key = jax.random.split(key, 3)
-            tx = method.make(hyper, diag, tx_key)
+            tx = method.make({**hyper, "diag": diag}, tx_key)
             x, y = self.x_train[idx], self.y_train[idx]
             loss, grads = jax.value_and_grad(loss_fn)(
                 params, x, y, jax.random.fold_in(dropout_key, t)
@@ -360,7 +337,7 @@ class Trainer:
         key = jax.random.key(seed)
         model_key, tx_key, _ = jax.random.split(key, 3)
         params = _init_params(self.cfg.image_size)(model_key)  # the same for every optimizer
-        opt_state = self.method.make(hyper, diag, tx_key).init(params)
+        opt_state = self.method.make({**hyper, "diag": diag}, tx_key).init(params)
         # Eager init may hand the same buffer to several leaves; the step donates its state.
         opt_state = jax.tree.map(lambda a: jnp.array(a, copy=True), opt_state)
         rng = np.random.default_rng(seed)
@@ -439,13 +416,13 @@ def run(*, quick: bool, full: bool, seed: int, out: pathlib.Path) -> dict:
     cfg = config(common.size_name(quick=quick, full=full))
     start, cpu_start = time.perf_counter(), time.process_time()
     data = load_mnist(cfg.image_size, cfg.n_train, cfg.n_test)
-    all_methods = methods()
+    all_methods = methods(cfg.grid_mode)
     seeds = [seed + i for i in range(cfg.seeds)]
     select_seed = seed + SELECT_SEED_OFFSET
     spe = cfg.n_train // BATCH_SIZE
 
     def planned(m):
-        grid = common.grid_points(m.grids[cfg.grid_mode])
+        grid = common.grid_points(m.grid)
         select = len(grid) * cfg.select_epochs if len(grid) > 1 else 0
         return (select + cfg.seeds * cfg.epochs) * spe
 
@@ -457,7 +434,7 @@ def run(*, quick: bool, full: bool, seed: int, out: pathlib.Path) -> dict:
         if hasattr(bar, "set_description"):
             bar.set_description(f"{NAME}: {m.label}")
         trainer = Trainer(m, cfg, data)
-        grid = common.grid_points(m.grids[cfg.grid_mode])
+        grid = common.grid_points(m.grid)
         scores = []
         if len(grid) > 1:
             for point in grid:
@@ -477,7 +454,7 @@ def run(*, quick: bool, full: bool, seed: int, out: pathlib.Path) -> dict:
             "chosen": chosen,
             "ada_diag_on_other_parameters": dict(diag_choice) if m.mixed else None,
             "static": dict(m.static),
-            "grid": dict(m.grids[cfg.grid_mode]),
+            "grid": dict(m.grid),
             "grid_scores": [{**p, "score": s} for p, s in zip(grid, scores, strict=False)],
             "curves": {
                 k: {"per_seed": v, "mean": np.nanmean(v, 0), "std": np.nanstd(v, 0)}
@@ -516,7 +493,6 @@ def run(*, quick: bool, full: bool, seed: int, out: pathlib.Path) -> dict:
             "epochs; smallest last-epoch mean mini-batch training loss",
             "train_loss_curve": f"mean mini-batch loss (with dropout) per {cfg.log_every} steps",
         },
-        "missing": missing_methods(),
         "claim": claim,
         "wall_seconds": wall,
         "cpu_seconds": cpu,
@@ -528,8 +504,7 @@ def run(*, quick: bool, full: bool, seed: int, out: pathlib.Path) -> dict:
     print(f"wall time {wall:.0f} s ({cpu:.0f} s of CPU time)")
     summary.update(
         {
-            "notes": [claim["text"]]
-            + [f"{n} not in this version of sketchopt: not run" for n in missing_methods()],
+            "notes": [claim["text"]],
             "claim_holds": claim["holds"],
             "final": {
                 name: {

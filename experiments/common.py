@@ -106,6 +106,8 @@ class Algorithm:
         (SON's bounded-prediction projection).
       random: the learner is randomized (its results are averaged over several keys).
       rule: ``"mirror_descent"`` or ``"dual_averaging"`` (for grouping in plots).
+      mixed: the learner runs on part of the parameters, ADA-DIAG on the rest (``cnn``: the conv
+        kernels); ``make`` then reads ADA-DIAG's chosen pair from ``hyper["diag"]``.
     """
 
     name: str
@@ -116,6 +118,7 @@ class Algorithm:
     project: Callable[[Any, Any, Any], Any] | None = None
     random: bool = False
     rule: str = "mirror_descent"
+    mixed: bool = False
 
 
 def grid_points(grid: Mapping[str, Sequence[float]]) -> list[dict[str, float]]:

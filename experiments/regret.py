@@ -60,12 +60,12 @@ def make_problem(T: int, d: int, seed: int):
 
 
 def algorithms(grid: list[float]) -> list[common.Algorithm]:
-    """The learners of Fig. 1 that exist in this version of sketchopt."""
+    """The learners of Fig. 1."""
     import sketchopt as so
 
     g = {"eta": grid, "delta": grid}
     tau = SKETCH_SIZE
-    algs = [
+    return [
         common.Algorithm(
             "ada_fd_dual_averaging",
             "ADA-FD",
@@ -97,35 +97,22 @@ def algorithms(grid: list[float]) -> list[common.Algorithm]:
         ),
         common.Algorithm("ada_full", "ADA-FULL", lambda h, k: so.ada_full(h["eta"], h["delta"]), g),
         common.Algorithm("ada_diag", "ADA-DIAG", lambda h, k: so.ada_diag(h["eta"], h["delta"]), g),
+        common.Algorithm(
+            "radagrad",
+            "RADAGRAD",
+            lambda h, k: so.radagrad(h["eta"], tau, h["delta"], k),
+            g,
+            {"sketch_size": tau, "seeds": RADAGRAD_SEEDS},
+            random=True,
+        ),
+        common.Algorithm(
+            "fd_son",
+            "FD-SON",
+            lambda h, k: so.fd_son(h["delta"], tau, eta=h["eta"], curvature=0.0),
+            g,
+            {"sketch_size": tau, "curvature": 0.0, "alpha": "searched on the delta grid"},
+        ),
     ]
-    if callable(getattr(so, "radagrad", None)):
-        algs.append(
-            common.Algorithm(
-                "radagrad",
-                "RADAGRAD",
-                lambda h, k: so.radagrad(h["eta"], tau, h["delta"], k),
-                g,
-                {"sketch_size": tau, "seeds": RADAGRAD_SEEDS},
-                random=True,
-            )
-        )
-    if callable(getattr(so, "fd_son", None)):
-        algs.append(
-            common.Algorithm(
-                "fd_son",
-                "FD-SON",
-                lambda h, k: so.fd_son(h["delta"], tau, eta=h["eta"], curvature=0.0),
-                g,
-                {"sketch_size": tau, "curvature": 0.0, "alpha": "searched on the delta grid"},
-            )
-        )
-    return algs
-
-
-def missing_algorithms() -> list[str]:
-    import sketchopt as so
-
-    return [name for name in ("radagrad", "fd_son") if not callable(getattr(so, name, None))]
 
 
 def run(*, quick: bool, full: bool, seed: int, out: pathlib.Path) -> dict:
@@ -221,7 +208,6 @@ def run(*, quick: bool, full: bool, seed: int, out: pathlib.Path) -> dict:
             "timing_rounds": n_time,
             "radagrad_seeds": RADAGRAD_SEEDS,
         },
-        "missing": missing_algorithms(),
         "algorithms": results,
     }
     rows = []
@@ -245,8 +231,6 @@ def run(*, quick: bool, full: bool, seed: int, out: pathlib.Path) -> dict:
     fig = _plot(results, T, d)
     summary = common.finish_run("regret", out, payload, fig, table)
     summary["final_regret"] = {k: v["final_regret"] for k, v in results.items()}
-    if payload["missing"]:
-        summary["notes"] = [f"not yet in sketchopt, skipped: {', '.join(payload['missing'])}"]
     return summary
 
 

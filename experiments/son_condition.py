@@ -168,14 +168,9 @@ def run(*, quick: bool, full: bool, seed: int, out: pathlib.Path) -> dict:
     import jax
     import jax.numpy as jnp
 
-    import sketchopt as so
-
     common.limit_blas_threads()
     size = common.size_name(quick=quick, full=full)
     cfg = _config(size)
-    missing = [n for n in ("fd_son", "oja_son", "rfd_son") if not callable(getattr(so, n, None))]
-    if missing:
-        raise RuntimeError(f"son_condition needs {missing} from sketchopt.son (not landed yet)")
     T, d, kappas = cfg["T"], cfg["d"], cfg["kappas"]
     xs, y = make_data(T, d, kappas, seed)
     xs, y = jnp.asarray(xs), jnp.asarray(y)

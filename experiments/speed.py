@@ -119,10 +119,7 @@ def _learners(tau: int, dim: int, full_dim: int):
             "sketch",
         ),
     ]
-    if callable(getattr(so, "fd_son", None)):
-        learners.append(("fd_son", so.fd_son(1.0, tau), "tx"))
-    if callable(getattr(so, "rfd_son", None)):
-        learners.append(("rfd_son", so.rfd_son(tau), "tx"))
+    learners += [("fd_son", so.fd_son(1.0, tau), "tx"), ("rfd_son", so.rfd_son(tau), "tx")]
     if dim <= full_dim:
         learners.append(("ada_full", so.ada_full(0.1, 1e-3), "tx"))
     return learners
