@@ -47,12 +47,15 @@ __all__ = [
 ]
 
 
-def _fd_sketch(sketch_size, robust, fast, alpha_fraction=0.5):
+def _fd_metric(sketch_size, delta, robust, fast, alpha_fraction=0.5):
+    """ADA-FD's metric ``H_t = delta I + C_t^{1/2}`` on an FD (``robust``: RFD) sketch."""
     if robust:
-        return _sketches.robust_frequent_directions(
+        sketch = _sketches.robust_frequent_directions(
             sketch_size, fast=fast, alpha_fraction=alpha_fraction
         )
-    return _sketches.frequent_directions(sketch_size, fast=fast)
+    else:
+        sketch = _sketches.frequent_directions(sketch_size, fast=fast)
+    return _metrics.sketched(sketch, delta)
 
 
 @_leafwise.compiled
@@ -84,11 +87,14 @@ def ada_fd(
       regularizer.
 
     References:
-      Wan, Wei & Zhang, "Efficient Adaptive Online Learning via Frequent Directions", Alg. 2
-      and eq. (7); Luo, Chen, Zhang, Li & Zhang, "Robust Frequent Directions with Application
-      in Online Learning", Alg. 2 (``robust``) and Alg. 4/5 (``fast``).
+      Wan, Wei & Zhang (2018), "Efficient Adaptive Online Learning via Frequent Directions",
+      IJCAI, Alg. 2 and eq. (7); Luo, Chen, Zhang, Li & Zhang (2019), "Robust Frequent
+      Directions with Application in Online Learning", JMLR 20, Alg. 2 (``robust``) and
+      Alg. 4/5 (``fast``).
 
-    Example (step 1: ``H_1 = delta I + |g_1|`` along ``g_1``, so ``-eta g_1 / (delta + 3)``):
+    Examples:
+      Step 1: ``H_1 = delta I + |g_1|`` along ``g_1``, so the step is ``-eta g_1 / (delta + 3)``.
+
       >>> import jax.numpy as jnp, sketchopt as so
       >>> params, grads = {"w": jnp.zeros(3)}, {"w": jnp.array([1.0, 2.0, 2.0])}
       >>> tx = so.ada_fd(learning_rate=0.3, sketch_size=2, delta=1e-3)
@@ -96,8 +102,7 @@ def ada_fd(
       >>> updates["w"].round(3)
       Array([-0.1, -0.2, -0.2], dtype=float32)
     """
-    sketch = _fd_sketch(sketch_size, robust, fast)
-    return mirror_descent(learning_rate, _metrics.sketched(sketch, delta), regularizer)
+    return mirror_descent(learning_rate, _fd_metric(sketch_size, delta, robust, fast), regularizer)
 
 
 @_leafwise.compiled
@@ -122,10 +127,10 @@ def ada_fd_dual_averaging(
       An ``optax.GradientTransformationExtraArgs`` whose ``update`` needs ``params``.
 
     References:
-      Wan, Wei & Zhang, "Efficient Adaptive Online Learning via Frequent Directions", Alg. 1
-      and eq. (6).
+      Wan, Wei & Zhang (2018), "Efficient Adaptive Online Learning via Frequent Directions",
+      IJCAI, Alg. 1 and eq. (6).
 
-    Example:
+    Examples:
       >>> import jax.numpy as jnp, sketchopt as so
       >>> x1 = jnp.ones(2)
       >>> tx = so.ada_fd_dual_averaging(0.5, sketch_size=3, delta=1.0)
@@ -133,8 +138,7 @@ def ada_fd_dual_averaging(
       >>> (x1 + updates).round(4)  # x_1 - eta g / (delta + |g|), anchored at x_1
       Array([0.75  , 0.6667], dtype=float32)
     """
-    sketch = _fd_sketch(sketch_size, robust, fast)
-    return dual_averaging(learning_rate, _metrics.sketched(sketch, delta), regularizer)
+    return dual_averaging(learning_rate, _fd_metric(sketch_size, delta, robust, fast), regularizer)
 
 
 @_leafwise.compiled
@@ -143,8 +147,9 @@ def ada_full(
 ) -> optax.GradientTransformationExtraArgs:
     """ADA-FULL with composite mirror descent (Duchi et al. eq. 4, ``H = delta I + G^{1/2}``).
 
-    ``G_t = sum_s g_s g_s^T`` is kept exactly: ``O(d^2)`` memory and an ``O(d^3)``
-    eigendecomposition per step, the reference that ADA-FD approximates.
+    ``x_{t+1} = x_t - eta (delta I + G_t^{1/2})^{-1} g_t`` (with a regularizer, its proximal step
+    in the metric ``H_t``). ``G_t = sum_{s<=t} g_s g_s^T`` is kept exactly: ``O(d^2)`` memory and
+    an ``O(d^3)`` eigendecomposition per step, the reference that ADA-FD approximates.
 
     Args:
       learning_rate: ``eta``, a float or an Optax schedule.
@@ -156,10 +161,11 @@ def ada_full(
       regularizer.
 
     References:
-      Duchi, Hazan & Singer, "Adaptive Subgradient Methods for Online Learning and
-      Stochastic Optimization", eq. (4) with ``H_t`` of sec. 1.2.
+      Duchi, Hazan & Singer (2011), "Adaptive Subgradient Methods for Online Learning and
+      Stochastic Optimization", JMLR 12, Alg. 2 (full matrices) with the composite mirror descent
+      update, eq. (4).
 
-    Example:
+    Examples:
       >>> import jax.numpy as jnp, sketchopt as so
       >>> tx = so.ada_full(1.0, delta=1.0)
       >>> updates, state = tx.update(jnp.array([3.0, 4.0]), tx.init(jnp.zeros(2)))
@@ -175,6 +181,9 @@ def ada_full_dual_averaging(
 ) -> optax.GradientTransformationExtraArgs:
     """ADA-FULL with primal-dual subgradient updates (Duchi et al. eq. 3).
 
+    ``x_{t+1} = x_1 - eta (delta I + G_t^{1/2})^{-1} sum_{s<=t} g_s``, anchored at the initial
+    parameters ``x_1`` (with a regularizer, the proximal form of :func:`sketchopt.dual_averaging`).
+
     Args:
       learning_rate, delta, regularizer: as :func:`ada_full`.
 
@@ -182,10 +191,11 @@ def ada_full_dual_averaging(
       An ``optax.GradientTransformationExtraArgs`` whose ``update`` needs ``params``.
 
     References:
-      Duchi, Hazan & Singer, "Adaptive Subgradient Methods for Online Learning and
-      Stochastic Optimization", eq. (3).
+      Duchi, Hazan & Singer (2011), "Adaptive Subgradient Methods for Online Learning and
+      Stochastic Optimization", JMLR 12, Alg. 2 (full matrices) with the primal-dual subgradient
+      update, eq. (3).
 
-    Example:
+    Examples:
       >>> import jax.numpy as jnp, sketchopt as so
       >>> tx = so.ada_full_dual_averaging(1.0, delta=1.0)
       >>> x = jnp.zeros(2)
@@ -205,6 +215,9 @@ def ada_diag(
 ) -> optax.GradientTransformationExtraArgs:
     """ADA-DIAG with composite mirror descent (Duchi et al. eq. 4, ``H = delta I + diag(G)^{1/2}``).
 
+    ``x_{t+1,i} = x_{t,i} - eta g_{t,i} / (delta + sqrt(sum_{s<=t} g_{s,i}^2))`` (with a
+    regularizer, its closed-form proximal step in the diagonal metric).
+
     Args:
       learning_rate: ``eta``, a float or an Optax schedule.
       delta: ``delta >= 0`` (``delta = 0`` with the safe ``0/0 = 0``).
@@ -215,10 +228,11 @@ def ada_diag(
       regularizer.
 
     References:
-      Duchi, Hazan & Singer, "Adaptive Subgradient Methods for Online Learning and
-      Stochastic Optimization", eq. (4) with ``H_t`` of sec. 1.2; the proximal steps of sec. 6.
+      Duchi, Hazan & Singer (2011), "Adaptive Subgradient Methods for Online Learning and
+      Stochastic Optimization", JMLR 12, Alg. 1 (diagonal matrices) with the composite mirror
+      descent update, eq. (4); the proximal steps of sec. 6.
 
-    Example:
+    Examples:
       >>> import jax.numpy as jnp, sketchopt as so
       >>> tx = so.ada_diag(1.0, delta=0.0)
       >>> updates, state = tx.update(jnp.array([3.0, -4.0]), tx.init(jnp.zeros(2)))
@@ -234,6 +248,10 @@ def ada_diag_dual_averaging(
 ) -> optax.GradientTransformationExtraArgs:
     """ADA-DIAG with primal-dual subgradient updates (Duchi et al. eq. 3).
 
+    ``x_{t+1,i} = x_{1,i} - eta sum_{s<=t} g_{s,i} / (delta + sqrt(sum_{s<=t} g_{s,i}^2))``,
+    anchored at the initial parameters ``x_1`` (with a regularizer, its closed-form proximal
+    step, e.g. the truncation of Duchi et al. eq. 24 for L1).
+
     Args:
       learning_rate, delta, regularizer: as :func:`ada_diag`.
 
@@ -241,10 +259,11 @@ def ada_diag_dual_averaging(
       An ``optax.GradientTransformationExtraArgs`` whose ``update`` needs ``params``.
 
     References:
-      Duchi, Hazan & Singer, "Adaptive Subgradient Methods for Online Learning and
-      Stochastic Optimization", eq. (3).
+      Duchi, Hazan & Singer (2011), "Adaptive Subgradient Methods for Online Learning and
+      Stochastic Optimization", JMLR 12, Alg. 1 (diagonal matrices) with the primal-dual subgradient
+      update, eq. (3); the proximal steps of sec. 6.
 
-    Example:
+    Examples:
       >>> import jax.numpy as jnp, sketchopt as so
       >>> l1 = so.regularizers.l1(0.5)
       >>> tx = so.ada_diag_dual_averaging(1.0, delta=1.0, regularizer=l1)
@@ -268,6 +287,9 @@ def s_adagrad(
     """S-AdaGrad (Feinberg et al. 2023, "Sketchy"): robust ADA-FD whose ridge collects the whole
     shrinkage (the "escaped mass"), not half of it: ``C_t = B^T B + (sum of shrinkage) I``.
 
+    ``x_{t+1} = x_t - eta (delta I + C_t^{1/2})^{-1} g_t`` as in :func:`ada_fd`, with this
+    ``C_t``.
+
     Args:
       learning_rate, sketch_size, delta, fast, regularizer: as :func:`ada_fd`.
 
@@ -279,7 +301,7 @@ def s_adagrad(
       Feinberg, Chen, Sun, Anil & Hazan, "Sketchy: Memory-efficient Adaptive Regularization
       with Frequent Directions" (NeurIPS 2023), S-AdaGrad.
 
-    Example:
+    Examples:
       >>> import jax.numpy as jnp, sketchopt as so
       >>> g = jnp.array([1.0, 2.0, 2.0])
       >>> a, b = so.s_adagrad(0.1, 2, 1e-3), so.ada_fd(0.1, 2, 1e-3, robust=True)
@@ -287,8 +309,8 @@ def s_adagrad(
       >>> bool(same)  # nothing shrunk yet: no ridge to collect
       True
     """
-    sketch = _fd_sketch(sketch_size, True, fast, alpha_fraction=1.0)
-    return mirror_descent(learning_rate, _metrics.sketched(sketch, delta), regularizer)
+    metric = _fd_metric(sketch_size, delta, robust=True, fast=fast, alpha_fraction=1.0)
+    return mirror_descent(learning_rate, metric, regularizer)
 
 
 @_leafwise.compiled
@@ -304,16 +326,17 @@ def scale_by_ada_fd(
       An ``optax.GradientTransformationExtraArgs`` giving ``H_t^{-1} g_t``.
 
     References:
-      Wan, Wei & Zhang, "Efficient Adaptive Online Learning via Frequent Directions", Alg. 2.
+      Wan, Wei & Zhang (2018), "Efficient Adaptive Online Learning via Frequent Directions",
+      IJCAI, Alg. 2 (its preconditioner ``H_t^{-1}``).
 
-    Example:
+    Examples:
       >>> import jax.numpy as jnp, optax, sketchopt as so
       >>> tx = optax.chain(so.scale_by_ada_fd(3, 1.0), optax.scale_by_learning_rate(0.5))
       >>> updates, state = tx.update(jnp.array([3.0, 4.0]), tx.init(jnp.zeros(2)))
       >>> updates.round(4)  # -0.5 g / (1 + |g|)
       Array([-0.25  , -0.3333], dtype=float32)
     """
-    return scale_by_metric(_metrics.sketched(_fd_sketch(sketch_size, robust, fast), delta))
+    return scale_by_metric(_fd_metric(sketch_size, delta, robust, fast))
 
 
 @_leafwise.compiled
@@ -327,10 +350,10 @@ def scale_by_ada_full(delta: float) -> optax.GradientTransformationExtraArgs:
       An ``optax.GradientTransformationExtraArgs`` giving ``H_t^{-1} g_t``.
 
     References:
-      Duchi, Hazan & Singer, "Adaptive Subgradient Methods for Online Learning and
-      Stochastic Optimization", sec. 1.2.
+      Duchi, Hazan & Singer (2011), "Adaptive Subgradient Methods for Online Learning and
+      Stochastic Optimization", JMLR 12, Alg. 2 (full matrices), its ``H_t`` without the step.
 
-    Example:
+    Examples:
       >>> import jax.numpy as jnp, sketchopt as so
       >>> tx = so.scale_by_ada_full(1.0)
       >>> grads = {"a": jnp.array([0.0, 2.0]), "b": jnp.array([4.0])}  # a metric per leaf
@@ -352,10 +375,10 @@ def scale_by_ada_diag(delta: float) -> optax.GradientTransformationExtraArgs:
       An ``optax.GradientTransformationExtraArgs`` giving ``H_t^{-1} g_t``.
 
     References:
-      Duchi, Hazan & Singer, "Adaptive Subgradient Methods for Online Learning and
-      Stochastic Optimization", sec. 1.2.
+      Duchi, Hazan & Singer (2011), "Adaptive Subgradient Methods for Online Learning and
+      Stochastic Optimization", JMLR 12, Alg. 1 (diagonal matrices), its ``H_t`` without the step.
 
-    Example:
+    Examples:
       >>> import jax.numpy as jnp, sketchopt as so
       >>> tx = so.scale_by_ada_diag(1.0)
       >>> updates, state = tx.update(jnp.array([3.0, 4.0]), tx.init(jnp.zeros(2)))
@@ -383,11 +406,11 @@ def radagrad(learning_rate, sketch_size: int, delta: float, key):
       An ``optax.GradientTransformationExtraArgs`` (``params`` not needed).
 
     References:
-      Krummenacher, Fung, Bayer, Huang & Roth (NeurIPS 2016), "Scalable Adaptive Stochastic
-      Optimization Using Random Projections"; Wan, Wei & Zhang, "Efficient Adaptive Online
-      Learning via Frequent Directions", eq. (4).
+      Krummenacher, Fung, Bayer, Huang & Roth (2016), "Scalable Adaptive Stochastic
+      Optimization Using Random Projections", NeurIPS (RADAGRAD); Wan, Wei & Zhang (2018),
+      "Efficient Adaptive Online Learning via Frequent Directions", IJCAI, eq. (4).
 
-    Example:
+    Examples:
       >>> import jax, jax.numpy as jnp, sketchopt as so
       >>> params = {"b": jnp.zeros(2), "w": jnp.zeros((3, 2))}
       >>> tx = so.radagrad(0.1, 2, 1e-3, jax.random.PRNGKey(0))
@@ -416,11 +439,11 @@ def ada_lr(learning_rate, sketch_size: int, delta: float, key):
       An ``optax.GradientTransformationExtraArgs`` (``params`` not needed).
 
     References:
-      Krummenacher, Fung, Bayer, Huang & Roth (NeurIPS 2016), "Scalable Adaptive Stochastic
-      Optimization Using Random Projections"; Wan, Wei & Zhang, "Efficient Adaptive Online
-      Learning via Frequent Directions", eq. (3).
+      Krummenacher, Fung, Bayer, Huang & Roth (2016), "Scalable Adaptive Stochastic
+      Optimization Using Random Projections", NeurIPS (ADA-LR); Wan, Wei & Zhang (2018),
+      "Efficient Adaptive Online Learning via Frequent Directions", IJCAI, eq. (3).
 
-    Example:
+    Examples:
       >>> import jax, jax.numpy as jnp, sketchopt as so
       >>> tx = so.ada_lr(1.0, 1, 1.0, jax.random.PRNGKey(0))
       >>> updates, state = tx.update(jnp.array([3.0, 4.0]), tx.init(jnp.zeros(2)))
@@ -440,11 +463,32 @@ def inject_hyperparams(
     Sizes such as ``sketch_size`` fix array shapes and cannot be traced, so with plain
     ``optax.inject_hyperparams`` they must be listed in ``static_args``; this wrapper does that
     automatically for every argument given as a Python ``int`` (floats, arrays and schedules are
-    injected as usual)::
+    injected as usual). The update rule is ``inner_factory``'s, with the injected
+    hyperparameters read from ``state.hyperparams`` at every step (so they can be changed
+    between steps).
 
-        tx = sketchopt.inject_hyperparams(sketchopt.ada_fd)(learning_rate=0.1, sketch_size=10,
-                                                            delta=1e-3)
-        state.hyperparams["learning_rate"] = 0.05
+    Args:
+      inner_factory: a transform factory (``sketchopt.ada_fd``, ...).
+      static_args: names of further arguments to keep static.
+      hyperparam_dtype: the dtype of the injected hyperparameters (as in Optax).
+
+    Returns:
+      A factory with ``inner_factory``'s signature whose transforms keep the injected
+      hyperparameters in ``state.hyperparams``.
+
+    References:
+      Optax documentation, ``optax.inject_hyperparams``.
+
+    Examples:
+      >>> import jax.numpy as jnp, sketchopt as so
+      >>> tx = so.inject_hyperparams(so.ada_fd)(learning_rate=0.3, sketch_size=2, delta=1e-3)
+      >>> state = tx.init(jnp.zeros(3))
+      >>> sorted(state.hyperparams)  # sketch_size, an int, is static
+      ['delta', 'learning_rate']
+      >>> state.hyperparams["learning_rate"] = 0.6
+      >>> updates, state = tx.update(jnp.array([1.0, 2.0, 2.0]), state)
+      >>> updates.round(3)  # -0.6 g / (delta + 3)
+      Array([-0.2, -0.4, -0.4], dtype=float32)
     """
     static = {static_args} if isinstance(static_args, str) else set(static_args)
     signature = inspect.signature(inner_factory)

@@ -1,7 +1,7 @@
 """Classic first-order sparse online learners as Optax gradient transformations.
 
 The formulas are those of the slides *Online Learning/Optimization: algorithms and analysis*
-(``papers/001_32e89dace837cb89.txt``), written with a time index ``t = 1, 2, 3, ...``:
+(poetniu, 2015), written with a time index ``t = 1, 2, 3, ...``:
 
 * :func:`simple_truncation` -- gradient step, then every ``k`` steps the truncation ``T_0``;
 * :func:`truncated_gradient` -- truncated gradient, slides Alg. 3 (Langford, Li & Zhang 2009);
@@ -162,6 +162,19 @@ def simple_truncation(
 
     Returns:
       An ``optax.GradientTransformationExtraArgs`` whose ``update`` needs ``params``.
+
+    References:
+      Langford, Li & Zhang (2009), "Sparse Online Learning via Truncated Gradient", JMLR 10:
+      simple coefficient rounding (the operator ``T_0``); the slides "Online
+      Learning/Optimization: algorithms and analysis" (poetniu, 2015), before Alg. 3.
+
+    Examples:
+      >>> import jax.numpy as jnp, sketchopt as so
+      >>> params = jnp.zeros(3)
+      >>> tx = so.simple_truncation(0.5, theta=0.3)
+      >>> updates, state = tx.update(jnp.array([0.4, -1.0, 0.2]), tx.init(params), params)
+      >>> params + updates  # w - eta g = (-0.2, 0.5, -0.1); |v_i| <= 0.3 set to 0
+      Array([0. , 0.5, 0. ], dtype=float32)
     """
     _validation.step_size("learning_rate", learning_rate)
     _validation.strength("theta", theta, allow_inf=True)
@@ -196,6 +209,19 @@ def truncated_gradient(
 
     Returns:
       An ``optax.GradientTransformationExtraArgs`` whose ``update`` needs ``params``.
+
+    References:
+      Langford, Li & Zhang (2009), "Sparse Online Learning via Truncated Gradient", JMLR 10:
+      the truncated-gradient update with the operator ``T_1``; the slides "Online
+      Learning/Optimization: algorithms and analysis" (poetniu, 2015), Alg. 3.
+
+    Examples:
+      >>> import jax.numpy as jnp, sketchopt as so
+      >>> params = jnp.zeros(3)
+      >>> tx = so.truncated_gradient(0.5, gravity=0.25, theta=1.0)
+      >>> updates, state = tx.update(jnp.array([2.0, -1.0, 4.0]), tx.init(params), params)
+      >>> params + updates  # v = (-1, 0.5, -2) shrunk by eta * gravity where |v_i| <= theta
+      Array([-0.875,  0.375, -2.   ], dtype=float32)
     """
     _validation.step_size("learning_rate", learning_rate)
     _validation.strength("gravity", gravity)
@@ -224,6 +250,20 @@ def fobos_l1(learning_rate: ScalarOrSchedule, l1: float) -> optax.GradientTransf
 
     Returns:
       An ``optax.GradientTransformationExtraArgs`` whose ``update`` needs ``params``.
+
+    References:
+      Duchi & Singer (2009), "Efficient Online and Batch Learning Using Forward Backward
+      Splitting" (FOBOS), JMLR 10: the forward and backward steps, eqs. (2)-(3), with the L1
+      regularizer; the slides "Online Learning/Optimization: algorithms and analysis"
+      (poetniu, 2015), Alg. 4.
+
+    Examples:
+      >>> import jax.numpy as jnp, sketchopt as so
+      >>> params = jnp.zeros(3)
+      >>> tx = so.fobos_l1(0.5, l1=0.25)
+      >>> updates, state = tx.update(jnp.array([2.0, -1.0, 4.0]), tx.init(params), params)
+      >>> params + updates  # soft threshold of w - eta g = (-1, 0.5, -2) at eta * l1
+      Array([-0.875,  0.375, -1.875], dtype=float32)
     """
     _validation.step_size("learning_rate", learning_rate)
     _validation.strength("l1", l1)
@@ -257,6 +297,23 @@ def rda_l1(gamma: float, l1: float) -> optax.GradientTransformationExtraArgs:
     Returns:
       An ``optax.GradientTransformationExtraArgs`` whose ``update`` needs ``params``; ``t`` is
       the number of (finite) gradients the leaf has seen, see the module docstring.
+
+    References:
+      Xiao (2010), "Dual Averaging Methods for Regularized Stochastic Learning and Online
+      Optimization" (RDA), JMLR 11: Algorithm 1 with ``Psi(w) = l1 ||w||_1`` and
+      ``beta_t = gamma sqrt(t)``; the slides "Online Learning/Optimization: algorithms and
+      analysis" (poetniu, 2015), Alg. 5.
+
+    Examples:
+      >>> import jax.numpy as jnp, sketchopt as so
+      >>> w = jnp.zeros(2)
+      >>> tx = so.rda_l1(gamma=1.0, l1=0.5)
+      >>> state = tx.init(w)
+      >>> for g in (jnp.array([1.5, 0.2]), jnp.array([1.5, 0.2])):
+      ...     updates, state = tx.update(g, state, w)
+      ...     w = w + updates
+      >>> w.round(4)  # -(sqrt(t) / gamma) (1.5 - l1) at t = 2; an average 0.2 < l1 stays 0
+      Array([-1.4142,  0.    ], dtype=float32)
     """
     _validation.ridge("gamma", gamma, positive=True, why="the weights divide by gamma")
     _validation.strength("l1", l1)
@@ -313,6 +370,19 @@ def ftrl_proximal(
 
     Returns:
       An ``optax.GradientTransformationExtraArgs`` whose ``update`` needs ``params``.
+
+    References:
+      McMahan et al. (2013), "Ad Click Prediction: a View from the Trenches" (KDD 2013),
+      Algorithm 1 (per-coordinate FTRL-Proximal with L1 and L2); the slides "Online
+      Learning/Optimization: algorithms and analysis" (poetniu, 2015), Alg. 6.
+
+    Examples:
+      >>> import jax.numpy as jnp, sketchopt as so
+      >>> w = jnp.zeros(2)
+      >>> tx = so.ftrl_proximal(alpha=1.0, beta=1.0, l1=0.5)
+      >>> updates, state = tx.update(jnp.array([2.0, 0.3]), tx.init(w), w)
+      >>> w + updates  # z = g: -(2 - l1) / (beta + |g|) = -0.5; |z_2| < l1 stays 0
+      Array([-0.5,  0. ], dtype=float32)
     """
     _validation.step_size(
         "alpha", alpha, positive=True, why="the rates alpha / (beta + sqrt(n)) divide by it"

@@ -83,7 +83,30 @@ def flat_axes(spec: PartitionSpec, ndim: int) -> tuple[str, ...]:
 
     ``P("model", None)`` gives ``("model",)``; ``P("data", "model")`` gives
     ``("data", "model")`` (the flattened vector then has a different layout than the parameter,
-    see the module docstring).
+    see the module docstring). A parameter of shape ``(n_1, ..., n_k)`` flattens row-major to
+    ``d = n_1 ... n_k`` entries, so its ``(..., d)`` state arrays are split over the product of
+    these axes' sizes.
+
+    Args:
+      spec: the parameter's ``PartitionSpec``; an entry is ``None``, an axis name or a tuple of
+        names.
+      ndim: the parameter's number of dimensions (``spec`` may not have more entries).
+
+    Returns:
+      The axis names, in the order of ``spec``'s entries (a tuple entry in its own order).
+
+    Raises:
+      ValueError: ``spec`` has more than ``ndim`` entries.
+
+    References:
+      JAX documentation, "Distributed arrays and automatic parallelization" (the
+      ``NamedSharding`` / ``PartitionSpec`` model of the layouts).
+
+    Examples:
+      >>> from jax.sharding import PartitionSpec as P
+      >>> from sketchopt import sharding
+      >>> sharding.flat_axes(P(("data", "model"), None), 2), sharding.flat_axes(P(), 3)
+      (('data', 'model'), ())
     """
     spec = tuple(spec)
     if len(spec) > ndim:
@@ -135,6 +158,15 @@ def state_sharding(
 ) -> Any:
     """The sharding of every array of an optimizer state, given the parameters' shardings.
 
+    The rule, for a state array ``x`` of a parameter leaf of shape ``s``, spec ``S``, ``d =
+    prod(s)`` and mesh axes ``A = flat_axes(S)`` (a stacked group array has one more leading
+    axis, left unsharded)::
+
+        spec(x) = S                          if x.shape == s
+                = P(None, ..., None, A)      if x is floating, x.shape[-1] == d and
+                                             d % prod(mesh.shape[a] for a in A) == 0
+                = P()                        otherwise (and when the leaf is replicated)
+
     Args:
       state: an optimizer state of any ``sketchopt`` (or Optax) transform, concrete or abstract
         (``jax.eval_shape(tx.init, params)``), or tracers inside ``jit``.
@@ -153,7 +185,29 @@ def state_sharding(
       with the parameter's shape like the parameter, everything else replicated. Usable as
       ``out_shardings`` of ``jax.jit``, with ``jax.device_put`` or as the ``sharding`` of the
       ``ShapeDtypeStruct``\\ s of an orbax restore target.
+
+    References:
+      JAX documentation, "Distributed arrays and automatic parallelization" (the
+      ``NamedSharding`` / ``PartitionSpec`` model of the layouts).
+
+    Examples:
+      The ``2 x 12`` sketch (one stacked group) is split along ``d = 12``, the rest replicated:
+
+      >>> import jax, jax.numpy as jnp, sketchopt as so
+      >>> from jax.sharding import AxisType, PartitionSpec as P
+      >>> mesh = jax.make_mesh((1,), ("model",), axis_types=(AxisType.Auto,))
+      >>> params, tx = jnp.zeros((4, 3)), so.ada_fd(0.1, sketch_size=2, delta=1e-3)
+      >>> state = jax.eval_shape(tx.init, params)
+      >>> shardings = so.sharding.state_sharding(state, P("model", None), params, mesh=mesh)
+      >>> sorted({tuple(s.spec) for s in jax.tree.leaves(shardings)}, key=len)
+      [(), (None, None, 'model')]
     """
+    treedef, infos = _param_leaf_infos(params_shardings, params, mesh)
+    return _StateLayout(treedef, infos, mesh).assign(state)
+
+
+def _param_leaf_infos(params_shardings, params, mesh):
+    """``(treedef, infos)``: the parameters' structure and each leaf's ``(mesh, spec, shape)``."""
     ref_leaves, treedef = jax.tree.flatten(params_shardings, is_leaf=_is_sharding)
     if params is not None:
         shapes = [tuple(np.shape(p)) for p in treedef.flatten_up_to(params)]
@@ -165,64 +219,80 @@ def state_sharding(
             )
         shapes = [None] * len(ref_leaves)
     infos = [_leaf_sharding_info(r, s, mesh) for r, s in zip(ref_leaves, shapes, strict=True)]
-    meshes = [m for m, _, _ in infos if m is not None]
-    default_mesh = mesh if mesh is not None else (meshes[0] if meshes else None)
-    as_specs = default_mesh is None or isinstance(default_mesh, jax.sharding.AbstractMesh)
+    return treedef, infos
 
-    def make(spec, leaf_mesh=None):
-        m = leaf_mesh if leaf_mesh is not None else default_mesh
-        if as_specs or m is None or isinstance(m, jax.sharding.AbstractMesh):
+
+class _StateLayout:
+    """Assigns a sharding to every array of an optimizer state (:func:`state_sharding`).
+
+    ``infos`` holds one ``(mesh, spec, shape)`` per parameter leaf, in the order of ``treedef``
+    (the parameters' structure). Shardings are ``NamedSharding``\\ s on a concrete mesh and
+    ``PartitionSpec``\\ s otherwise.
+    """
+
+    def __init__(self, treedef, infos, mesh):
+        self.treedef, self.infos = treedef, infos
+        meshes = [m for m, _, _ in infos if m is not None]
+        self.mesh = mesh if mesh is not None else (meshes[0] if meshes else None)
+        self.as_specs = self.mesh is None or isinstance(self.mesh, jax.sharding.AbstractMesh)
+        self.assigners = [self.per_leaf(info) for info in infos]
+
+    def make(self, spec, leaf_mesh=None):
+        m = leaf_mesh if leaf_mesh is not None else self.mesh
+        if self.as_specs or m is None or isinstance(m, jax.sharding.AbstractMesh):
             return spec
         return NamedSharding(m, spec)
 
-    def replicated(_):
-        return make(PartitionSpec())
+    def replicated(self, _):
+        return self.make(PartitionSpec())
 
-    def per_leaf(info, stacked=0):
+    def per_leaf(self, info, stacked=0):
+        """The sharding of a state array of the parameter leaf of ``info``."""
         leaf_mesh, spec, shape = info
 
         def assign(x):
             if leaf_mesh is None:
-                return replicated(x)
+                return self.replicated(x)
             target = _array_spec(spec, shape, tuple(np.shape(x)), x.dtype, leaf_mesh, stacked)
-            return make(target, leaf_mesh)
+            return self.make(target, leaf_mesh)
 
         return assign
 
-    assigners = [per_leaf(info) for info in infos]
-
-    def group_assigner(members):
+    def group_assigner(self, members):
         """One group of a LeafGroups: the members' common layout, or replicated."""
-        layouts = {(infos[i][0], tuple(infos[i][1])) for i in members}
+        layouts = {(self.infos[i][0], tuple(self.infos[i][1])) for i in members}
         if len(layouts) != 1:  # members sharded differently cannot share a stacked layout
-            return replicated
-        return per_leaf(infos[members[0]], stacked=1)
+            return self.replicated
+        return self.per_leaf(self.infos[members[0]], stacked=1)
 
-    def visit(node):
+    def leaf_groups(self, node):
+        """A :class:`~sketchopt.LeafGroups` of stacked per-group arrays."""
+        if node.layout.num_leaves != len(self.infos):
+            raise ValueError(
+                f"state_sharding: the state covers {node.layout.num_leaves} parameter leaves, "
+                f"params_shardings has {len(self.infos)}"
+            )
+        groups = [
+            jax.tree.map(self.group_assigner(members), group)
+            for members, group in zip(node.layout.groups, node.groups, strict=True)
+        ]
+        return _leafwise.LeafGroups(tuple(groups), node.layout)
+
+    def assign(self, node):
+        """The shardings of a state (sub)tree: per-leaf fields like their parameter leaves."""
         if isinstance(node, _leafwise.LeafGroups):
-            if node.layout.num_leaves != len(infos):
-                raise ValueError(
-                    f"state_sharding: the state covers {node.layout.num_leaves} parameter leaves, "
-                    f"params_shardings has {len(infos)}"
-                )
-            groups = [
-                jax.tree.map(group_assigner(members), group)
-                for members, group in zip(node.layout.groups, node.groups, strict=True)
-            ]
-            return _leafwise.LeafGroups(tuple(groups), node.layout)
+            return self.leaf_groups(node)
         try:
-            subtrees = treedef.flatten_up_to(node)
+            subtrees = self.treedef.flatten_up_to(node)
         except (ValueError, TypeError):
             subtrees = None
-        if subtrees is not None:
-            mapped = [jax.tree.map(a, sub) for a, sub in zip(assigners, subtrees, strict=True)]
-            return treedef.unflatten(mapped)
+        if subtrees is not None:  # a tree like the parameters: one assigner per leaf
+            mapped = [jax.tree.map(a, sub) for a, sub in zip(self.assigners, subtrees, strict=True)]
+            return self.treedef.unflatten(mapped)
         children, node_def = jax.tree_util.tree_flatten(node, is_leaf=lambda x: x is not node)
         if node_def.num_nodes == 1 and node_def.num_leaves == 1:  # an array leaf
-            return replicated(node)
-        return node_def.unflatten([visit(c) for c in children])
-
-    return visit(state)
+            return self.replicated(node)
+        return node_def.unflatten([self.assign(c) for c in children])
 
 
 def _array_spec(spec, shape, x_shape, dtype, mesh, stacked=0) -> PartitionSpec:
@@ -264,6 +334,32 @@ def abstract_state(tx: Any, params: Any, params_shardings: Any = None, **kwargs)
     and an orbax restore (``ocp.StandardCheckpointer().restore(path, target)``) take to build
     the state directly in its sharded layout. ``params`` may be sharded arrays (then
     ``params_shardings`` defaults to theirs) or ``ShapeDtypeStruct``\\ s.
+
+    Args:
+      tx: the optimizer (any ``optax.GradientTransformation``).
+      params: the parameters: sharded arrays or ``ShapeDtypeStruct``\\ s.
+      params_shardings: the parameters' shardings (default: those of ``params``).
+      **kwargs: passed on to :func:`state_sharding` (``mesh=``).
+
+    Returns:
+      The state's ``jax.ShapeDtypeStruct``\\ s, each with its :func:`state_sharding`; nothing is
+      computed or allocated.
+
+    References:
+      JAX documentation, "Distributed arrays and automatic parallelization" (the
+      ``NamedSharding`` / ``PartitionSpec`` model of the layouts).
+
+    Examples:
+      ADA-DIAG's accumulator (one stacked group of ``d = 12``) is split like the parameter:
+
+      >>> import jax, jax.numpy as jnp, sketchopt as so
+      >>> from jax.sharding import AxisType, NamedSharding, PartitionSpec as P
+      >>> mesh = jax.make_mesh((1,), ("model",), axis_types=(AxisType.Auto,))
+      >>> sharding = NamedSharding(mesh, P("model", None))
+      >>> params = jax.ShapeDtypeStruct((4, 3), jnp.float32, sharding=sharding)
+      >>> target = so.sharding.abstract_state(so.ada_diag(0.1, 1e-3), params)
+      >>> [(x.shape, tuple(x.sharding.spec)) for x in jax.tree.leaves(target) if x.ndim]
+      [((1, 12), (None, 'model'))]
     """
     shape = jax.eval_shape(tx.init, params)
     refs, shape_params = _shardings_of(params, params_shardings)
@@ -278,6 +374,29 @@ def init(tx: Any, params: Any, params_shardings: Any = None, **kwargs) -> Any:
 
     ``params`` are the (sharded) parameters; ``params_shardings`` default to theirs. The sketch
     is created sharded: no device ever holds a whole ``sketch_size x d`` array.
+
+    Args:
+      tx: the optimizer (any ``optax.GradientTransformation``).
+      params: the (sharded) parameters.
+      params_shardings: the parameters' shardings (default: those of ``params``).
+      **kwargs: passed on to :func:`state_sharding` (``mesh=``).
+
+    Returns:
+      ``tx.init(params)``, each array laid out by :func:`state_sharding`.
+
+    References:
+      JAX documentation, "Distributed arrays and automatic parallelization" (the
+      ``NamedSharding`` / ``PartitionSpec`` model of the layouts).
+
+    Examples:
+      >>> import jax, jax.numpy as jnp, sketchopt as so
+      >>> from jax.sharding import AxisType, NamedSharding, PartitionSpec as P
+      >>> mesh = jax.make_mesh((1,), ("model",), axis_types=(AxisType.Auto,))
+      >>> params = jax.device_put(jnp.zeros((4, 3)), NamedSharding(mesh, P("model", None)))
+      >>> tx = so.ada_fd(0.1, sketch_size=2, delta=1e-3)
+      >>> state = so.sharding.init(tx, params)
+      >>> [tuple(x.sharding.spec) for x in jax.tree.leaves(state) if x.ndim == 3]
+      [(None, None, 'model'), ()]
     """
     refs, shape_params = _shardings_of(params, params_shardings)
     shardings = state_sharding(jax.eval_shape(tx.init, params), refs, shape_params, **kwargs)
@@ -291,7 +410,36 @@ def constrain(state: Any, params_shardings: Any, params: Any = None, **kwargs) -
     (e.g. a state nested in a larger train state): ``opt_state = constrain(opt_state,
     params_shardings, params)``. Inside ``jit`` the parameters are tracers, so pass the
     shardings as ``NamedSharding``\\ s (or ``PartitionSpec``\\ s under ``jax.set_mesh``) and the
-    parameters (tracers are fine) for their shapes.
+    parameters (tracers are fine) for their shapes. It needs ``AxisType.Auto`` mesh axes (with
+    ``AxisType.Explicit`` the shardings are part of the types already).
+
+    Args:
+      state: the optimizer state (tracers inside ``jit``).
+      params_shardings: the parameters' shardings, as for :func:`state_sharding`.
+      params: the parameters for their shapes (tracers are fine).
+      **kwargs: passed on to :func:`state_sharding` (``mesh=``).
+
+    Returns:
+      ``state``, its arrays constrained to their :func:`state_sharding`.
+
+    References:
+      JAX documentation, "Distributed arrays and automatic parallelization"
+      (``jax.lax.with_sharding_constraint``).
+
+    Examples:
+      >>> import jax, jax.numpy as jnp, sketchopt as so
+      >>> from jax.sharding import AxisType, NamedSharding, PartitionSpec as P
+      >>> mesh = jax.make_mesh((1,), ("model",), axis_types=(AxisType.Auto,))
+      >>> sharding = NamedSharding(mesh, P("model", None))
+      >>> tx = so.ada_diag(0.1, 1e-3)
+      >>> @jax.jit
+      ... def step(grads, state, params):
+      ...     updates, state = tx.update(grads, state, params)
+      ...     return so.sharding.constrain(state, sharding, params)
+      >>> params = jnp.zeros((4, 3))
+      >>> state = tx.init(params)
+      >>> jax.tree.structure(step(params + 1.0, state, params)) == jax.tree.structure(state)
+      True
     """
     shardings = state_sharding(state, params_shardings, params, **kwargs)
     return jax.lax.with_sharding_constraint(state, shardings)
