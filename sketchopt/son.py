@@ -85,6 +85,7 @@ after the step, so the state always holds the ``D`` of the next round.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from typing import Any, NamedTuple
 
@@ -752,6 +753,44 @@ def _rp_pinv(ls: RandomProjectionNewtonState, y, product=None, root=None):
     return jax.lax.cond(_rp_paper_regime(ls), paper, eigen)
 
 
+def _rp_absorb(sketch, alpha, ls, gz, ghat, c, valid):
+    """RP-SON's step on one leaf: ``S_t = S_{t-1} + r_t ghat^T`` and ``H_t`` by the paper's two
+    rank-one Woodbury updates (SON sec. 3), refreshed from the tracked Gram matrix every ``m``
+    steps or when unsafe; returns the new state and ``A_t^{-1} gz``."""
+    dtype = ls.alpha.dtype
+    a = jnp.asarray(alpha, dtype)
+    sk0 = ls.sketch
+    root = jnp.sqrt(c)
+    # product = S_t ghat / 4**e1; r = the r_t the sketch drew for this update
+    sk1, product, _, r = sketch.absorb_solve(sk0, ghat, valid)
+    e0, e1 = sk0.scale_exp, sk1.scale_exp
+    sq = jnp.sum(jnp.square(_numerics.ldexp(ghat, -e1)))
+    q = product - 0.5 * sq * r  # (S_{t-1} ghat + |ghat|^2 r / 2) / 4**e1
+    h = _numerics.ldexp(ls.inverse, 2 * (e1 - e0))  # the same H in the new scaled units
+    # A jump of the scale can leave H = 4**e (alpha I + S S^T)^{-1} unrepresentable (alpha
+    # tiny in the new units): then H is rebuilt below, and the Woodbury path must not run
+    # on infinities (no NaN, not even transiently).
+    h_ok = jnp.all(jnp.isfinite(h))
+    h = jnp.where(h_ok, h, 0)
+    alpha_s, _ = _rp_ridge(a, e1, dtype)
+    h_new, safe = _rank_two_update(h, r, q)
+    h_new = jnp.where(sq > 0, h_new, h)
+    refresh = (
+        ~h_ok
+        | ~safe
+        | ~jnp.all(jnp.isfinite(h_new))
+        | (a != ls.alpha)
+        | (_numerics.ldexp(a, -2 * e1) < _rp_floor(dtype))
+        | (sk1.count % sketch.sketch_size == 0)
+    )
+    h_new = jax.lax.cond(refresh, lambda: _rp_inverse(sk1.gram, alpha_s), lambda: h_new)
+    h_new = jnp.where(valid, h_new, ls.inverse)
+    new = ls._replace(sketch=sk1, inverse=h_new, alpha=jnp.where(valid, a, ls.alpha))
+    # S gz from the sketch's own product S_t ghat (one pass saved).
+    zhat, k = _rp_pinv(new, gz, product, root)
+    return new, _numerics.ldexp(zhat, k)
+
+
 @_leafwise.compiled
 def rp_son(
     alpha: float,
@@ -803,39 +842,7 @@ def rp_son(
         inverse = jnp.eye(m, dtype=dtype) / a
         return RandomProjectionNewtonState(sk_state, inverse, a, None)
 
-    def absorb(ls, gz, ghat, c, valid):
-        dtype = ls.alpha.dtype
-        a = jnp.asarray(alpha, dtype)
-        sk0 = ls.sketch
-        root = jnp.sqrt(c)
-        # product = S_t ghat / 4**e1; r = the r_t the sketch drew for this update
-        sk1, product, _, r = sketch0.absorb_solve(sk0, ghat, valid)
-        e0, e1 = sk0.scale_exp, sk1.scale_exp
-        sq = jnp.sum(jnp.square(_numerics.ldexp(ghat, -e1)))
-        q = product - 0.5 * sq * r  # (S_{t-1} ghat + |ghat|^2 r / 2) / 4**e1
-        h = _numerics.ldexp(ls.inverse, 2 * (e1 - e0))  # the same H in the new scaled units
-        # A jump of the scale can leave H = 4**e (alpha I + S S^T)^{-1} unrepresentable (alpha
-        # tiny in the new units): then H is rebuilt below, and the Woodbury path must not run
-        # on infinities (no NaN, not even transiently).
-        h_ok = jnp.all(jnp.isfinite(h))
-        h = jnp.where(h_ok, h, 0)
-        alpha_s, _ = _rp_ridge(a, e1, dtype)
-        h_new, safe = _rank_two_update(h, r, q)
-        h_new = jnp.where(sq > 0, h_new, h)
-        refresh = (
-            ~h_ok
-            | ~safe
-            | ~jnp.all(jnp.isfinite(h_new))
-            | (a != ls.alpha)
-            | (_numerics.ldexp(a, -2 * e1) < _rp_floor(dtype))
-            | (sk1.count % m == 0)
-        )
-        h_new = jax.lax.cond(refresh, lambda: _rp_inverse(sk1.gram, alpha_s), lambda: h_new)
-        h_new = jnp.where(valid, h_new, ls.inverse)
-        new = ls._replace(sketch=sk1, inverse=h_new, alpha=jnp.where(valid, a, ls.alpha))
-        # S gz from the sketch's own product S_t ghat (one pass saved).
-        zhat, k = _rp_pinv(new, gz, product, root)
-        return new, _numerics.ldexp(zhat, k)
+    absorb = functools.partial(_rp_absorb, sketch0, alpha)
 
     metric = _newton_metric(
         "newton[random_projection]",
@@ -852,6 +859,61 @@ def rp_son(
 
 # ----------------------------------------------------------------------------------------------
 # ONS.
+
+
+def _ons_recompute(gram, e, a):
+    """``(alpha I + 4**e gram)^{-1}`` by an eigendecomposition (never singular: alpha > 0)."""
+    mu, u = jnp.linalg.eigh(0.5 * (gram + gram.T))
+    lam = _numerics.ldexp(jnp.maximum(mu, 0), 2 * e)  # may overflow to inf: 1/inf = 0 is right
+    return (u / (a + lam)) @ u.T
+
+
+def _ons_step(ls, gz, ghat, c, valid):
+    """ONS's step on one leaf: ``A_t^{-1}`` by Sherman-Morrison (SON eq. 2), with the scaled
+    ``A_t - alpha I`` kept for the eigendecomposition safeguard; returns the new state and
+    ``A_t^{-1} gz``."""
+    hi = jax.lax.Precision.HIGHEST
+    m_inv = ls.inverse
+    e = _numerics.exponent(jnp.max(jnp.abs(gz), initial=0))
+    ys = _numerics.ldexp(gz, -jnp.where(e == _numerics.NO_EXPONENT, 0, e))
+    v = jnp.matmul(m_inv, ys, precision=hi)
+    p = jnp.maximum(ys @ v, 0)
+    # A_t^{-1} g = 2**e v / (1 + c 4**e p) and the Sherman-Morrison factor c 4**e / (...),
+    # written so that no power of two overflows whatever the sign of e.
+    big = e > 0
+    one = jnp.ones((), m_inv.dtype)
+    den = jnp.where(big, _numerics.ldexp(one, -2 * e) + c * p, 1 + c * _numerics.ldexp(p, 2 * e))
+    # den == 0 only if A_{t-1}^{-1} g underflowed to 0 (then so does the step).
+    safe = jnp.where(den > 0, den, 1)
+    fac = jnp.where(den > 0, jnp.where(big, c, c * _numerics.ldexp(one, 2 * e)) / safe, 0)
+    sol = jnp.where(
+        den > 0, jnp.where(big, _numerics.ldexp(v, -e), _numerics.ldexp(v, e)) / safe, 0
+    )
+    m_new = m_inv - jnp.outer(v, v * fac)
+    m_new = 0.5 * (m_new + m_new.T)
+    # The scaled A - alpha I (as metrics.full keeps G), for the safeguard.
+    e_old = ls.scale_exp
+    e_new = _numerics.rescale_exponent(
+        e_old, jnp.max(jnp.abs(ghat), initial=0), jnp.max(jnp.diagonal(ls.gram), initial=0)
+    )
+    e_new = jnp.where(valid, e_new, e_old)
+    hs = _numerics.ldexp(ghat, -e_new)
+    gram = _numerics.ldexp(ls.gram, 2 * (e_old - e_new)) + jnp.outer(hs, hs)
+    # Breakdown: the downdate cancelled below the precision (A^{-1} no longer PSD/finite).
+    broken = (
+        ~jnp.all(jnp.isfinite(m_new))
+        | jnp.any(jnp.diagonal(m_new) < 0)
+        | (ys @ jnp.matmul(m_new, ys, precision=hi) < 0)
+    )
+    m_new = jax.lax.cond(
+        broken & valid, lambda: _ons_recompute(gram, e_new, ls.alpha), lambda: m_new
+    )
+    new = ls._replace(
+        inverse=jnp.where(valid, m_new, m_inv),
+        gram=jnp.where(valid, gram, ls.gram),
+        scale_exp=e_new,
+    )
+    return new, sol
 
 
 @_leafwise.compiled
@@ -889,65 +951,13 @@ def ons(
             diag_sqrt=None,
         )
 
-    def recompute(gram, e, a):
-        """``(alpha I + 4**e gram)^{-1}`` by an eigendecomposition (never singular: alpha > 0)."""
-        mu, u = jnp.linalg.eigh(0.5 * (gram + gram.T))
-        lam = _numerics.ldexp(jnp.maximum(mu, 0), 2 * e)  # may overflow to inf: 1/inf = 0 is right
-        return (u / (a + lam)) @ u.T
-
     def absorb(ls, gz, ghat, c, valid):
         if _partitioning.explicit_mesh():
             # An O(d^2) baseline: under an explicit mesh its d x d matrices are gathered for the
             # step and resharded as they came (automatic sharding needs no help).
-            new, sol = dense_step(*(_partitioning.gathered(x) for x in (ls, gz, ghat, c, valid)))
+            new, sol = _ons_step(*(_partitioning.gathered(x) for x in (ls, gz, ghat, c, valid)))
             return _partitioning.like(new, ls), _partitioning.like_last_axis(sol, gz)
-        return dense_step(ls, gz, ghat, c, valid)
-
-    def dense_step(ls, gz, ghat, c, valid):
-        hi = jax.lax.Precision.HIGHEST
-        m_inv = ls.inverse
-        e = _numerics.exponent(jnp.max(jnp.abs(gz), initial=0))
-        ys = _numerics.ldexp(gz, -jnp.where(e == _numerics.NO_EXPONENT, 0, e))
-        v = jnp.matmul(m_inv, ys, precision=hi)
-        p = jnp.maximum(ys @ v, 0)
-        # A_t^{-1} g = 2**e v / (1 + c 4**e p) and the Sherman-Morrison factor c 4**e / (...),
-        # written so that no power of two overflows whatever the sign of e.
-        big = e > 0
-        one = jnp.ones((), m_inv.dtype)
-        den = jnp.where(
-            big, _numerics.ldexp(one, -2 * e) + c * p, 1 + c * _numerics.ldexp(p, 2 * e)
-        )
-        # den == 0 only if A_{t-1}^{-1} g underflowed to 0 (then so does the step).
-        safe = jnp.where(den > 0, den, 1)
-        fac = jnp.where(den > 0, jnp.where(big, c, c * _numerics.ldexp(one, 2 * e)) / safe, 0)
-        sol = jnp.where(
-            den > 0, jnp.where(big, _numerics.ldexp(v, -e), _numerics.ldexp(v, e)) / safe, 0
-        )
-        m_new = m_inv - jnp.outer(v, v * fac)
-        m_new = 0.5 * (m_new + m_new.T)
-        # The scaled A - alpha I (as metrics.full keeps G), for the safeguard.
-        e_old = ls.scale_exp
-        e_new = _numerics.rescale_exponent(
-            e_old, jnp.max(jnp.abs(ghat), initial=0), jnp.max(jnp.diagonal(ls.gram), initial=0)
-        )
-        e_new = jnp.where(valid, e_new, e_old)
-        hs = _numerics.ldexp(ghat, -e_new)
-        gram = _numerics.ldexp(ls.gram, 2 * (e_old - e_new)) + jnp.outer(hs, hs)
-        # Breakdown: the downdate cancelled below the precision (A^{-1} no longer PSD/finite).
-        broken = (
-            ~jnp.all(jnp.isfinite(m_new))
-            | jnp.any(jnp.diagonal(m_new) < 0)
-            | (ys @ jnp.matmul(m_new, ys, precision=hi) < 0)
-        )
-        m_new = jax.lax.cond(
-            broken & valid, lambda: recompute(gram, e_new, ls.alpha), lambda: m_new
-        )
-        new = ls._replace(
-            inverse=jnp.where(valid, m_new, m_inv),
-            gram=jnp.where(valid, gram, ls.gram),
-            scale_exp=e_new,
-        )
-        return new, sol
+        return _ons_step(ls, gz, ghat, c, valid)
 
     metric = _newton_metric(
         "ons",
