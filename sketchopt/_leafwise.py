@@ -456,9 +456,11 @@ def step_plan(layout: Layout, paddable: bool) -> tuple[tuple[int, ...], ...]:
 
     Without padding every group is its own step. With it, the groups of small leaves (not laid
     out by an explicit mesh) are merged by parameter dtype; the stored state keeps its layout
-    (each group at its own size), only the step runs on the padded stack.
+    (each group at its own size), only the step runs on the padded stack. Only on one device:
+    under ``AxisType.Auto`` sharding a leaf's layout is invisible at trace time, and
+    concatenating leaves sharded along ``d`` would make XLA gather them.
     """
-    if not paddable:
+    if not paddable or jax.device_count() > 1:
         return tuple((j,) for j in range(len(layout.groups)))
     merged: dict[str, list[int]] = {}
     plan: list[Any] = []
