@@ -548,6 +548,22 @@ def fd_son(
       curvature: ``sigma_t >= 0`` of Assumption 2 (exp-concavity), float or schedule.
       fast: the doubling buffer (``2 m`` rows, rotated every ``m`` steps; RFD paper Alg. 4).
       diagonal_rescaling: SON sec. 5.2, see the module docstring.
+
+    Returns:
+      An ``optax.GradientTransformationExtraArgs`` whose state is a :class:`SONState`; ``update``
+      returns ``-A_t^{-1} g_t`` per leaf (``params`` are not needed).
+
+    References:
+      Luo, Agarwal, Cesa-Bianchi & Langford, "Efficient Second Order Online Learning by
+      Sketching" (NeurIPS 2016), Alg. 1 with the FD sketch of Alg. 2.
+
+    Examples:
+      >>> import jax.numpy as jnp, sketchopt
+      >>> tx = sketchopt.fd_son(alpha=1.0, sketch_size=3)
+      >>> state = tx.init(jnp.zeros(2))
+      >>> updates, state = tx.update(jnp.array([1.0, 0.0]), state)
+      >>> updates[0]  # -(I + g g^T)^{-1} g = -g / 2 at t = 1 (eta_1 = 1)
+      Array(-0.5, dtype=float32)
     """
     _validation.ridge("alpha", alpha)
     tau = _validation.size("sketch_size", sketch_size)
@@ -591,6 +607,22 @@ def rfd_son(
       curvature: ``mu_t = sigma_t >= 0`` (Assumption 2), float or schedule.
       fast: Alg. 6 (``2 m``-row buffer shrunk only when full).
       diagonal_rescaling: SON sec. 5.2, see the module docstring.
+
+    Returns:
+      An ``optax.GradientTransformationExtraArgs`` whose state is a :class:`SONState`; ``update``
+      returns ``-A_t^{-1} g_t`` per leaf (``params`` are not needed).
+
+    References:
+      Luo, Chen, Zhang, Li & Zhang, "Robust Frequent Directions with Application in Online
+      Learning" (JMLR 2019), Alg. 3 (RFD-SON), Alg. 6 (fast) and appendix A (RFD0-SON).
+
+    Examples:
+      >>> import jax.numpy as jnp, sketchopt
+      >>> tx = sketchopt.rfd_son(sketch_size=3)  # RFD0-SON: alpha_t = 0 until the first shrink
+      >>> state = tx.init(jnp.zeros(2))
+      >>> updates, state = tx.update(jnp.array([2.0, 0.0]), state)
+      >>> updates[0]  # -(g g^T)^+ g = -g / |g|^2
+      Array(-0.5, dtype=float32)
     """
     tau = _validation.size("sketch_size", sketch_size)
     _validation.ridge("alpha0", alpha0)
@@ -633,6 +665,22 @@ def oja_son(
       key: PRNG key for the random orthonormal initial directions (default ``PRNGKey(0)``); each
         leaf folds in its index.
       diagonal_rescaling: SON sec. 5.2 (the variant of the paper's real-data experiments).
+
+    Returns:
+      An ``optax.GradientTransformationExtraArgs`` whose state is a :class:`SONState`; ``update``
+      returns ``-A_t^{-1} g_t`` per leaf (``params`` are not needed).
+
+    References:
+      Luo, Agarwal, Cesa-Bianchi & Langford, "Efficient Second Order Online Learning by
+      Sketching" (NeurIPS 2016), Alg. 1 with Oja's sketch (Alg. 3, eq. 4).
+
+    Examples:
+      >>> import jax.numpy as jnp, sketchopt
+      >>> tx = sketchopt.oja_son(alpha=1.0, sketch_size=2)
+      >>> state = tx.init(jnp.zeros(3))
+      >>> updates, state = tx.update(jnp.array([1.0, 0.0, 0.0]), state)
+      >>> updates.shape
+      (3,)
     """
     _validation.ridge("alpha", alpha)
     m = _validation.size("sketch_size", sketch_size)
@@ -826,6 +874,22 @@ def rp_son(
       key: PRNG key of the projections (each leaf folds in its index); may be traced (``vmap``
         over keys).
       eta, curvature, diagonal_rescaling: as :func:`fd_son`.
+
+    Returns:
+      An ``optax.GradientTransformationExtraArgs`` whose state is a :class:`SONState`; ``update``
+      returns ``-A_t^{-1} g_t`` per leaf (``params`` are not needed).
+
+    References:
+      Luo, Agarwal, Cesa-Bianchi & Langford, "Efficient Second Order Online Learning by
+      Sketching" (NeurIPS 2016), sec. 3 and Appendix E (random projections).
+
+    Examples:
+      >>> import jax, jax.numpy as jnp, sketchopt
+      >>> tx = sketchopt.rp_son(alpha=1.0, sketch_size=2, key=jax.random.PRNGKey(0))
+      >>> state = tx.init(jnp.zeros(3))
+      >>> updates, state = tx.update(jnp.array([1.0, 0.0, 0.0]), state)
+      >>> bool(updates[0] < 0) and bool(jnp.all(updates[1:] == 0))  # along g only
+      True
     """
     _validation.ridge("alpha", alpha, positive=True, why="RP-SON keeps (alpha I + S S^T)^{-1}")
     m = _validation.size("sketch_size", sketch_size)
@@ -934,7 +998,28 @@ def ons(
     beyond the precision, e.g. gradients of norm 1e30 against ``alpha = 1`` in float32) the
     inverse is recomputed from it by an eigendecomposition (``O(d^3)``, rare). ``alpha > 0``
     enters only ``A_0 = alpha I`` (changing it later, e.g. through ``inject_hyperparams``, has no
-    effect). ``eta``, ``curvature`` and ``diagonal_rescaling`` as :func:`fd_son`.
+    effect).
+
+    Args:
+      alpha: ``alpha > 0``, ``A_0 = alpha I``.
+      eta, curvature, diagonal_rescaling: as :func:`fd_son`.
+
+    Returns:
+      An ``optax.GradientTransformationExtraArgs`` whose state is a :class:`SONState`; ``update``
+      returns ``-A_t^{-1} g_t`` per leaf (``params`` are not needed).
+
+    References:
+      Luo, Agarwal, Cesa-Bianchi & Langford, "Efficient Second Order Online Learning by
+      Sketching" (NeurIPS 2016), eq. 2: the Online Newton Step of Hazan, Agarwal & Kale,
+      "Logarithmic Regret Algorithms for Online Convex Optimization" (2007), with SON's steps.
+
+    Examples:
+      >>> import jax.numpy as jnp, sketchopt
+      >>> tx = sketchopt.ons(alpha=1.0)
+      >>> state = tx.init(jnp.zeros(2))
+      >>> updates, state = tx.update(jnp.array([1.0, 0.0]), state)
+      >>> updates[0]  # -(I + g g^T)^{-1} g at t = 1
+      Array(-0.5, dtype=float32)
     """
     _validation.ridge("alpha", alpha, positive=True, why="ONS keeps A_t^{-1} from A_0 = alpha I")
     eta, diagonal_rescaling = _check_son_options(
@@ -1027,6 +1112,21 @@ def project_bounded_prediction(opt_state, params, features, bound):
 
     Returns:
       The projected parameters (same structure and dtypes as ``params``).
+
+    References:
+      Luo, Agarwal, Cesa-Bianchi & Langford, "Efficient Second Order Online Learning by
+      Sketching" (NeurIPS 2016), eq. 1 and Lemma 1 (Alg. 1 line 5).
+      Luo, Chen, Zhang, Li & Zhang, "Robust Frequent Directions with Application in Online
+      Learning" (JMLR 2019), appendix A (the singular case).
+
+    Examples:
+      >>> import jax.numpy as jnp, sketchopt
+      >>> tx = sketchopt.fd_son(alpha=1.0, sketch_size=3)
+      >>> _, state = tx.update(jnp.array([1.0, 0.0]), tx.init(jnp.zeros(2)))
+      >>> x = jnp.array([1.0, 1.0])
+      >>> w = sketchopt.project_bounded_prediction(state, jnp.array([3.0, 1.0]), x, bound=1.0)
+      >>> w, w @ x  # |w^T x| = 4 > C = 1: moved to the boundary in the A-norm
+      (Array([ 2., -1.], dtype=float32), Array(1., dtype=float32))
     """
     if params is None:
         raise ValueError("project_bounded_prediction needs the current params, got None")
