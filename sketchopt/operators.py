@@ -230,7 +230,26 @@ class SubspaceOperator(NamedTuple):
 def supports_regularizers(op) -> bool:
     """Whether the regularizers' proximal steps accept ``op``: a diagonal ``H``, or a low-rank one
     in true units (``value_exp`` the static 0, as every metric builds it; a sketch's scaled
-    covariance from :func:`sketchopt.sketches.low_rank` is not)."""
+    covariance from :func:`sketchopt.sketches.low_rank` is not).
+
+    Args:
+      op: an operator returned by a metric.
+
+    Returns:
+      Whether :mod:`sketchopt.regularizers` can take its proximal steps in ``op``'s norm.
+
+    References:
+      Duchi, Hazan & Singer, "Adaptive Subgradient Methods for Online Learning and Stochastic
+      Optimization" (JMLR 2011), sec. 6 (the composite steps for diagonal and full ``H``).
+
+    Examples:
+      >>> import jax.numpy as jnp
+      >>> from sketchopt import operators
+      >>> operators.supports_regularizers(operators.DiagonalOperator(jnp.ones(2)))
+      True
+      >>> operators.supports_regularizers(operators.SubspaceOperator(jnp.eye(1, 2), jnp.ones(1)))
+      False
+    """
     if isinstance(op, LowRankOperator):
         return _unit_values(op)
     return isinstance(op, DiagonalOperator)

@@ -137,8 +137,25 @@ def pack_leaf_states(treedef, states):
     ``states`` lists one state per leaf of ``treedef`` (all of the same structure). The result
     has that per-leaf structure with, in place of each array, a pytree of the parameters'
     structure (``state.rows["w"]``): the layout of ``sketchopt`` 0.1 states, and what
-    :func:`per_leaf_states` and :func:`sketchopt.migrate_state` read. ``None`` when the
-    parameters have no leaves.
+    :func:`per_leaf_states` and :func:`sketchopt.migrate_state` read.
+
+    Args:
+      treedef: the parameters' tree structure.
+      states: one state per leaf of ``treedef``, all of the same structure.
+
+    Returns:
+      The packed structure, or ``None`` when the parameters have no leaves.
+
+    References:
+      None: a state-layout helper of this package (``CHANGELOG.md``, 0.2.0).
+
+    Examples:
+      >>> import jax, jax.numpy as jnp, sketchopt
+      >>> from sketchopt.metrics import DiagonalMetricState
+      >>> treedef = jax.tree.structure({"b": 0, "w": 0})
+      >>> states = [DiagonalMetricState(jnp.zeros(2)), DiagonalMetricState(jnp.ones(1))]
+      >>> sketchopt.pack_leaf_states(treedef, states).rss["w"]
+      Array([1.], dtype=float32)
     """
     if not states:
         return None
@@ -146,7 +163,26 @@ def pack_leaf_states(treedef, states):
 
 
 def unpack_leaf_states(treedef, packed):
-    """The inverse of :func:`pack_leaf_states`: the list of per-leaf states."""
+    """The inverse of :func:`pack_leaf_states`: the list of per-leaf states.
+
+    Args:
+      treedef: the parameters' tree structure.
+      packed: a structure built by :func:`pack_leaf_states` for ``treedef``.
+
+    Returns:
+      One state per leaf of ``treedef``, in its leaf order.
+
+    References:
+      None: a state-layout helper of this package (``CHANGELOG.md``, 0.2.0).
+
+    Examples:
+      >>> import jax, jax.numpy as jnp, sketchopt
+      >>> from sketchopt.metrics import DiagonalMetricState
+      >>> treedef = jax.tree.structure({"b": 0, "w": 0})
+      >>> packed = DiagonalMetricState({"b": jnp.zeros(2), "w": jnp.ones(1)})
+      >>> [s.rss.shape for s in sketchopt.unpack_leaf_states(treedef, packed)]
+      [(2,), (1,)]
+    """
     if treedef.num_leaves == 0:
         return []
     inner = jax.tree.structure(packed, is_leaf=lambda n: jax.tree.structure(n) == treedef)
@@ -161,6 +197,23 @@ def per_leaf_states(packed, params):
     transform state (a :class:`~sketchopt._leafwise.LeafGroups`, which stacks the leaves of equal
     shape) or, for states saved by ``sketchopt`` 0.1, a :func:`pack_leaf_states` structure.
     ``params`` only gives the structure (arrays, ``ShapeDtypeStruct``\\ s or gradients all do).
+
+    Args:
+      packed: a per-leaf field of a transform's state.
+      params: the parameters (or anything with their tree structure).
+
+    Returns:
+      A tree like ``params`` whose leaves are the per-leaf states.
+
+    References:
+      None: a state-layout helper of this package (``CHANGELOG.md``, 0.2.0).
+
+    Examples:
+      >>> import jax.numpy as jnp, sketchopt
+      >>> params = {"b": jnp.zeros(2), "w": jnp.zeros((2, 3))}
+      >>> state = sketchopt.ada_fd(0.1, 2, 1e-3).init(params)
+      >>> sketchopt.per_leaf_states(state.metric_state, params)["w"].rows.shape  # 2 x d rows
+      (2, 6)
     """
     treedef = jax.tree.structure(params)
     if isinstance(packed, _leafwise.LeafGroups):
@@ -192,6 +245,20 @@ def migrate_state(restored, target):
     Returns:
       The state in the layout of ``target``, with the values of ``restored``; a run continued
       from it is the run continued from the 0.1 state.
+
+    References:
+      None: a state-layout helper of this package (``CHANGELOG.md``, 0.2.0).
+
+    Examples:
+      >>> import jax.numpy as jnp, sketchopt
+      >>> from sketchopt.metrics import DiagonalMetricState
+      >>> params = {"b": jnp.zeros(2), "w": jnp.zeros((2, 3))}
+      >>> state = sketchopt.ada_diag(0.1, 1e-3).init(params)
+      >>> rss = {"b": jnp.ones(2), "w": jnp.ones(6)}  # 0.1's layout: a tree per field
+      >>> old = state._replace(metric_state=DiagonalMetricState(rss))
+      >>> new = sketchopt.migrate_state(old, state)
+      >>> sketchopt.per_leaf_states(new.metric_state, params)["w"].rss
+      Array([1., 1., 1., 1., 1., 1.], dtype=float32)
     """
     return _leafwise.migrate(restored, target)
 
@@ -282,6 +349,22 @@ def scale_by_metric(metric: _metrics.Metric) -> optax.GradientTransformationExtr
 
     The building block of the ``scale_by_*`` aliases, as ``optax.scale_by_rss`` is of
     ``optax.adagrad``: chain it with ``optax.scale_by_learning_rate``.
+
+    Args:
+      metric: a :class:`sketchopt.metrics.Metric`.
+
+    Returns:
+      An ``optax.GradientTransformationExtraArgs`` (state :class:`ScaleByMetricState`).
+
+    References:
+      Duchi, Hazan & Singer, "Adaptive Subgradient Methods for Online Learning and Stochastic
+      Optimization" (JMLR 2011), sec. 1.2 (the preconditioner ``H_t^{-1} g_t``).
+
+    Examples:
+      >>> import jax.numpy as jnp, sketchopt
+      >>> tx = sketchopt.scale_by_metric(sketchopt.metrics.diagonal(0.0))
+      >>> tx.update(jnp.array([2.0, -4.0]), tx.init(jnp.zeros(2)))[0]  # g / sqrt(g^2)
+      Array([ 1., -1.], dtype=float32)
     """
     rule = metric_rule(metric, None, None, scale_only=True)
     return _leafwise.leafwise(rule, ScaleByMetricState)
@@ -308,6 +391,20 @@ def mirror_descent(
       learning_rate: ``eta``, a float or an Optax schedule of the step count (from 0).
       metric: a :class:`sketchopt.metrics.Metric` (``diagonal``, ``full``, ``sketched``).
       regularizer: ``None`` or a regularizer of :mod:`sketchopt.regularizers`.
+
+    Returns:
+      An ``optax.GradientTransformationExtraArgs`` (state :class:`MirrorDescentState`).
+
+    References:
+      Duchi, Hazan & Singer, "Adaptive Subgradient Methods for Online Learning and Stochastic
+      Optimization" (JMLR 2011), eq. 4; Wan, Wei & Zhang, "Efficient Adaptive Online Learning
+      via Frequent Directions" (IJCAI 2018), Alg. 2.
+
+    Examples:
+      >>> import jax.numpy as jnp, sketchopt
+      >>> tx = sketchopt.mirror_descent(0.1, sketchopt.metrics.diagonal(0.0))
+      >>> tx.update(jnp.array([2.0, -4.0]), tx.init(jnp.zeros(2)))[0]  # -eta g / sqrt(g^2)
+      Array([-0.1,  0.1], dtype=float32)
     """
     learning_rate = _check_learning_rate(learning_rate)
     _check_regularizable(metric, regularizer)
@@ -330,6 +427,29 @@ def dual_averaging(
     gradient was skipped as non-finite keeps its sum unchanged. With a regularizer the step is
     the prox ``argmin eta_t t phi(x) + 1/2 ||x - z||_H^2`` at
     ``z = x_1 - eta_t H_t^{-1} sum_s g_s``.
+
+    Args:
+      learning_rate: ``eta``, a float or an Optax schedule of the step count (from 0).
+      metric: a :class:`sketchopt.metrics.Metric`.
+      regularizer: ``None`` or a regularizer of :mod:`sketchopt.regularizers`.
+
+    Returns:
+      An ``optax.GradientTransformationExtraArgs`` (state :class:`DualAveragingState`) whose
+      ``update`` needs ``params``.
+
+    References:
+      Duchi, Hazan & Singer, "Adaptive Subgradient Methods for Online Learning and Stochastic
+      Optimization" (JMLR 2011), eq. 3; Xiao, "Dual Averaging Methods for Regularized
+      Stochastic Learning and Online Optimization" (JMLR 2010); Wan, Wei & Zhang, "Efficient
+      Adaptive Online Learning via Frequent Directions" (IJCAI 2018), Alg. 1 and eq. 6.
+
+    Examples:
+      >>> import jax.numpy as jnp, sketchopt
+      >>> tx = sketchopt.dual_averaging(0.1, sketchopt.metrics.diagonal(0.0))
+      >>> params = jnp.ones(2)
+      >>> updates, _ = tx.update(jnp.array([2.0, -4.0]), tx.init(params), params)
+      >>> jnp.round(updates, 6)  # x_1 - eta g / sqrt(g^2) - x_1
+      Array([-0.1,  0.1], dtype=float32)
     """
     learning_rate = _check_learning_rate(learning_rate)
     _check_regularizable(metric, regularizer)
