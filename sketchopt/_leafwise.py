@@ -499,6 +499,19 @@ def _unpadded(values, like):
     )
 
 
+def _group_step(rule, layout, j, count, hyper, fields, state, flat, x_leaves):
+    """One step of group ``j``'s stacked leaves: ``(us, values, skipped)`` (:func:`_run_group`)."""
+    members = layout.groups[j]
+    spec = layout.leaf(members[0])
+    gs = jnp.stack([jnp.ravel(flat[i]).astype(spec.dtype) for i in members])
+    xs = None
+    if x_leaves is not None:
+        xs = jnp.stack([jnp.ravel(x_leaves[i]).astype(spec.dtype) for i in members])
+    values = tuple(getattr(state, f).groups[j] for f in fields)
+    ctx = LeafContext(count, spec.shape, hyper)
+    return _run_group(rule, ctx, spec.param_dtype, gs, values, xs)
+
+
 def _merged_step(rule, layout, steps, count, hyper, fields, state, flat, x_leaves):
     """One padded step of the groups ``steps`` (see :func:`step_plan`).
 
@@ -597,15 +610,7 @@ def leafwise(rule: LeafRule, state_class: type) -> optax.GradientTransformationE
                 )
                 continue
             (j,) = steps
-            members = layout.groups[j]
-            spec = layout.leaf(members[0])
-            gs = jnp.stack([jnp.ravel(flat[i]).astype(spec.dtype) for i in members])
-            xs = None
-            if x_leaves is not None:
-                xs = jnp.stack([jnp.ravel(x_leaves[i]).astype(spec.dtype) for i in members])
-            values = tuple(getattr(state, f).groups[j] for f in fields)
-            ctx = LeafContext(count, spec.shape, hyper)
-            stepped[j] = _run_group(rule, ctx, spec.param_dtype, gs, values, xs)
+            stepped[j] = _group_step(rule, layout, j, count, hyper, fields, state, flat, x_leaves)
         out = [None] * len(flat)
         new_groups = [[] for _ in fields]
         skipped = jnp.zeros((), jnp.int32)
