@@ -170,7 +170,8 @@ def random_lowrank(rng, d, k, cond, *, n_extra=1, zero_row=True, scalar=0.5):
 
 def stack_ops(ops, dtype):
     fields = [jnp.asarray(np.stack(f), dtype) for f in zip(*ops, strict=True)]
-    return LowRankOperator(*fields, scale_exp=jnp.zeros(len(ops), jnp.int32))
+    zeros = jnp.zeros(len(ops), jnp.int32)  # batched, like every field (vmap over the operator)
+    return LowRankOperator(*fields, scale_exp=zeros, value_exp=zeros)
 
 
 @functools.cache
@@ -838,7 +839,8 @@ def _degenerate_ops(rng, d):
         jnp.asarray(np.stack([basis, np.zeros_like(basis)]), jnp.float32),
         jnp.asarray(np.stack([np.eye(n), np.zeros((n, n))]), jnp.float32),
         jnp.asarray([np.full(n, 1e3), np.zeros(n)], jnp.float32),
-        jnp.zeros(2, jnp.int32),
+        scale_exp=jnp.zeros(2, jnp.int32),
+        value_exp=jnp.zeros(2, jnp.int32),
     )
     diag = DiagonalOperator(jnp.asarray([np.zeros(d), np.full(d, 1e-3)], jnp.float32))
     return lowrank, diag
