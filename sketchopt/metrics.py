@@ -3,9 +3,10 @@ r"""Preconditioner metrics ``H_t``: the curvature axis of metric x rule x regula
 A :class:`Metric` keeps the curvature state of one flat parameter vector and exposes ``H_t`` as a
 structured operator (see :mod:`sketchopt.operators`):
 
-* :func:`diagonal` -- ADA-DIAG, ``H_t = delta I + diag(G_t)^{1/2}`` (Duchi et al. eq. 19/20);
+* :func:`diagonal` -- ADA-DIAG, ``H_t = delta I + diag(G_t)^{1/2}`` (Duchi et al. eq. 5, Fig. 1);
 * :func:`full` -- ADA-FULL, ``H_t = delta I + G_t^{1/2}`` with ``G_t = sum_s g_s g_s^T`` kept
-  exactly (a ``d x d`` eigendecomposition per step: the baseline, not the product);
+  exactly (Duchi et al. eq. 5, Fig. 2; a ``d x d`` eigendecomposition per step: the baseline, not
+  the product);
 * :func:`sketched` -- ADA-FD, ``H_t = delta I + C_t^{1/2}`` with ``C_t = V^T diag(lam) V + alpha I``
   from any sketch of :mod:`sketchopt.sketches` (Ada-FD paper sec. 3.1; ``alpha > 0`` for RFD);
 * :func:`radagrad_metric` -- RADAGRAD (Ada-FD paper eq. 4), ``H_t = I + V^T diag(Sigma^{1/2} +
@@ -91,6 +92,13 @@ class Metric(NamedTuple):
         every finite ``g`` (SON, whose to-sketch vector ``sqrt(eta_t + sigma_t) g`` can
         overflow): where it is false the rules skip the leaf like a non-finite gradient (zero
         update, state bit-identical, counted) and call ``update`` with ``valid`` false.
+
+    Examples:
+      >>> import jax.numpy as jnp, sketchopt as so
+      >>> metric = so.metrics.diagonal(0.1)
+      >>> state, op, solved = metric.update(metric.init((2,)), jnp.array([1.0, -2.0]))
+      >>> metric.name, state.rss, solved is None
+      ('diag', Array([1., 2.], dtype=float32), True)
     """
 
     init: Callable[..., Any]
@@ -126,17 +134,41 @@ def check_delta(delta, *, allow_zero=False):
 
 
 class DiagonalMetricState(NamedTuple):
-    """``rss = sqrt(sum_s g_s^2)`` per coordinate (root of the sum of squares, kept with
-    ``hypot`` so that it cannot overflow where the sum of squares would)."""
+    """State of ADA-DIAG.
+
+    Attributes:
+      rss: ``diag(G_t)^{1/2} = sqrt(sum_s g_s^2)`` per coordinate (the root of the sum of
+        squares, kept with ``hypot`` so that it cannot overflow where the sum of squares would).
+    """
 
     rss: jax.Array
 
 
 def diagonal(delta: float) -> Metric:
-    """ADA-DIAG: ``H_t = delta I + diag(G_t)^{1/2}`` (Duchi et al. sec. 1.2, eq. 19/20).
+    """ADA-DIAG's metric: ``H_t = delta I + diag(G_t)^{1/2}``, ``G_t = sum_s g_s g_s^T``.
 
-    ``delta >= 0``; with ``delta = 0`` coordinates that have seen only zero gradients get a zero
-    step (the safe ``0/0 = 0``).
+    Only the diagonal ``s_t = sqrt(sum_s g_s^2)`` is kept (``O(d)``), so ``H_t^{-1} g`` is
+    ``g / (delta + s_t)`` coordinatewise; with ``delta = 0`` coordinates that have seen only zero
+    gradients get a zero step (the safe ``0/0 = 0``).
+
+    Args:
+      delta: ``delta >= 0``.
+
+    Returns:
+      A :class:`Metric` (``"diag"``) with a :class:`DiagonalMetricState`, whose operator is a
+      :class:`~sketchopt.operators.DiagonalOperator`.
+
+    References:
+      Duchi, Hazan & Singer (2010), "Adaptive Subgradient Methods for Online Learning and Stochastic
+      Optimization", Tech. Rep. UCB/EECS-2010-24 (JMLR 12, 2011), eq. (5) and Fig. 1 (AdaGrad with
+      diagonal matrices).
+
+    Examples:
+      >>> import jax.numpy as jnp, sketchopt as so
+      >>> metric = so.metrics.diagonal(1.0)
+      >>> state, op, _ = metric.update(metric.init((2,)), jnp.array([3.0, 4.0]))
+      >>> op.solve(jnp.array([4.0, 5.0]))  # H = diag(1 + 3, 1 + 4)
+      Array([1., 1.], dtype=float32)
     """
     check_delta(delta, allow_zero=True)
 
@@ -160,17 +192,42 @@ def diagonal(delta: float) -> Metric:
 
 
 class FullMetricState(NamedTuple):
-    """``gram = G_t / 4**scale_exp`` (``d x d``)."""
+    """State of ADA-FULL.
+
+    Attributes:
+      gram: ``G_t / 4**scale_exp`` (``d x d``), ``G_t = sum_s g_s g_s^T``.
+      scale_exp: the power-of-two exponent of ``gram``.
+    """
 
     gram: jax.Array
     scale_exp: jax.Array
 
 
 def full(delta: float) -> Metric:
-    """ADA-FULL: ``H_t = delta I + G_t^{1/2}``, ``G_t = sum_s g_s g_s^T`` (Duchi et al. eq. 19).
+    """ADA-FULL's metric: ``H_t = delta I + G_t^{1/2}``, ``G_t = sum_s g_s g_s^T``.
 
-    Keeps ``G_t`` exactly and eigendecomposes it at every step (``O(d^3)``): the reference that
-    ADA-FD approximates. ``delta > 0``.
+    Keeps ``G_t`` exactly and eigendecomposes it, ``G_t = U diag(mu) U^T``, at every operator
+    (``O(d^2)`` memory, ``O(d^3)`` time): ``H_t = U diag(delta + sqrt(mu)) U^T``. The reference
+    that ADA-FD approximates.
+
+    Args:
+      delta: ``delta > 0``.
+
+    Returns:
+      A :class:`Metric` (``"full"``) with a :class:`FullMetricState`, whose operator is a
+      :class:`~sketchopt.operators.LowRankOperator` over the complete eigenbasis.
+
+    References:
+      Duchi, Hazan & Singer (2010), "Adaptive Subgradient Methods for Online Learning and Stochastic
+      Optimization", Tech. Rep. UCB/EECS-2010-24 (JMLR 12, 2011), eq. (5) and Fig. 2 (AdaGrad with
+      full matrices).
+
+    Examples:
+      >>> import jax.numpy as jnp, numpy as np, sketchopt as so
+      >>> metric = so.metrics.full(1.0)
+      >>> state, op, _ = metric.update(metric.init((2,)), jnp.array([0.0, 2.0]))
+      >>> np.round(np.asarray(op.solve(jnp.array([1.0, 3.0]))), 4) + 0.0  # H = diag(1, 1 + 2)
+      array([1., 1.], dtype=float32)
     """
     check_delta(delta)
 
@@ -241,11 +298,34 @@ def sketched(sketch: _sketches.Sketch, delta: float) -> Metric:
     """ADA-FD's metric: ``H_t = delta I + C_t^{1/2}`` from a sketch of the gradients.
 
     ``C_t = V^T diag(lam) V + alpha I`` comes from :func:`sketchopt.sketches.low_rank` of any
-    sketch (``alpha = 0`` for FD, RFD's adaptive ridge otherwise). ``H_t^{-1} v`` is applied by
-    Woodbury (Ada-FD paper sec. 3.1) in ``O(n d)`` without forming a ``d x d`` matrix; the sketch
-    update returns ``B g`` for free, and the per-step FD sketches lift the solve's coefficients in
-    the same pass that rotates their rows, so solving with the new gradient costs no extra pass.
-    ``delta > 0``.
+    sketch (``alpha = 0`` for FD, RFD's adaptive ridge otherwise), and ``C_t^{1/2} = sqrt(alpha)
+    I + V^T diag(sqrt(lam + alpha) - sqrt(alpha)) V``. ``H_t^{-1} v`` is applied by Woodbury in
+    ``O(n d)`` without forming a ``d x d`` matrix; the sketch update returns ``B g`` for free,
+    and the per-step FD sketches lift the solve's coefficients in the same pass that rotates
+    their rows, so solving with the new gradient costs no extra pass.
+
+    Args:
+      sketch: any :class:`sketchopt.sketches.Sketch` (FD, RFD, their fast forms, PFD, CFD, Oja,
+        random projection).
+      delta: ``delta > 0``.
+
+    Returns:
+      A :class:`Metric` (``"sketched_" + sketch.name``) whose state is the sketch's state and
+      whose operator is a :class:`~sketchopt.operators.LowRankOperator`; ``update`` returns
+      ``H_t^{-1} g_t`` as well.
+
+    References:
+      Wan, Wei & Zhang (2018), "Efficient Adaptive Online Learning via Frequent Directions", IJCAI,
+      sec. 3.1 (``H_t = delta I + (S_t^T S_t)^{1/2}`` and its Woodbury inverse), Alg. 1/2. Luo,
+      Chen, Zhang, Li & Zhang (2019), "Robust Frequent Directions with Application in Online
+      Learning", JMLR 20, Alg. 2 (the ridge ``alpha`` of an RFD sketch).
+
+    Examples:
+      >>> import jax.numpy as jnp, numpy as np, sketchopt as so
+      >>> metric = so.metrics.sketched(so.sketches.frequent_directions(2), delta=1.0)
+      >>> state, op, solved = metric.update(metric.init((3,)), jnp.array([0.0, 3.0, 0.0]))
+      >>> np.round(np.asarray(solved), 4) + 0.0  # C = 9 e_2 e_2^T: H_t g = (1 + 3) g
+      array([0.  , 0.75, 0.  ], dtype=float32)
     """
     check_delta(delta)
     absorb_solve = sketch.absorb_solve
@@ -314,7 +394,15 @@ def _projected_preamble(sketch_size, delta, key):
 
 
 class RadagradMetricState(NamedTuple):
-    """``rows = G~_t^T / 4**scale_exp`` (``tau x d``), ``gram = rows rows^T``, the projection."""
+    """State of RADAGRAD.
+
+    Attributes:
+      rows: ``G~_t^T / 4**scale_exp`` (``tau x d``), ``G~_t = sum_s g_s (Pi g_s)^T``.
+      gram: ``rows rows^T`` (``tau x tau``).
+      scale_exp: the power-of-two exponent ``e`` (it never decreases).
+      signs: the random signs of the randomized DCT ``Pi``.
+      indices: the coordinates ``Pi`` subsamples.
+    """
 
     rows: jax.Array
     gram: jax.Array
@@ -338,11 +426,11 @@ def radagrad_metric(sketch_size: int, delta: float, key) -> Metric:
       A :class:`Metric` whose operator is a :class:`~sketchopt.operators.LowRankOperator`.
 
     References:
-      Krummenacher, Gabriel et al., "Scalable Adaptive Stochastic Optimization Using Random
-      Projections" (NeurIPS 2016); as written in Wan, Wei & Zhang, "Efficient Adaptive Online
-      Learning via Frequent Directions", eq. 4.
+      Krummenacher, Fung, Bayer, Huang & Roth (2016), "Scalable Adaptive Stochastic Optimization
+      Using Random Projections", NeurIPS (RADAGRAD); as written in Wan, Wei & Zhang (2018),
+      "Efficient Adaptive Online Learning via Frequent Directions", IJCAI, eq. (4).
 
-    Example:
+    Examples:
       >>> import jax, jax.numpy as jnp, sketchopt as so
       >>> metric = so.metrics.radagrad_metric(2, 1e-3, jax.random.PRNGKey(0))
       >>> state, op, _ = metric.update(metric.init((4,)), jnp.array([1.0, 0.0, 0.0, 0.0]))
@@ -405,7 +493,14 @@ def radagrad_metric(sketch_size: int, delta: float, key) -> Metric:
 
 
 class AdaLRMetricState(NamedTuple):
-    """``gram = G_t / 4**scale_exp`` (``d x d``) and the projection."""
+    """State of ADA-LR.
+
+    Attributes:
+      gram: ``G_t / 4**scale_exp`` (``d x d``).
+      scale_exp: the power-of-two exponent of ``gram``.
+      signs: the random signs of the randomized DCT ``Pi``.
+      indices: the coordinates ``Pi`` subsamples.
+    """
 
     gram: jax.Array
     scale_exp: jax.Array
@@ -430,11 +525,11 @@ def ada_lr_metric(sketch_size: int, delta: float, key) -> Metric:
       (``solve`` only: the rules refuse a regularizer with it when built).
 
     References:
-      Krummenacher, Gabriel et al., "Scalable Adaptive Stochastic Optimization Using Random
-      Projections" (NeurIPS 2016); Wan, Wei & Zhang, "Efficient Adaptive Online Learning via
-      Frequent Directions", eq. 3.
+      Krummenacher, Fung, Bayer, Huang & Roth (2016), "Scalable Adaptive Stochastic Optimization
+      Using Random Projections", NeurIPS (ADA-LR); as written in Wan, Wei & Zhang (2018), "Efficient
+      Adaptive Online Learning via Frequent Directions", IJCAI, eq. (3).
 
-    Example:
+    Examples:
       >>> import jax, jax.numpy as jnp, sketchopt as so
       >>> metric = so.metrics.ada_lr_metric(1, 1.0, jax.random.PRNGKey(0))
       >>> state, op, _ = metric.update(metric.init((2,)), jnp.array([3.0, 0.0]))

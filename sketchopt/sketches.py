@@ -11,7 +11,7 @@ pure functions in the style of an Optax ``GradientTransformation``::
     state = sk.update_many(state, rows)  # lax.scan over the rows
     V, lam, alpha = factors(state)       # C = V^T diag(lam) V + alpha I, never d x d
 
-Implemented sketches (papers in ``shared/papers``):
+Implemented sketches (each constructor's docstring cites its papers):
 
 * :func:`frequent_directions` -- FD (RFD paper Alg. 1; Ada-FD Alg. 1/2 lines 4-6) and, with
   ``fast=True``, the doubling-buffer FD (RFD paper Alg. 4).
@@ -115,6 +115,13 @@ class Sketch(NamedTuple):
       paddable: whether zero coordinates appended to the rows change nothing else (the FD family
         and the random projection: their small Gram matrices see only inner products; not Oja,
         whose random initial directions depend on ``dim``). See ``LeafRule.paddable``.
+
+    Examples:
+      >>> import jax.numpy as jnp, sketchopt as so
+      >>> sk = so.sketches.frequent_directions(sketch_size=3)
+      >>> state = sk.update_many(sk.init(4), jnp.eye(4))
+      >>> sk.name, state.rows.shape, int(state.count)
+      ('fd', (3, 4), 4)
     """
 
     init: Callable[..., Any]
@@ -143,6 +150,13 @@ class Absorbed(NamedTuple):
       drawn: the random vector the update drew (the random projection's ``r_t``), or ``None``
         for the deterministic sketches: a caller that needs ``r_t`` reads it here and never
         draws it again.
+
+    Examples:
+      >>> import jax.numpy as jnp, sketchopt as so
+      >>> sk = so.sketches.frequent_directions(3)
+      >>> out = sk.absorb_solve(sk.init(4), jnp.ones(4))
+      >>> out.product.shape, out.residual is None, out.drawn is None
+      ((3,), True, True)
     """
 
     state: Any
@@ -154,11 +168,21 @@ class Absorbed(NamedTuple):
 class FrequentDirectionsState(NamedTuple):
     """State of the frequent-directions family (FD, fast FD, RFD, fast RFD, PFD, CFD).
 
-    ``rows`` is the ``n x d`` buffer ``B`` (``n = sketch_size`` per-step, ``2 * sketch_size`` with
-    the doubling buffer); rows at index ``>= fill`` are zero. ``gram = B B^T / 4**scale_exp``;
-    ``alpha`` and ``compensation`` are stored divided by ``4**scale_exp`` as well (use
-    :func:`factors` for true values). ``count`` counts the rows absorbed, ``nonfinite_count`` the
-    rows rejected for containing NaN/Inf.
+    The sketched covariance is ``C = B^T B + alpha I`` (CFD adds ``compensation`` to each non-zero
+    eigenvalue of ``B^T B``); quadratic fields are stored divided by ``4**scale_exp`` (use
+    :func:`factors` or :func:`low_rank` for true values).
+
+    Attributes:
+      rows: the ``n x d`` buffer ``B`` in true units (``n = sketch_size`` per-step,
+        ``2 * sketch_size`` with the doubling buffer); rows at index ``>= fill`` are zero.
+      gram: ``B B^T / 4**scale_exp`` (``n x n``; diagonal right after a shrink).
+      fill: the number of rows in use.
+      scale_exp: the power-of-two exponent ``e`` of the quadratic fields.
+      alpha: the ridge ``alpha / 4**e``: ``alpha0`` plus ``alpha_fraction`` of every shrinkage
+        (RFD; 0 for FD, PFD and CFD).
+      compensation: CFD's total shrinkage ``/ 4**e`` (0 otherwise).
+      count: the rows absorbed.
+      nonfinite_count: the rows rejected for containing NaN/Inf.
     """
 
     rows: jax.Array
@@ -177,8 +201,16 @@ class FrequentDirectionsState(NamedTuple):
 
 
 class OjaState(NamedTuple):
-    """State of Oja's sketch: orthonormal ``directions`` (m x d), running eigenvalue estimates
-    ``eigenvalues`` (``Lambda_t``, stored divided by ``4**scale_exp``), the step ``count`` t."""
+    """State of Oja's sketch (SON paper eq. 4): ``S_t = (t Lambda_t)^{1/2} V_t``.
+
+    Attributes:
+      directions: ``V_t`` (``m x d``) with orthonormal rows.
+      eigenvalues: the running estimates ``Lambda_t`` (``m``), stored divided by
+        ``4**scale_exp``.
+      scale_exp: the power-of-two exponent of ``eigenvalues``.
+      count: the step ``t``.
+      nonfinite_count: the rows rejected for containing NaN/Inf.
+    """
 
     directions: jax.Array
     eigenvalues: jax.Array
@@ -193,7 +225,14 @@ class OjaState(NamedTuple):
 class RandomProjectionState(NamedTuple):
     """State of the Gaussian random-projection sketch ``S_t = S_{t-1} + r_t g_t^T``.
 
-    ``gram = S S^T / 4**scale_exp``; ``key`` is the PRNG key for the next ``r_t``."""
+    Attributes:
+      rows: ``S_t`` (``m x d``) in true units.
+      gram: ``S S^T / 4**scale_exp`` (``m x m``).
+      scale_exp: the power-of-two exponent of ``gram``.
+      key: the PRNG key for the next ``r_t``.
+      count: the rows absorbed.
+      nonfinite_count: the rows rejected for containing NaN/Inf.
+    """
 
     rows: jax.Array
     gram: jax.Array
@@ -408,6 +447,121 @@ def _make_sketch(init, absorb, sketch_size, name, *, spec=None, paddable=False):
 # The frequent-directions family.
 
 
+def _fd_spectrum(gram, tau, num_shrunk):
+    """Eigenpairs of ``B B^T`` and FD's shrunk spectrum (RFD paper Alg. 1/2 lines 4-5).
+
+    Ada-FD Alg. 1/2 lines 5-6, on the small Gram matrix: returns ``(mu, u, delta, shrunk)`` with
+    ``B B^T = U diag(mu) U^T`` (``mu`` descending), ``delta = sigma_tau^2`` and
+    ``shrunk = mu - delta`` on the ``num_shrunk`` smallest of the top ``tau`` (all of them for
+    FD; PFD of Desai et al. reduces only these), ``mu`` above them and 0 from index ``tau - 1``.
+    """
+    mu, u = eigh_desc(gram)
+    delta = mu[tau - 1]  # (sigma_tau)^2: the tau-th largest squared singular value
+    idx = jnp.arange(gram.shape[0])
+    shrunk = jnp.where(idx >= tau - num_shrunk, jnp.maximum(mu - delta, 0), mu)
+    shrunk = jnp.where(idx < tau - 1, shrunk, 0)  # keep tau - 1 rows
+    return mu, u, delta, shrunk
+
+
+def _fd_shrink(
+    state, product, valid, lift=None, row=None, *, tau, num_shrunk, alpha_fraction, compensate
+):
+    """FD's shrink (RFD paper Alg. 1 lines 4-5, Alg. 2 lines 4-6): rotate ``B``, shrink it.
+
+    ``B' = diag(sqrt(shrunk / mu)) U^T B`` (see :func:`_fd_spectrum`) keeps ``tau - 1`` rows;
+    ``alpha`` grows by ``alpha_fraction * delta`` (Alg. 2 line 6 with ``1/2``) and, for CFD,
+    ``compensation`` by ``delta``; ``product = B g`` becomes ``B' g``. With ``valid`` false the
+    rotation is the identity and the state is returned unchanged. With ``lift`` (see
+    :class:`Sketch`) also returns ``row - B'^T a``, taken in the pass that rotates the rows.
+    """
+    n = state.gram.shape[0]
+    mu, u, delta, shrunk = _fd_spectrum(state.gram, tau, num_shrunk)
+    ratio = jnp.where(mu > 0, shrunk / jnp.where(mu > 0, mu, 1), 0)
+    rot = (u * jnp.sqrt(ratio)).T  # B' = diag(sqrt((mu - delta)/mu)) U^T B
+    rot = jnp.where(valid, rot, jnp.eye(n, dtype=rot.dtype))
+    gram = jnp.where(valid, jnp.diag(shrunk), state.gram)
+    new = state._replace(
+        gram=gram,
+        fill=jnp.where(valid, tau - 1, state.fill).astype(jnp.int32),
+        alpha=jnp.where(valid, state.alpha + alpha_fraction * delta, state.alpha),
+        compensation=jnp.where(valid & compensate, state.compensation + delta, state.compensation),
+    )
+    product = rot @ product
+    kept = rot[: tau - 1]  # the rows past tau - 1 of the rotation are zero
+    if lift is None:
+        return new._replace(rows=_rotate_rows(kept, state.rows, valid)), product
+    # new.rows still holds the rows before the rotation: lift reads only the small fields.
+    coef, base = _residual_terms(lift(new, product) @ rot, row)  # B'^T a = B^T (rot^T a)
+    rows, residual = _rotate_rows(kept, state.rows, valid, coef, base)
+    return new._replace(rows=rows), product, residual
+
+
+def _fd_rescale_exponent(state, row, valid):
+    """The next power-of-two ``scale_exp`` for ``row`` and the quadratic fields (no paper step).
+
+    It covers ``row``, ``B B^T``, ``alpha`` and CFD's sum: see the module docstring's
+    implementation notes.
+    """
+    diag = jnp.diagonal(state.gram)
+    # alpha and compensation live under the same scale as the Gram matrix: cover them too, or
+    # a large alpha0 followed by tiny rows would be scaled up to overflow.
+    quadratic = jnp.maximum(jnp.max(diag, initial=0), jnp.maximum(state.alpha, state.compensation))
+    exp = rescale_exponent(state.scale_exp, jnp.max(jnp.abs(row), initial=0), quadratic)
+    return jnp.where(valid, exp, state.scale_exp)
+
+
+def _fd_append(state, row, valid):
+    """``(state, B g / 4**exp)`` after inserting ``g`` at row ``fill`` (RFD paper Alg. 1/2 line 3).
+
+    Ada-FD Alg. 1/2 line 4 ("insert g_t into the last row"). The state is rescaled to the new
+    ``scale_exp`` and the Gram matrix gains ``B g`` as row and column ``fill``.
+    """
+    exp = _fd_rescale_exponent(state, row, valid)
+    factor = 2 * (state.scale_exp - exp)
+    gram = ldexp(state.gram, factor)
+    j = state.fill
+    # Insert first, then take the one pass over the rows: B g / 4**exp with the new row's own
+    # squared norm at position j (the slot was zero). In this order the in-place insertion
+    # and the later in-place rotation never race with the read, so XLA copies nothing.
+    # A skipped (invalid) row leaves everything bit-identical, signed zeros included: the
+    # slot keeps its old contents and the small arrays are selected.
+    slot = jax.lax.dynamic_slice_in_dim(state.rows, j, 1, axis=0)
+    slot = jnp.where(valid, row[None, :], slot)
+    rows = jax.lax.dynamic_update_slice(state.rows, slot, (j, jnp.int32(0)))
+    prod = _scaled_dot(rows, row, exp)
+    gram = jnp.where(valid, gram.at[j, :].set(prod).at[:, j].set(prod), state.gram)
+    step = valid.astype(jnp.int32)
+    state = state._replace(
+        rows=rows,
+        gram=gram,
+        fill=j + step,
+        scale_exp=exp,
+        alpha=jnp.where(valid, ldexp(state.alpha, factor), state.alpha),
+        compensation=jnp.where(valid, ldexp(state.compensation, factor), state.compensation),
+        count=state.count + step,
+    )
+    return state, prod
+
+
+def _fd_refresh_gram(state, shrank, *, n, tau):
+    """``B B^T`` recomputed exactly from the rows every _GRAM_REFRESH shrinks (numerics only).
+
+    Replaces the tracked Gram matrix so that round-off cannot accumulate in it (see
+    _GRAM_REFRESH). Kept outside the doubling buffer's ``lax.cond``: nested there, reading the
+    rows made XLA copy them.
+    """
+    index = (state.count - n) // (n - tau + 1)  # 0 for the first shrink with a full buffer
+    refresh = shrank & (index % _GRAM_REFRESH == _GRAM_REFRESH - 1)
+
+    def exact():
+        return _leafwise.select_leaves(
+            refresh, _exact_gram(state.rows, state.scale_exp), state.gram
+        )
+
+    gram = jax.lax.cond(_leafwise.any_leaf(refresh), exact, lambda: state.gram)
+    return state._replace(gram=gram)
+
+
 def _fd_family(
     sketch_size: int,
     *,
@@ -429,6 +583,14 @@ def _fd_family(
     tau = sketch_size
     n = 2 * tau if fast else tau
     num_shrunk = tau if num_shrunk is None else num_shrunk
+    shrink = functools.partial(
+        _fd_shrink,
+        tau=tau,
+        num_shrunk=num_shrunk,
+        alpha_fraction=alpha_fraction,
+        compensate=compensate,
+    )
+    refresh_gram = functools.partial(_fd_refresh_gram, n=n, tau=tau)
 
     def init(dim, dtype=jnp.float32):
         dim, dtype = flat_size(dim), state_dtype(dtype)
@@ -444,73 +606,10 @@ def _fd_family(
             nonfinite_count=jnp.zeros((), jnp.int32),
         )
 
-    def shrink(state, product, valid, lift=None, row=None):
-        """Rotate to the eigenbasis of the Gram matrix and shrink (RFD paper Alg. 2 lines 4-6).
-
-        With ``valid`` false the rotation is the identity and the state is returned unchanged.
-        With ``lift`` (see :class:`Sketch`) also returns ``row - B'^T a``, taken in the pass that
-        rotates the rows.
-        """
-        mu, u = eigh_desc(state.gram)
-        delta = mu[tau - 1]  # (sigma_tau)^2: the tau-th largest squared singular value
-        idx = jnp.arange(n)
-        shrunk = jnp.where(idx >= tau - num_shrunk, jnp.maximum(mu - delta, 0), mu)
-        shrunk = jnp.where(idx < tau - 1, shrunk, 0)  # keep tau - 1 rows
-        ratio = jnp.where(mu > 0, shrunk / jnp.where(mu > 0, mu, 1), 0)
-        rot = (u * jnp.sqrt(ratio)).T  # B' = diag(sqrt((mu - delta)/mu)) U^T B
-        rot = jnp.where(valid, rot, jnp.eye(n, dtype=rot.dtype))
-        gram = jnp.where(valid, jnp.diag(shrunk), state.gram)
-        new = state._replace(
-            gram=gram,
-            fill=jnp.where(valid, tau - 1, state.fill).astype(jnp.int32),
-            alpha=jnp.where(valid, state.alpha + alpha_fraction * delta, state.alpha),
-            compensation=jnp.where(
-                valid & compensate, state.compensation + delta, state.compensation
-            ),
-        )
-        product = rot @ product
-        kept = rot[: tau - 1]  # the rows past tau - 1 of the rotation are zero
-        if lift is None:
-            return new._replace(rows=_rotate_rows(kept, state.rows, valid)), product
-        # new.rows still holds the rows before the rotation: lift reads only the small fields.
-        coef, base = _residual_terms(lift(new, product) @ rot, row)  # B'^T a = B^T (rot^T a)
-        rows, residual = _rotate_rows(kept, state.rows, valid, coef, base)
-        return new._replace(rows=rows), product, residual
-
     def absorb(state, row, valid, lift=None):
-        """Append ``row`` at position ``fill`` and update the Gram matrix's row and column."""
+        """Append ``row``, then shrink: at every row (Alg. 1/2) or when the buffer is full (4/5)."""
         row = like_last_axis(row.astype(state.rows.dtype), state.rows)
-        diag = jnp.diagonal(state.gram)
-        # alpha and compensation live under the same scale as the Gram matrix: cover them too, or
-        # a large alpha0 followed by tiny rows would be scaled up to overflow.
-        quadratic = jnp.maximum(
-            jnp.max(diag, initial=0), jnp.maximum(state.alpha, state.compensation)
-        )
-        exp = rescale_exponent(state.scale_exp, jnp.max(jnp.abs(row), initial=0), quadratic)
-        exp = jnp.where(valid, exp, state.scale_exp)
-        factor = 2 * (state.scale_exp - exp)
-        gram = ldexp(state.gram, factor)
-        j = state.fill
-        # Insert first, then take the one pass over the rows: B g / 4**exp with the new row's own
-        # squared norm at position j (the slot was zero). In this order the in-place insertion
-        # and the later in-place rotation never race with the read, so XLA copies nothing.
-        # A skipped (invalid) row leaves everything bit-identical, signed zeros included: the
-        # slot keeps its old contents and the small arrays are selected.
-        slot = jax.lax.dynamic_slice_in_dim(state.rows, j, 1, axis=0)
-        slot = jnp.where(valid, row[None, :], slot)
-        rows = jax.lax.dynamic_update_slice(state.rows, slot, (j, jnp.int32(0)))
-        prod = _scaled_dot(rows, row, exp)
-        gram = jnp.where(valid, gram.at[j, :].set(prod).at[:, j].set(prod), state.gram)
-        step = valid.astype(jnp.int32)
-        state = state._replace(
-            rows=rows,
-            gram=gram,
-            fill=j + step,
-            scale_exp=exp,
-            alpha=jnp.where(valid, ldexp(state.alpha, factor), state.alpha),
-            compensation=jnp.where(valid, ldexp(state.compensation, factor), state.compensation),
-            count=state.count + step,
-        )
+        state, prod = _fd_append(state, row, valid)
         if not fast:
             if lift is not None:
                 state, prod, residual = shrink(state, prod, valid, lift, row)
@@ -527,21 +626,6 @@ def _fd_family(
         )
         return Absorbed(refresh_gram(state, full), prod)  # the residual is taken after the update
 
-    def refresh_gram(state, shrank):
-        """Every _GRAM_REFRESH shrinks, replace the tracked Gram matrix by the exact one of the
-        rotated rows, so round-off cannot accumulate in it (see _GRAM_REFRESH). Kept outside the
-        doubling buffer's ``lax.cond``: nested there, reading the rows made XLA copy them."""
-        index = (state.count - n) // (n - tau + 1)  # 0 for the first shrink with a full buffer
-        refresh = shrank & (index % _GRAM_REFRESH == _GRAM_REFRESH - 1)
-
-        def exact():
-            return _leafwise.select_leaves(
-                refresh, _exact_gram(state.rows, state.scale_exp), state.gram
-            )
-
-        gram = jax.lax.cond(_leafwise.any_leaf(refresh), exact, lambda: state.gram)
-        return state._replace(gram=gram)
-
     spec = _validation.spec_key(
         "fd_family", tau, fast, name, alpha0, alpha_fraction, compensate, num_shrunk
     )
@@ -549,14 +633,39 @@ def _fd_family(
 
 
 def frequent_directions(sketch_size: int, *, fast: bool = False) -> Sketch:
-    """Frequent directions (Liberty 2013; Ghashami et al. 2016): RFD paper Alg. 1.
+    """Frequent directions (FD): the deterministic sketch ``C = B^T B`` of ``A^T A``.
 
-    Per step the new row goes into the empty last row of the ``sketch_size x d`` sketch and all
-    squared singular values are shrunk by the smallest one (Ada-FD Alg. 1/2, lines 4-6). With
-    ``fast=True`` rows are appended to a ``2 * sketch_size`` buffer and the shrink (by the
-    ``sketch_size``-th squared singular value, keeping ``sketch_size - 1`` rows) runs only when it
-    is full (RFD paper Alg. 4). Guarantee: ``||A^T A - B^T B||_2 <= ||A - A_k||_F^2 / (tau - k)``
-    for every ``k < tau`` and ``B^T B <= A^T A``.
+    Per step the new row ``a_t`` goes into the empty last row of the ``tau x d`` sketch ``B``
+    (``tau = sketch_size``) and, with ``B = U Sigma V^T``, every squared singular value is shrunk
+    by the smallest one: ``B <- sqrt(Sigma^2 - sigma_tau^2 I) V^T``, which leaves ``tau - 1``
+    non-zero rows. With ``fast=True`` rows are appended to a ``2 tau`` buffer and the shrink (by
+    the ``tau``-th squared singular value, keeping ``tau - 1`` rows) runs only when it is full:
+    ``O(tau d)`` amortized per row instead of ``O(tau^2 d)``. Guarantee: ``0 <= A^T A - B^T B``
+    and ``||A^T A - B^T B||_2 <= ||A - A_k||_F^2 / (tau - k)`` for every ``k < tau``.
+
+    Args:
+      sketch_size: ``tau >= 1``, the rows of the sketch including the slot for the incoming row
+        (the RFD paper's ``m``, Ada-FD's ``tau``).
+      fast: use the doubling buffer.
+
+    Returns:
+      A :class:`Sketch` (``"fd"``, or ``"fast_fd"``) with a :class:`FrequentDirectionsState`.
+
+    References:
+      Liberty (2013), "Simple and Deterministic Matrix Sketching", KDD. Ghashami, Liberty, Phillips
+      & Woodruff (2016), "Frequent Directions: Simple and Deterministic Matrix Sketching", SIAM J.
+      Comput. 45: the algorithm and its error bound. Luo, Chen, Zhang, Li & Zhang (2019), "Robust
+      Frequent Directions with Application in Online Learning", JMLR 20, Alg. 1 (FD), Alg. 4
+      (``fast``) and eq. (1). Wan, Wei & Zhang (2018), "Efficient Adaptive Online Learning via
+      Frequent Directions", IJCAI, Alg. 1/2 lines 4-6.
+
+    Examples:
+      >>> import jax.numpy as jnp, sketchopt as so
+      >>> sk = so.sketches.frequent_directions(3)
+      >>> rows = jnp.array([[3.0, 0, 0], [0, 2, 0], [0, 0, 1]])
+      >>> V, lam, alpha = so.sketches.factors(sk.update_many(sk.init(3), rows))
+      >>> lam  # squared singular values 9, 4, 1 shrunk by the smallest
+      Array([8., 3.], dtype=float32)
     """
     tau = _validation.size("sketch_size", sketch_size)
     return _fd_family(tau, fast=_validation.flag("fast", fast), name="fast_fd" if fast else "fd")
@@ -565,18 +674,38 @@ def frequent_directions(sketch_size: int, *, fast: bool = False) -> Sketch:
 def robust_frequent_directions(
     sketch_size: int, *, fast: bool = False, alpha0: float = 0.0, alpha_fraction: float = 0.5
 ) -> Sketch:
-    """Robust frequent directions: RFD paper Alg. 2 (and Alg. 5 with ``fast=True``).
+    """Robust frequent directions (RFD): FD's ``B`` plus the adaptive ridge ``alpha``.
 
-    FD plus a ridge: ``C = B^T B + alpha I`` with ``alpha = alpha0 + 1/2 * (total shrinkage)``.
-    Guarantee (Theorem 3): ``||A^T A - C||_2 <= ||A - A_k||_F^2 / (2 (tau - k))``.
+    ``C = B^T B + alpha I`` with ``B`` exactly FD's (:func:`frequent_directions`) and ``alpha``
+    half the cumulative shrinkage: ``alpha_t = alpha_{t-1} + sigma_tau^2 / 2`` at every shrink,
+    ``alpha_0 = alpha0``. Guarantee (Theorem 3): ``||A^T A - C||_2 <= ||A - A_k||_F^2 / (2 (tau -
+    k))``, half FD's bound; ``C`` is positive definite once a shrink removed mass.
 
     Args:
-      sketch_size: rows of the sketch including the slot for the incoming row (``m``).
+      sketch_size: ``tau >= 1``, the rows of the sketch including the slot for the incoming row
+        (``m`` in the paper).
       fast: use the doubling buffer (Alg. 5).
       alpha0: initial ridge ``alpha^{(0)} >= 0``; use it to sketch ``A^T A + alpha0 I``.
       alpha_fraction: the fraction of each shrinkage added to ``alpha``. RFD's optimal choice is
         ``1/2`` (Theorem 2); ``1`` adds all the "escaped mass", as S-AdaGrad (Feinberg et al.
         2023) does. Must lie in ``[0, 1]``.
+
+    Returns:
+      A :class:`Sketch` (``"rfd"``, or ``"fast_rfd"``) with a :class:`FrequentDirectionsState`.
+
+    References:
+      Luo, Chen, Zhang, Li & Zhang (2019), "Robust Frequent Directions with Application in Online
+      Learning", JMLR 20, Alg. 2 (RFD), Alg. 5 (``fast``), Theorems 2 and 3. Feinberg, Chen, Sun,
+      Anil & Hazan (2023), "Sketchy: Memory-efficient Adaptive Regularization with Frequent
+      Directions", NeurIPS (``alpha_fraction=1``).
+
+    Examples:
+      >>> import jax.numpy as jnp, sketchopt as so
+      >>> sk = so.sketches.robust_frequent_directions(3)
+      >>> rows = jnp.array([[3.0, 0, 0], [0, 2, 0], [0, 0, 1]])
+      >>> V, lam, alpha = so.sketches.factors(sk.update_many(sk.init(3), rows))
+      >>> lam, alpha  # FD's eigenvalues; alpha = 1/2 of the shrink by 1
+      (Array([8., 3.], dtype=float32), Array(0.5, dtype=float32))
     """
     tau = _validation.size("sketch_size", sketch_size)
     _validation.ridge("alpha0", alpha0)
@@ -593,11 +722,31 @@ def robust_frequent_directions(
 def parameterized_frequent_directions(
     sketch_size: int, beta: float, *, fast: bool = False
 ) -> Sketch:
-    """Parameterized FD (Desai, Ghashami & Phillips 2016), a baseline of the RFD paper.
+    """Parameterized FD (PFD): FD that shrinks only its smallest directions.
 
-    At each shrink only the smallest ``max(1, floor(beta * sketch_size))`` of the top
-    ``sketch_size`` squared singular values are reduced by the shrink amount; the larger ones are
-    kept intact. ``beta = 1`` is FD. ``beta`` must lie in ``(0, 1]``.
+    At each shrink only the smallest ``max(1, floor(beta * tau))`` of the top ``tau`` squared
+    singular values are reduced by ``sigma_tau^2``; the larger ones are kept intact, and
+    ``tau - 1`` rows are kept as in FD. ``C = B^T B``; ``beta = 1`` is FD.
+
+    Args:
+      sketch_size: ``tau >= 1``, the rows of the sketch including the slot for the incoming row.
+      beta: the fraction of the directions a shrink reduces, in ``(0, 1]`` (static).
+      fast: use the doubling buffer.
+
+    Returns:
+      A :class:`Sketch` named ``"pfd"`` with a :class:`FrequentDirectionsState`.
+
+    References:
+      Desai, Ghashami & Phillips (2016), "Improved Practical Matrix Sketching with Guarantees", IEEE
+      TKDE 28: Parameterized FD. Luo, Chen, Zhang, Li & Zhang (2019), "Robust Frequent Directions
+      with Application in Online Learning", JMLR 20: PFD as a baseline.
+
+    Examples:
+      >>> import jax.numpy as jnp, sketchopt as so
+      >>> sk = so.sketches.parameterized_frequent_directions(3, beta=0.7)
+      >>> rows = jnp.array([[3.0, 0, 0], [0, 2, 0], [0, 0, 1]])
+      >>> so.sketches.factors(sk.update_many(sk.init(3), rows))[1]  # FD: 8, 3
+      Array([9., 3.], dtype=float32)
     """
     tau = _validation.size("sketch_size", sketch_size)
     if _validation.is_traced(beta):
@@ -608,10 +757,30 @@ def parameterized_frequent_directions(
 
 
 def compensative_frequent_directions(sketch_size: int, *, fast: bool = False) -> Sketch:
-    """Compensative FD (Desai, Ghashami & Phillips 2016), a baseline of the RFD paper.
+    """Compensative FD (CFD): FD with the total shrinkage added back to its directions.
 
-    The FD sketch plus the running total of all shrink amounts, which :func:`factors` adds back
-    to every non-zero sketched squared singular value.
+    The FD sketch ``B`` plus the running total ``Delta = sum_t sigma_tau^2`` of all shrink
+    amounts, added back to every non-zero eigenvalue: ``C = V^T (diag(lam_FD) + Delta) V`` on
+    the span of ``B`` (no ridge outside it, unlike RFD).
+
+    Args:
+      sketch_size: ``tau >= 1``, the rows of the sketch including the slot for the incoming row.
+      fast: use the doubling buffer.
+
+    Returns:
+      A :class:`Sketch` named ``"cfd"`` with a :class:`FrequentDirectionsState`.
+
+    References:
+      Desai, Ghashami & Phillips (2016), "Improved Practical Matrix Sketching with Guarantees", IEEE
+      TKDE 28: Compensative FD. Luo, Chen, Zhang, Li & Zhang (2019), "Robust Frequent Directions
+      with Application in Online Learning", JMLR 20: CFD as a baseline.
+
+    Examples:
+      >>> import jax.numpy as jnp, sketchopt as so
+      >>> sk = so.sketches.compensative_frequent_directions(3)
+      >>> rows = jnp.array([[3.0, 0, 0], [0, 2, 0], [0, 0, 1]])
+      >>> so.sketches.factors(sk.update_many(sk.init(3), rows))[1]  # FD's 8, 3 plus the shrink 1
+      Array([9., 4.], dtype=float32)
     """
     tau = _validation.size("sketch_size", sketch_size)
     return _fd_family(tau, fast=_validation.flag("fast", fast), name="cfd", compensate=True)
@@ -661,24 +830,79 @@ def _oja_orthonormalize(v, keep, c, u):
     return new, q[:m].T @ p + q[m] * rho
 
 
+def _oja_absorb(state, row, valid, gamma):
+    """One step of Oja's algorithm, SON paper eq. 4: ``Lambda_t`` and ``V_t`` from ``g_t``.
+
+    ``gamma(t)`` is the learning rate ``Gamma_t``. Returns the :class:`Absorbed` of the step, its
+    product ``V_t g / 4**exp`` taken without another pass over ``d``.
+    """
+    v = state.directions
+    row = like_last_axis(row.astype(v.dtype), v)
+    exp = rescale_exponent(
+        state.scale_exp,
+        jnp.max(jnp.abs(row), initial=0),
+        jnp.max(state.eigenvalues, initial=0),
+    )
+    lam = ldexp(state.eigenvalues, 2 * (state.scale_exp - exp))
+    scaled_row = ldexp(row, -exp)
+    proj = contract_d(v, scaled_row)  # V g / 2**exp
+    t = state.count + 1
+    g = jnp.asarray(gamma(t.astype(v.dtype)), v.dtype)
+    lam = (1 - g) * lam + g * jnp.square(proj)
+    # Row i of V + Gamma (V g) g^T is v_i + f_i g with f_i = Gamma (v_i.g); rescale each row by
+    # 1 / (1 + |f_i| |g|) before orthonormalizing (Gram-Schmidt is invariant to positive row
+    # scaling), computed in the log domain so that huge rows cannot overflow.
+    gnorm = jnp.sqrt(jnp.sum(jnp.square(scaled_row)))
+    log_f = (
+        jnp.log(g)
+        + jnp.log(jnp.abs(proj))
+        + jnp.log(gnorm)
+        + 2 * exp.astype(v.dtype) * jnp.log(2.0).astype(v.dtype)
+    )
+    keep = jax.nn.sigmoid(-log_f)  # 1 / (1 + |f| |g|)
+    take = jax.nn.sigmoid(log_f)  # |f| |g| / (1 + |f| |g|)
+    unit_row = scaled_row / jnp.where(gnorm > 0, gnorm, 1)
+    directions, v_unit = _oja_orthonormalize(v, keep, jnp.sign(proj) * take, unit_row)
+    new = state._replace(directions=directions, eigenvalues=lam, scale_exp=exp, count=t)
+    new = jax.tree.map(lambda a, b: jnp.where(valid, a, b), new, state)
+    prod = ldexp(gnorm * v_unit, -exp)  # V_t g / 4**exp, without another pass
+    return Absorbed(new, jnp.where(valid, prod, 0))
+
+
 def oja(
     sketch_size: int,
     *,
     learning_rate: float | Callable[[jax.Array], jax.Array] | None = None,
     key: jax.Array | None = None,
 ) -> Sketch:
-    """Oja's streaming principal-subspace sketch (SON paper eq. 4 and Alg. 3).
+    """Oja's streaming principal-subspace sketch of Oja-SON.
 
     ``Lambda_t = (1 - Gamma_t) Lambda_{t-1} + Gamma_t diag(V_{t-1} g_t)^2`` and
     ``V_t = orth(V_{t-1} + Gamma_t V_{t-1} g_t g_t^T)`` (Gram-Schmidt, as the sparse form's
     ``LQ`` decomposition, Alg. 5). The sketch is ``S_t = (t Lambda_t)^{1/2} V_t``, so
-    :func:`factors` returns ``V_t`` and ``t * Lambda_t``.
+    ``C = S_t^T S_t`` and :func:`factors` returns ``V_t`` and ``t * Lambda_t`` (no ridge).
 
     Args:
       sketch_size: the number ``m`` of directions tracked (no slot convention here).
       learning_rate: ``Gamma_t`` as a float or a schedule of ``t = 1, 2, ...``; the default is the
         paper's ``1/t``.
       key: PRNG key for the random orthonormal initial directions (default ``PRNGKey(0)``).
+
+    Returns:
+      A :class:`Sketch` named ``"oja"`` with an :class:`OjaState`.
+
+    References:
+      Luo, Agarwal, Cesa-Bianchi & Langford (2016), "Efficient Second Order Online Learning by
+      Sketching", NeurIPS, eq. (4) and Alg. 3 (Oja's sketch), Alg. 5 (its ``LQ`` step). Oja (1982),
+      "Simplified Neuron Model as a Principal Component Analyzer", J. Math. Biology 15.
+
+    Examples:
+      >>> import jax, jax.numpy as jnp, sketchopt as so
+      >>> sk = so.sketches.oja(2, key=jax.random.PRNGKey(0))
+      >>> state = sk.update_many(sk.init(3), jnp.array([[3.0, 0, 0], [0, 2, 0]]))
+      >>> V, lam, alpha = so.sketches.factors(state)
+      >>> bool(jnp.allclose(V @ V.T, jnp.eye(2), atol=1e-6)), bool(lam.sum() <= 9 + 4)
+      (True, True)
     """
     m = _validation.size("sketch_size", sketch_size)
     if learning_rate is not None and not callable(learning_rate):
@@ -705,37 +929,7 @@ def oja(
 
     def absorb(state, row, valid, lift):
         del lift  # the residual is taken after the update
-        v = state.directions
-        row = like_last_axis(row.astype(v.dtype), v)
-        exp = rescale_exponent(
-            state.scale_exp,
-            jnp.max(jnp.abs(row), initial=0),
-            jnp.max(state.eigenvalues, initial=0),
-        )
-        lam = ldexp(state.eigenvalues, 2 * (state.scale_exp - exp))
-        scaled_row = ldexp(row, -exp)
-        proj = contract_d(v, scaled_row)  # V g / 2**exp
-        t = state.count + 1
-        g = jnp.asarray(gamma(t.astype(v.dtype)), v.dtype)
-        lam = (1 - g) * lam + g * jnp.square(proj)
-        # Row i of V + Gamma (V g) g^T is v_i + f_i g with f_i = Gamma (v_i.g); rescale each row by
-        # 1 / (1 + |f_i| |g|) before orthonormalizing (Gram-Schmidt is invariant to positive row
-        # scaling), computed in the log domain so that huge rows cannot overflow.
-        gnorm = jnp.sqrt(jnp.sum(jnp.square(scaled_row)))
-        log_f = (
-            jnp.log(g)
-            + jnp.log(jnp.abs(proj))
-            + jnp.log(gnorm)
-            + 2 * exp.astype(v.dtype) * jnp.log(2.0).astype(v.dtype)
-        )
-        keep = jax.nn.sigmoid(-log_f)  # 1 / (1 + |f| |g|)
-        take = jax.nn.sigmoid(log_f)  # |f| |g| / (1 + |f| |g|)
-        unit_row = scaled_row / jnp.where(gnorm > 0, gnorm, 1)
-        directions, v_unit = _oja_orthonormalize(v, keep, jnp.sign(proj) * take, unit_row)
-        new = state._replace(directions=directions, eigenvalues=lam, scale_exp=exp, count=t)
-        new = jax.tree.map(lambda a, b: jnp.where(valid, a, b), new, state)
-        prod = ldexp(gnorm * v_unit, -exp)  # V_t g / 4**exp, without another pass
-        return Absorbed(new, jnp.where(valid, prod, 0))
+        return _oja_absorb(state, row, valid, gamma)
 
     spec = _validation.spec_key("oja", m, learning_rate, key)
     return _make_sketch(init, absorb, m, "oja", spec=spec)
@@ -746,12 +940,32 @@ def oja(
 
 
 def random_projection(sketch_size: int, key: jax.Array) -> Sketch:
-    """Gaussian random-projection sketch of RP-SON (SON paper sec. 3).
+    """Gaussian random-projection sketch of RP-SON.
 
-    ``S_t = S_{t-1} + r_t g_t^T`` with ``r_t ~ N(0, I_m / m)``, so that ``E[S^T S] = A^T A``
-    (the paper writes ``N(0, 1/sqrt(m))``; variance ``1/m`` is the unbiased choice). The Gram
-    matrix ``S S^T`` is tracked with the paper's two rank-one updates
+    ``S_t = S_{t-1} + r_t g_t^T`` with ``r_t ~ N(0, I_m / m)``, so that ``C = S^T S`` has
+    ``E[C] = A^T A`` (the paper writes ``N(0, 1/sqrt(m))``; variance ``1/m`` is the unbiased
+    choice). The Gram matrix ``S S^T`` is tracked with the paper's two rank-one updates
     ``S S^T += r q^T + q r^T``, ``q = S_{t-1} g + |g|^2 r / 2``.
+
+    Args:
+      sketch_size: the number ``m`` of rows of ``S`` (no slot convention here).
+      key: the PRNG key that draws the ``r_t`` (carried in the state).
+
+    Returns:
+      A :class:`Sketch` named ``"random_projection"`` with a :class:`RandomProjectionState`;
+      its :attr:`Absorbed.drawn` is ``r_t``.
+
+    References:
+      Luo, Agarwal, Cesa-Bianchi & Langford (2016), "Efficient Second Order Online Learning by
+      Sketching", NeurIPS, sec. 3 ("Random Projection (RP)").
+
+    Examples:
+      >>> import jax, jax.numpy as jnp, sketchopt as so
+      >>> sk = so.sketches.random_projection(2, jax.random.PRNGKey(0))
+      >>> state = sk.update_many(sk.init(3), jnp.array([[3.0, 0, 0], [0, 2, 0]]))
+      >>> S = state.rows
+      >>> bool(jnp.allclose(so.sketches.covariance(state), S.T @ S, atol=1e-4))
+      True
     """
     m = _validation.size("sketch_size", sketch_size)
     key = _validation.prng_key("key", key)
@@ -802,7 +1016,36 @@ def random_projection(sketch_size: int, key: jax.Array) -> Sketch:
 
 @functools.singledispatch
 def low_rank(state) -> LowRank:
-    """The implicit factors of a sketch state (``O(n^3)`` small work, no pass over ``d``)."""
+    """The implicit factors of a sketch state (``O(n^3)`` small work, no pass over ``d``).
+
+    ``C = V^T diag(lam) V + alpha I`` with ``V = 2**-e coef @ basis`` and ``lam``, ``alpha``
+    stored divided by ``4**e`` (``e = scale_exp``). For the FD family ``K = B B^T = U diag(mu)
+    U^T`` gives ``V = diag(mu^{-1/2}) U^T B`` and ``lam = mu`` (plus CFD's compensation on the
+    non-zero ``mu``), the last, always zero direction dropped; the random projection is read the
+    same way from ``S S^T``; Oja's sketch gives ``V_t`` and ``t Lambda_t`` sorted.
+
+    Args:
+      state: the state of any sketch of this module.
+
+    Returns:
+      A :class:`LowRank` (:class:`sketchopt.operators.LowRankOperator`) with ``weights = lam``,
+      ``scalar = alpha`` and ``basis`` the state's rows (no copy).
+
+    Raises:
+      TypeError: for anything that is not a sketch state.
+
+    References:
+      Wan, Wei & Zhang (2018), "Efficient Adaptive Online Learning via Frequent Directions", IJCAI,
+      sec. 3.1 (``V`` and ``Sigma`` of the sketch, for the Woodbury solve).
+
+    Examples:
+      >>> import jax.numpy as jnp, sketchopt as so
+      >>> sk = so.sketches.robust_frequent_directions(3)
+      >>> rows = jnp.array([[3.0, 0, 0], [0, 2, 0], [0, 0, 1]])
+      >>> lr = so.sketches.low_rank(sk.update_many(sk.init(3), rows))
+      >>> lr.basis.shape, lr.true_eigenvalues(), lr.true_alpha()  # basis: the buffer B itself
+      ((3, 3), Array([8., 3.], dtype=float32), Array(0.5, dtype=float32))
+    """
     raise TypeError(f"not a sketch state: {type(state).__name__}")
 
 
@@ -846,13 +1089,55 @@ def factors(state) -> tuple[jax.Array, jax.Array, jax.Array]:
     ``lam`` is sorted in descending order. For FD-type sketches ``k = n - 1`` for a buffer of
     ``n`` rows (``sketch_size - 1`` per-step, ``2 * sketch_size - 1`` with ``fast=True``).
     Costs ``O(k * n * d)``; the metrics use :func:`low_rank` instead.
+
+    Args:
+      state: the state of any sketch of this module.
+
+    Returns:
+      ``V`` (``k x d``), ``lam`` (``k``) and the scalar ``alpha``, in true units: for FD
+      ``V^T diag(lam) V = B^T B`` (the right singular vectors and squared singular values of
+      ``B``), for RFD ``alpha`` is its ridge, for the others 0.
+
+    References:
+      Luo, Chen, Zhang, Li & Zhang (2019), "Robust Frequent Directions with Application in Online
+      Learning", JMLR 20: the output ``B^T B + alpha I`` of Alg. 1/2.
+
+    Examples:
+      >>> import jax.numpy as jnp, numpy as np, sketchopt as so
+      >>> sk = so.sketches.frequent_directions(3)
+      >>> V, lam, alpha = so.sketches.factors(sk.update(sk.init(3), jnp.array([0.0, 3, 4])))
+      >>> lam, alpha  # exact while fewer than sketch_size directions were seen
+      (Array([25.,  0.], dtype=float32), Array(0., dtype=float32))
+      >>> np.round(np.abs(np.asarray(V)), 4)  # (0, 3, 4) / 5 up to sign; the unused row is 0
+      array([[0. , 0.6, 0.8],
+             [0. , 0. , 0. ]], dtype=float32)
     """
     lr = low_rank(state)
     return lr.directions(), lr.true_eigenvalues(), lr.true_alpha()
 
 
 def covariance(state) -> jax.Array:
-    """The dense ``d x d`` sketched covariance ``V^T diag(lam) V + alpha I`` (for tests)."""
+    """The dense ``d x d`` sketched covariance ``C = V^T diag(lam) V + alpha I`` (for tests).
+
+    Args:
+      state: the state of any sketch of this module.
+
+    Returns:
+      ``C`` as a ``d x d`` array (``O(d^2)`` memory: for tests and small ``d`` only).
+
+    References:
+      Luo, Chen, Zhang, Li & Zhang (2019), "Robust Frequent Directions with Application in Online
+      Learning", JMLR 20: ``B^T B + alpha I`` approximating ``A^T A`` (Alg. 2).
+
+    Examples:
+      >>> import jax.numpy as jnp, numpy as np, sketchopt as so
+      >>> sk = so.sketches.robust_frequent_directions(2)
+      >>> state = sk.update_many(sk.init(2), jnp.array([[3.0, 0], [0, 2]]))
+      >>> C = np.asarray(so.sketches.covariance(state))
+      >>> np.round(C, 4) + 0.0  # diag(9 - 4, 0) + 2 I (+ 0.0 turns a -0. into 0.)
+      array([[7., 0.],
+             [0., 2.]], dtype=float32)
+    """
     v, lam, alpha = factors(state)
     cov = jnp.matmul(v.T * lam, v, precision=HIGHEST)
     return cov + alpha * jnp.eye(v.shape[1], dtype=v.dtype)
