@@ -29,6 +29,7 @@ __all__ = [
     "HIGHEST",
     "NO_EXPONENT",
     "eigh_desc",
+    "zero_round_off_eigenvalues",
     "exponent",
     "flat_size",
     "ldexp",
@@ -176,6 +177,11 @@ def eigh_desc(gram, *, zero_round_off=True):
     mu, u = mu[..., ::-1], u[..., ::-1]
     if not zero_round_off:
         return jnp.maximum(mu, 0), u
+    return zero_round_off_eigenvalues(mu, n), u
+
+
+def zero_round_off_eigenvalues(mu, n):
+    """``mu`` (eigenvalues of an ``n x n`` PSD matrix) with every value below ``n * eps *
+    mu_max``, round-off of a rank-deficient matrix, set to exactly 0."""
     top = jnp.max(mu, axis=-1, keepdims=True, initial=0)
-    tol = top * n * jnp.finfo(gram.dtype).eps
-    return jnp.where(mu > tol, mu, 0), u
+    return jnp.where(mu > top * n * jnp.finfo(mu.dtype).eps, mu, 0)

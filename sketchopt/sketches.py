@@ -52,10 +52,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from sketchopt import _leafwise, _validation
+from sketchopt import _arrowhead, _leafwise, _validation
 from sketchopt._numerics import (
     HIGHEST,
-    eigh_desc,
     flat_size,
     ldexp,
     rescale_exponent,
@@ -284,7 +283,8 @@ def _scaled_dot(rows, row, exp):
 
 def _gram_low_rank(rows, gram, scale_exp, alpha, drop_last):
     """``LowRank`` of rows whose (scaled) Gram matrix is ``gram``: V = diag(mu^-1/2) U^T B."""
-    mu, u = eigh_desc(gram)
+    # After a per-step FD shrink the Gram matrix is diagonal: no eigh needed (see _arrowhead).
+    mu, u, _ = _arrowhead.eigh_desc_structured(gram, gram.shape[-1] - 1)
     if drop_last:  # the buffer can never hold more than n-1 non-zero directions
         mu, u = mu[:-1], u[:, :-1]
     inv_sqrt = jnp.where(mu > 0, 1 / jnp.sqrt(jnp.where(mu > 0, mu, 1)), 0)
@@ -447,7 +447,7 @@ def _make_sketch(init, absorb, sketch_size, name, *, spec=None, paddable=False):
 # The frequent-directions family.
 
 
-def _fd_spectrum(gram, tau, num_shrunk):
+def _fd_spectrum(gram, tau, num_shrunk, arrow):
     """Eigenpairs of ``B B^T`` and FD's shrunk spectrum (RFD paper Alg. 1/2 lines 4-5).
 
     Ada-FD Alg. 1/2 lines 5-6, on the small Gram matrix: returns ``(mu, u, delta, shrunk)`` with
@@ -455,7 +455,7 @@ def _fd_spectrum(gram, tau, num_shrunk):
     ``shrunk = mu - delta`` on the ``num_shrunk`` smallest of the top ``tau`` (all of them for
     FD; PFD of Desai et al. reduces only these), ``mu`` above them and 0 from index ``tau - 1``.
     """
-    mu, u = eigh_desc(gram)
+    mu, u, _ = _arrowhead.eigh_desc_structured(gram, arrow)
     delta = mu[tau - 1]  # (sigma_tau)^2: the tau-th largest squared singular value
     idx = jnp.arange(gram.shape[0])
     shrunk = jnp.where(idx >= tau - num_shrunk, jnp.maximum(mu - delta, 0), mu)
@@ -475,7 +475,8 @@ def _fd_shrink(
     :class:`Sketch`) also returns ``row - B'^T a``, taken in the pass that rotates the rows.
     """
     n = state.gram.shape[0]
-    mu, u, delta, shrunk = _fd_spectrum(state.gram, tau, num_shrunk)
+    arrow = jnp.maximum(state.fill - 1, 0)  # the row just appended: B B^T is an arrowhead
+    mu, u, delta, shrunk = _fd_spectrum(state.gram, tau, num_shrunk, arrow)
     ratio = jnp.where(mu > 0, shrunk / jnp.where(mu > 0, mu, 1), 0)
     rot = (u * jnp.sqrt(ratio)).T  # B' = diag(sqrt((mu - delta)/mu)) U^T B
     rot = jnp.where(valid, rot, jnp.eye(n, dtype=rot.dtype))
