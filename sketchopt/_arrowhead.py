@@ -42,7 +42,7 @@ import jax.numpy as jnp
 
 from sketchopt import _leafwise, _numerics
 
-__all__ = ["arrowhead_eigh", "eigh_arrow", "eigh_desc_structured"]
+__all__ = ["arrowhead_eigh", "arrowhead_pays", "eigh_arrow", "eigh_desc_structured"]
 
 # Iterations per root. Convergence is quadratic from the bracket's midpoint; the residual test
 # after the last step catches the rare root that needs more (the caller then uses eigh).
@@ -269,7 +269,7 @@ def eigh_arrow(gram, j):
     return lam, jnp.zeros_like(u).at[order].set(u), ok
 
 
-def _arrowhead_pays() -> bool:
+def arrowhead_pays() -> bool:
     """Whether the arrowhead solve is worth its kernels: on GPU and TPU ``eigh`` is a solver
     library call costing far more than the ``O(n^2)`` fused work; on XLA:CPU, LAPACK's ``syevd``
     on an ``11 x 11`` matrix (about 3 us) beats the solve's dozens of small kernels (measured:
@@ -283,7 +283,7 @@ def eigh_desc_structured(gram, arrow):
 
     A diagonal matrix is sorted (no solve at all: after a per-step FD shrink the Gram matrix is
     ``diag(shrunk)``); an arrowhead goes through :func:`eigh_arrow` where it converges, on the
-    backends where that pays (:func:`_arrowhead_pays`); anything else through ``eigh``.
+    backends where that pays (:func:`arrowhead_pays`); anything else through ``eigh``.
 
     Returns ``(mu, u, fallback)`` with ``mu`` descending (round-off zeroed) and ``fallback``
     whether an arrowhead (or diagonal) matrix needed ``eigh``. Inside a vmapped group of leaves
@@ -313,7 +313,7 @@ def eigh_desc_structured(gram, arrow):
         fallback = lambda: (*general()[:2], jnp.bool_(True))  # noqa: E731
         return jax.lax.cond(ok, lambda: (jnp.maximum(lam, 0), u, jnp.bool_(False)), fallback)
 
-    branches = [general, diagonal] + ([arrowhead] if _arrowhead_pays() else [])
-    which = jnp.where(is_diag, 1, jnp.where(is_arrow & _arrowhead_pays(), 2, 0))
+    branches = [general, diagonal] + ([arrowhead] if arrowhead_pays() else [])
+    which = jnp.where(is_diag, 1, jnp.where(is_arrow & arrowhead_pays(), 2, 0))
     mu, u, fallback = jax.lax.switch(which, branches)
     return _numerics.zero_round_off_eigenvalues(mu, n), u, fallback

@@ -55,6 +55,7 @@ import numpy as np
 from sketchopt import _arrowhead, _leafwise, _validation
 from sketchopt._numerics import (
     HIGHEST,
+    eigh_desc,
     flat_size,
     ldexp,
     rescale_exponent,
@@ -455,7 +456,10 @@ def _fd_spectrum(gram, tau, num_shrunk, arrow):
     ``shrunk = mu - delta`` on the ``num_shrunk`` smallest of the top ``tau`` (all of them for
     FD; PFD of Desai et al. reduces only these), ``mu`` above them and 0 from index ``tau - 1``.
     """
-    mu, u, _ = _arrowhead.eigh_desc_structured(gram, arrow)
+    if _arrowhead.arrowhead_pays():  # an arrowhead after each per-step shrink
+        mu, u, _ = _arrowhead.eigh_desc_structured(gram, arrow)
+    else:  # on CPU LAPACK beats the solver: no run-time dispatch at all
+        mu, u = eigh_desc(gram)
     delta = mu[tau - 1]  # (sigma_tau)^2: the tau-th largest squared singular value
     idx = jnp.arange(gram.shape[0])
     shrunk = jnp.where(idx >= tau - num_shrunk, jnp.maximum(mu - delta, 0), mu)

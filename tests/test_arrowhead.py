@@ -129,7 +129,7 @@ def check_orders(rng):
 def test_structured_eigh_dispatch(monkeypatch, force):
     """Diagonal matrices are sorted, arrowheads solved (where that pays: forced here), anything
     else goes to eigh; all agree with eigh_desc."""
-    monkeypatch.setattr(_arrowhead, "_arrowhead_pays", lambda: force)
+    monkeypatch.setattr(_arrowhead, "arrowhead_pays", lambda: force)
     jax.clear_caches()
     rng = np.random.default_rng(3)
     diag = np.diag([0.0, 3.0, 1.0, 2.0])
@@ -162,8 +162,12 @@ def test_fd_through_the_arrowhead_path_equals_eigh(monkeypatch, fast):
 
 
 def fd_covariance(monkeypatch, force, fast, rows):
-    monkeypatch.setattr(_arrowhead, "_arrowhead_pays", lambda: force)
+    monkeypatch.setattr(_arrowhead, "arrowhead_pays", lambda: force)
+    traced = []  # the solver's traces: proof that the forced path is the one compiled
+    solver = _arrowhead.eigh_arrow
+    monkeypatch.setattr(_arrowhead, "eigh_arrow", lambda *a: traced.append(1) or solver(*a))
     jax.clear_caches()
     sketch = sk.frequent_directions(4, fast=fast)
     state = jax.jit(sketch.update_many)(sketch.init(12, jnp.float64), jnp.asarray(rows))
+    assert bool(traced) == force, traced
     return np.asarray(sk.covariance(state))
