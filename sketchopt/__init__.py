@@ -15,15 +15,17 @@ The package is laid out along its architecture, metric x rule x regularizer (``D
 * :mod:`sketchopt.regularizers` -- the regularizer axis: composite proximal steps in the
   ``H_t``-norm;
 * :mod:`sketchopt.aliases` -- the named algorithms, one line each on the three axes;
-* :mod:`sketchopt.son` -- the sketched online Newton family (FD-, RFD-, Oja-, RP-SON, ONS);
+* :mod:`sketchopt.son` -- the sketched online Newton family (FD-, RFD-, Oja-, RP-SON, ONS): SON's
+  metric under the mirror-descent rule, and the bounded-prediction projection;
 * :mod:`sketchopt.first_order` -- FOBOS, RDA, FTRL-Proximal, truncated gradient;
 * :mod:`sketchopt.sharding` -- state shardings for ``jax.jit`` across devices.
 
 Package-internal (underscore) modules hold what the public ones share, each in one place:
 ``_numerics`` (power-of-two scaling, safe norms, ``eigh``, precision and dtype rules),
 ``_partitioning`` (sharding helpers), ``_validation`` (argument checks), ``_leafwise`` (the one
-per-leaf driver every transform runs on) and ``_dct`` (RADAGRAD's randomized DCT). Every
-transform is also importable from the package root.
+per-leaf driver every transform runs on), ``_arrowhead`` (the arrowhead eigensolver behind the FD
+sketches' structured ``eigh``) and ``_dct`` (RADAGRAD's randomized DCT). Every transform is also
+importable from the package root.
 """
 
 # ``baselines`` and ``transforms``: the modules of 0.2, kept importable (CHANGELOG.md, 0.3.0).
