@@ -299,21 +299,42 @@ def eigh_desc_structured(gram, arrow):
     is_diag = jnp.all(zero | ~off)
     in_arrow = (idx[:, None] == arrow) | (idx[None, :] == arrow)
     is_arrow = jnp.all(zero | ~off | in_arrow) & jnp.all(gram == gram.T)
-
-    def general():
-        return (*_numerics.eigh_desc(gram, zero_round_off=False), jnp.bool_(False))
-
-    def diagonal():
-        diag = jnp.diagonal(gram)
-        order = jnp.argsort(-diag)
-        return jnp.maximum(diag[order], 0), jnp.eye(n, dtype=gram.dtype)[:, order], jnp.bool_(False)
-
-    def arrowhead():
-        lam, u, ok = eigh_arrow(gram, arrow)
-        fallback = lambda: (*general()[:2], jnp.bool_(True))  # noqa: E731
-        return jax.lax.cond(ok, lambda: (jnp.maximum(lam, 0), u, jnp.bool_(False)), fallback)
-
-    branches = [general, diagonal] + ([arrowhead] if arrowhead_pays() else [])
-    which = jnp.where(is_diag, 1, jnp.where(is_arrow & arrowhead_pays(), 2, 0))
-    mu, u, fallback = jax.lax.switch(which, branches)
+    pays = arrowhead_pays()
+    which = jnp.where(is_diag, 1, jnp.where(is_arrow & pays, 2, 0))
+    # Module-level branches, operands passed explicitly: outside jit the switch is then traced
+    # and compiled once, not at every call (closures would be new functions each time).
+    branches = _BRANCHES_ARROW if pays else _BRANCHES
+    mu, u, fallback = jax.lax.switch(which, branches, gram, jnp.asarray(arrow, jnp.int32))
     return _numerics.zero_round_off_eigenvalues(mu, n), u, fallback
+
+
+def _general(gram, arrow):
+    del arrow
+    return (*_numerics.eigh_desc(gram, zero_round_off=False), jnp.bool_(False))
+
+
+def _diagonal(gram, arrow):
+    del arrow
+    diag = jnp.diagonal(gram)
+    order = jnp.argsort(-diag)
+    eye = jnp.eye(gram.shape[-1], dtype=gram.dtype)
+    return jnp.maximum(diag[order], 0), eye[:, order], jnp.bool_(False)
+
+
+def _accept(lam, u, gram):
+    del gram
+    return jnp.maximum(lam, 0), u, jnp.bool_(False)
+
+
+def _fall_back(lam, u, gram):
+    del lam, u
+    return (*_numerics.eigh_desc(gram, zero_round_off=False), jnp.bool_(True))
+
+
+def _arrowhead(gram, arrow):
+    lam, u, ok = eigh_arrow(gram, arrow)
+    return jax.lax.cond(ok, _accept, _fall_back, lam, u, gram)
+
+
+_BRANCHES = (_general, _diagonal)
+_BRANCHES_ARROW = (_general, _diagonal, _arrowhead)

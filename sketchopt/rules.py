@@ -126,8 +126,9 @@ def _check_regularizable(metric, regularizer):
     if not supported:
         raise TypeError(
             f"the {metric.name!r} metric gives a {name}, which the regularizers "
-            "cannot use: their proximal steps need a DiagonalOperator or a LowRankOperator "
-            "(sketchopt.operators); use this metric without a regularizer"
+            "cannot use: their proximal steps need a DiagonalOperator or a LowRankOperator in "
+            "true units (value_exp the static 0; sketchopt.operators); use this metric without "
+            "a regularizer"
         )
 
 
@@ -453,6 +454,12 @@ def dual_averaging(
     """
     learning_rate = _check_learning_rate(learning_rate)
     _check_regularizable(metric, regularizer)
+    if metric.hyper is not None or metric.accepts is not None or metric.seeded:
+        raise ValueError(
+            f"dual_averaging does not take the {metric.name!r} metric: its per-step values "
+            "(hyper), refusals (accepts) or per-leaf seeds are read by mirror descent only "
+            "(metric_rule); use sketchopt.mirror_descent"
+        )
 
     def init(spec, param):
         anchor = jnp.ravel(param).astype(spec.dtype)

@@ -163,6 +163,11 @@ class SketchedNewtonState(NamedTuple):
         """``A = alpha I + C`` (in the rescaled coordinates), ``O(m^3)`` small work."""
         return SketchedNewtonOperator(_sketches.low_rank(self.sketch), self.alpha)
 
+    @property
+    def dim(self) -> int:
+        rows = getattr(self.sketch, "rows", None)
+        return (self.sketch.directions if rows is None else rows).shape[-1]
+
 
 class RandomProjectionNewtonState(NamedTuple):
     """Per-leaf state of RP-SON: the random-projection sketch and ``inverse`` =
@@ -179,6 +184,10 @@ class RandomProjectionNewtonState(NamedTuple):
         """``A = alpha I + S^T S`` (in the rescaled coordinates)."""
         return RandomProjectionNewtonOperator(self.sketch, self.inverse, self.alpha)
 
+    @property
+    def dim(self) -> int:
+        return self.sketch.rows.shape[-1]
+
 
 class ONSLeafState(NamedTuple):
     """Per-leaf state of :func:`ons`: ``inverse = A_t^{-1}`` (``d x d``, Sherman-Morrison) and,
@@ -193,6 +202,10 @@ class ONSLeafState(NamedTuple):
     def newton_operator(self) -> DenseInverseOperator:
         """``A`` through the kept ``A^{-1}`` (in the rescaled coordinates)."""
         return DenseInverseOperator(self.inverse)
+
+    @property
+    def dim(self) -> int:
+        return self.inverse.shape[-1]
 
 
 # ----------------------------------------------------------------------------------------------
@@ -415,10 +428,13 @@ def _newton_metric(name, init_leaf, absorb, *, eta, curvature, diagonal_rescalin
         gz = jnp.where(valid, gz, 0)
         ghat = jnp.where(valid, ghat, 0)
         new, sol = absorb(ls, gz, ghat, c, valid)
-        if diagonal_rescaling:  # D^{-1/2} A^{-1} D^{-1/2} g; hypot(D, 0) == D exactly
-            sol = sol / ls.diag_sqrt
-            new = new._replace(diag_sqrt=jnp.hypot(ls.diag_sqrt, jnp.where(valid, g, 0)))
-        return new, operator(new), sol
+        if not diagonal_rescaling:
+            return new, operator(new), sol
+        # H_t = D_t^{1/2} A_t D_t^{1/2} with this round's D (the one sol used); the state keeps
+        # the next round's D (module docstring). hypot(D, 0) == D exactly.
+        op = operator(new)
+        new = new._replace(diag_sqrt=jnp.hypot(ls.diag_sqrt, jnp.where(valid, g, 0)))
+        return new, op, sol / ls.diag_sqrt
 
     return _metrics.Metric(init, update, operator, name, hyper=hyper, accepts=accepts, **fields)
 
@@ -443,8 +459,12 @@ def newton_metric(
     that ``A_t`` approximates ``alpha I + sum_{s<=t} (sigma_s + eta_s) g_s g_s^T``, the matrix of
     the Online Newton Step (SON eq. 2). Its solve is the Moore-Penrose pseudo-inverse where
     ``A_t`` is singular (``alpha = 0``: SON Appendix D). :func:`fd_son`, :func:`rfd_son` and
-    :func:`oja_son` are ``mirror_descent(1.0, newton_metric(...))`` with their sketch (and a state
-    of class :class:`SONState`, which :func:`project_bounded_prediction` finds).
+    :func:`oja_son` are this metric under the mirror-descent rule with step 1 (with a state of
+    class :class:`SONState`, which :func:`project_bounded_prediction` finds):
+    ``mirror_descent(1.0, newton_metric(sketch, alpha))`` equals :func:`fd_son`, and
+    :func:`oja_son` for a single leaf (``oja_son`` draws each leaf's initial directions from its
+    index, this metric uses the sketch's own for every leaf); :func:`rfd_son` also sets
+    ``eta = 1/t`` and RFD's ``alpha0``.
 
     Args:
       sketch: a sketch of :mod:`sketchopt.sketches` (FD, RFD, Oja; its own ``alpha`` enters
@@ -475,9 +495,14 @@ def newton_metric(
     eta, diagonal_rescaling = _check_son_options(
         eta, _inverse_sqrt_time, curvature, diagonal_rescaling
     )
-    return _sketched_newton_metric(
+    metric = _sketched_newton_metric(
         lambda i: sketch, alpha, eta=eta, curvature=curvature, diagonal_rescaling=diagonal_rescaling
     )
+    if sketch.spec is None:
+        return metric
+    # Equal arguments make equal metrics: a rebuilt transform reuses its compiled update.
+    spec = _validation.spec_key("newton", sketch.spec, alpha, eta, curvature, diagonal_rescaling)
+    return metric._replace(spec=spec)
 
 
 def _sketched_newton_metric(
@@ -1160,7 +1185,7 @@ def project_bounded_prediction(opt_state, params, features, bound):
 def _covers_flattened(leaf_states, p_leaves) -> bool:
     """Whether one SON state covers the concatenated parameters (``optax.flatten``) rather than
     each leaf; ``ValueError`` when it covers neither."""
-    dims = [ls.newton_operator().dim for ls in leaf_states]
+    dims = [ls.dim for ls in leaf_states]
     sizes = [int(np.size(p)) for p in p_leaves]
     if dims == sizes:
         return False
