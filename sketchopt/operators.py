@@ -146,6 +146,13 @@ class LowRankOperator(NamedTuple):
         """``sqrt(scalar)`` in true units."""
         return _numerics.ldexp(jnp.sqrt(self.scalar), jnp.asarray(self.value_exp, jnp.int32))
 
+    def in_true_units(self) -> LowRankOperator:
+        """The same ``H`` with ``value_exp = 0`` (``scalar`` and ``weights`` in true units), the
+        form the regularizers' proximal steps read; ``self`` when it is already in it."""
+        if _unit_values(self):
+            return self
+        return self._replace(scalar=self.true_alpha(), weights=self.true_eigenvalues(), value_exp=0)
+
     def directions(self):
         """``V`` materialized (``k x d``)."""
         coef = _numerics.ldexp(self.coef, -jnp.asarray(self.scale_exp, jnp.int32))

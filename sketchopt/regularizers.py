@@ -535,9 +535,7 @@ class Regularizer:
             uf = jnp.where(h > 0, uf, 0)
             x, info = self._diag(uf, c, h, shape), zero_info
         elif isinstance(op, LowRankOperator):
-            if not (isinstance(op.value_exp, int) and op.value_exp == 0):  # to true units
-                op = op._replace(scalar=op.true_alpha(), weights=op.true_eigenvalues(), value_exp=0)
-            op = op._replace(
+            op = op.in_true_units()._replace(
                 scalar=jnp.asarray(op.scalar, wd),
                 basis=jnp.asarray(op.basis, wd),
                 coef=jnp.asarray(op.coef, wd),

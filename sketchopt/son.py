@@ -312,10 +312,6 @@ class SketchedNewtonOperator(NamedTuple):
     factors: _operators.LowRankOperator
     alpha: jax.Array
 
-    @property
-    def dim(self) -> int:
-        return self.factors.basis.shape[-1]
-
     def solve(self, y, vy=None):
         """``A^+ y``; ``vy = V y`` when known (saves a pass over the sketch)."""
         zhat, k, _ = _lowrank_pinv(self.factors, self.alpha, y, vy)
@@ -338,10 +334,6 @@ class RandomProjectionNewtonOperator(NamedTuple):
     inverse: jax.Array
     alpha: jax.Array
 
-    @property
-    def dim(self) -> int:
-        return self.sketch.rows.shape[-1]
-
     def solve(self, y):
         """``A^{-1} y`` (:func:`_rp_pinv`)."""
         return _numerics.ldexp(*_rp_pinv(self, y))
@@ -356,10 +348,6 @@ class DenseInverseOperator(NamedTuple):
     """ONS's ``A`` through its kept ``d x d`` inverse (always invertible)."""
 
     inverse: jax.Array
-
-    @property
-    def dim(self) -> int:
-        return self.inverse.shape[-1]
 
     def solve(self, y):
         return jnp.matmul(self.inverse, y, precision=_numerics.HIGHEST)
@@ -380,10 +368,6 @@ class RescaledOperator(NamedTuple):
 
     inner: Any
     diag_sqrt: jax.Array
-
-    @property
-    def dim(self):
-        return self.diag_sqrt.shape[-1]
 
     def solve(self, y):
         return self.inner.solve(y / self.diag_sqrt) / self.diag_sqrt
