@@ -803,6 +803,29 @@ def _at_path(node, path):
     return node
 
 
+#: Per-leaf fields added to a state class after 0.1, each with the value a 0.1 state had
+#: implicitly: the FD family's ``transform`` (0.5, the lazy basis) is the identity.
+_ADDED_FIELDS = ("transform",)
+
+
+def _added_since(old_field, value_path) -> bool:
+    """Whether ``value_path`` names a field of :data:`_ADDED_FIELDS` that ``old_field`` lacks."""
+    last = value_path[-1] if value_path else None
+    if getattr(last, "name", None) not in _ADDED_FIELDS:
+        return False
+    try:
+        _at_path(old_field, value_path)
+    except (KeyError, AttributeError):
+        return True
+    return False
+
+
+def _initial_transform(leaf):
+    """A stack of identity matrices shaped like ``leaf`` (``(k, n, n)``)."""
+    eye = jnp.eye(leaf.shape[-1], dtype=leaf.dtype)
+    return jnp.broadcast_to(eye, leaf.shape)
+
+
 def migrate(restored: Any, target: Any) -> Any:
     """A ``sketchopt`` 0.1 state (``restored``) in the layout of ``target`` (see
     :func:`sketchopt.migrate_state`)."""
@@ -817,6 +840,8 @@ def migrate(restored: Any, target: Any) -> Any:
         for members, value in zip(layout.groups, node.groups, strict=True):
 
             def stack(value_path, leaf, members=members):
+                if _added_since(old_field, value_path):
+                    return _initial_transform(leaf)
                 params_tree = _at_path(old_field, value_path)  # a tree like the parameters
                 per_leaf_old = jax.tree.leaves(params_tree)
                 if len(per_leaf_old) != layout.num_leaves:

@@ -396,7 +396,7 @@ def init(tx: Any, params: Any, params_shardings: Any = None, **kwargs) -> Any:
       >>> tx = so.ada_fd(0.1, sketch_size=2, delta=1e-3)
       >>> state = so.sharding.init(tx, params)
       >>> [tuple(x.sharding.spec) for x in jax.tree.leaves(state) if x.ndim == 3]
-      [(None, None, 'model'), ()]
+      [(None, None, 'model'), (), ()]
     """
     refs, shape_params = _shardings_of(params, params_shardings)
     shardings = state_sharding(jax.eval_shape(tx.init, params), refs, shape_params, **kwargs)

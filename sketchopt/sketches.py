@@ -35,6 +35,9 @@ Implementation notes (the "Speed" and "Bad input" sections of ``DESIGN.md``):
   eigendecomposes the ``n x n`` matrix ``K = U diag(mu) U^T`` and rotates the rows with one matmul:
   ``B' = diag(sqrt((mu - shrink) / mu)) U^T B``, whose Gram is again diagonal. ``B g`` is the only
   other pass over the ``n x d`` rows.
+* On long rows (16384 entries and more) per-step FD keeps ``B = F Z`` instead (the lazy basis,
+  see :func:`frequent_directions`): the rotation goes into the small ``F`` and a rank-one update
+  of ``Z`` frees the slot for the next row, ``O(n d)`` instead of ``O(n^2 d)`` per step.
 * Quadratic quantities (``K``, ``alpha``, eigenvalues) are stored divided by ``4**scale_exp`` for a
   power-of-two scale chosen from the data at every step, so rows of norm ``1e30`` or ``1e-30`` in
   float32 neither overflow nor underflow, and no non-finite matrix ever reaches ``eigh``.
@@ -170,19 +173,27 @@ class FrequentDirectionsState(NamedTuple):
 
     The sketched covariance is ``C = B^T B + alpha I`` (CFD adds ``compensation`` to each non-zero
     eigenvalue of ``B^T B``); quadratic fields are stored divided by ``4**scale_exp`` (use
-    :func:`factors` or :func:`low_rank` for true values).
+    :func:`factors` or :func:`low_rank` for true values). The sketch ``B = transform @ rows``: with
+    the eager basis (the doubling buffer, and per-step FD on short rows) ``transform`` stays the
+    identity and ``rows`` is ``B`` itself; with the lazy basis (per-step FD on long rows, see
+    :func:`frequent_directions`) a shrink only updates the small ``transform``, and ``rows`` hold
+    the stored rows ``Z`` (past gradients, combined by a rank-one update per step), written back
+    to ``B`` itself every 32 shrinks.
 
     Attributes:
-      rows: the ``n x d`` buffer ``B`` in true units (``n = sketch_size`` per-step,
-        ``2 * sketch_size`` with the doubling buffer); rows at index ``>= fill`` are zero.
+      rows: the ``n x d`` buffer (``B``, or ``Z`` with the lazy basis) in true units (``n =
+        sketch_size`` per-step, ``2 * sketch_size`` with the doubling buffer); the rows of ``B``
+        at index ``>= fill`` are zero.
       gram: ``B B^T / 4**scale_exp`` (``n x n``; diagonal right after a shrink).
-      fill: the number of rows in use.
+      fill: the number of rows of ``B`` in use.
       scale_exp: the power-of-two exponent ``e`` of the quadratic fields.
       alpha: the ridge ``alpha / 4**e``: ``alpha0`` plus ``alpha_fraction`` of every shrinkage
         (RFD; 0 for FD, PFD and CFD).
       compensation: CFD's total shrinkage ``/ 4**e`` (0 otherwise).
       count: the rows absorbed.
       nonfinite_count: the rows rejected for containing NaN/Inf.
+      transform: the ``n x n`` matrix ``F`` with ``B = F @ rows`` (the identity unless the basis
+        is lazy). A column of zeros marks a free row of ``rows``, where the next row goes.
     """
 
     rows: jax.Array
@@ -193,6 +204,7 @@ class FrequentDirectionsState(NamedTuple):
     compensation: jax.Array
     count: jax.Array
     nonfinite_count: jax.Array
+    transform: jax.Array
 
     #: Arrays the non-finite policy of the transforms does not re-read after a step (see
     #: ``sketchopt._leafwise``): the rows are rotated and shrunk from finite, power-of-two
@@ -282,18 +294,22 @@ def _scaled_dot(rows, row, exp):
     )
 
 
-def _gram_low_rank(rows, gram, scale_exp, alpha, drop_last):
-    """``LowRank`` of rows whose (scaled) Gram matrix is ``gram``: V = diag(mu^-1/2) U^T B."""
+def _gram_low_rank(rows, gram, scale_exp, alpha, drop_last, transform=None):
+    """``LowRank`` of ``B`` (``rows``, or ``transform @ rows``) whose (scaled) Gram matrix is
+    ``gram``: ``V = diag(mu^-1/2) U^T B``."""
     # After a per-step FD shrink the Gram matrix is diagonal: no eigh needed (see _arrowhead).
     mu, u, _ = _arrowhead.eigh_desc_structured(gram, gram.shape[-1] - 1)
     if drop_last:  # the buffer can never hold more than n-1 non-zero directions
         mu, u = mu[:-1], u[:, :-1]
     inv_sqrt = jnp.where(mu > 0, 1 / jnp.sqrt(jnp.where(mu > 0, mu, 1)), 0)
     # V = diag(mu^-1/2) U^T B / 2**scale_exp: the 2**-scale_exp stays outside coef (see LowRank).
+    coef = (u * inv_sqrt).T
+    if transform is not None:  # B = F Z: V = (diag(mu^-1/2) U^T F) Z
+        coef = jnp.matmul(coef, transform, precision=HIGHEST)
     return LowRank(
         scalar=alpha,
         basis=rows,
-        coef=(u * inv_sqrt).T,
+        coef=coef,
         weights=mu,
         scale_exp=scale_exp,
         value_exp=scale_exp,
@@ -304,7 +320,7 @@ def _gram_low_rank(rows, gram, scale_exp, alpha, drop_last):
 _ROTATION_BLOCK = 8192
 
 
-def _rotate_rows(rot, rows, valid=True, coef=None, base=None):
+def _rotate_rows(rot, rows, valid=True, coef=None, base=None, tile_map=None):
     """``rot @ rows`` for a small ``k x n`` ``rot`` (``k <= n``; output rows past ``k`` are zero),
     computed in place over column blocks.
 
@@ -332,6 +348,8 @@ def _rotate_rows(rot, rows, valid=True, coef=None, base=None):
     )
 
     def apply(tile):  # the rows below rot's (all zero) are written as zeros, not multiplied
+        if tile_map is not None:
+            return tile_map(tile)
         out = jnp.matmul(rot, tile, precision=HIGHEST)
         pad = like_last_axis(jnp.zeros((n - rot.shape[0], tile.shape[1]), tile.dtype), tile)
         return jnp.concatenate([out, pad]) if n > rot.shape[0] else out
@@ -515,25 +533,44 @@ def _fd_rescale_exponent(state, row, valid):
     return jnp.where(valid, exp, state.scale_exp)
 
 
-def _fd_append(state, row, valid):
-    """``(state, B g / 4**exp)`` after inserting ``g`` at row ``fill`` (RFD paper Alg. 1/2 line 3).
+def _free_slot(transform, fill):
+    """The row of the stored rows the next row goes to: the first all-zero column of ``F``.
+
+    With the eager basis ``F`` is the identity and the slot is ``fill``, whose row is zero; the
+    lazy basis's shrink leaves one column of ``F`` zero (see :func:`_fd_shrink_lazy`).
+    """
+    unused = jnp.all(transform == 0, axis=0)
+    return jnp.where(jnp.any(unused), jnp.argmax(unused), fill).astype(jnp.int32)
+
+
+def _fd_append(state, row, valid, lazy=False):
+    """``(state, B g / 4**exp, rows @ g / 4**exp)`` after inserting ``g`` as row ``fill`` of ``B``
+    (RFD paper Alg. 1/2 line 3).
 
     Ada-FD Alg. 1/2 line 4 ("insert g_t into the last row"). The state is rescaled to the new
-    ``scale_exp`` and the Gram matrix gains ``B g`` as row and column ``fill``.
+    ``scale_exp`` and the Gram matrix gains ``B g`` as row and column ``fill``. With the lazy
+    basis ``g`` is stored in a free row ``s`` of ``Z`` and ``F`` gains ``F[fill, s] = 1``: the
+    new row of ``B = F Z`` is ``g`` and the others are unchanged (column ``s`` of ``F`` was zero).
     """
     exp = _fd_rescale_exponent(state, row, valid)
     factor = 2 * (state.scale_exp - exp)
     gram = ldexp(state.gram, factor)
     j = state.fill
+    slot = _free_slot(state.transform, j) if lazy else j
     # Insert first, then take the one pass over the rows: B g / 4**exp with the new row's own
     # squared norm at position j (the slot was zero). In this order the in-place insertion
     # and the later in-place rotation never race with the read, so XLA copies nothing.
     # A skipped (invalid) row leaves everything bit-identical, signed zeros included: the
     # slot keeps its old contents and the small arrays are selected.
-    slot = jax.lax.dynamic_slice_in_dim(state.rows, j, 1, axis=0)
-    slot = jnp.where(valid, row[None, :], slot)
-    rows = jax.lax.dynamic_update_slice(state.rows, slot, (j, jnp.int32(0)))
-    prod = _scaled_dot(rows, row, exp)
+    old = jax.lax.dynamic_slice_in_dim(state.rows, slot, 1, axis=0)
+    new_row = jnp.where(valid, row[None, :], old)
+    rows = jax.lax.dynamic_update_slice(state.rows, new_row, (slot, jnp.int32(0)))
+    stored = _scaled_dot(rows, row, exp)
+    transform = state.transform
+    prod = stored
+    if lazy:
+        transform = jnp.where(valid, transform.at[j, slot].set(1), transform)
+        prod = jnp.matmul(transform, stored, precision=HIGHEST)
     gram = jnp.where(valid, gram.at[j, :].set(prod).at[:, j].set(prod), state.gram)
     step = valid.astype(jnp.int32)
     state = state._replace(
@@ -544,8 +581,85 @@ def _fd_append(state, row, valid):
         alpha=jnp.where(valid, ldexp(state.alpha, factor), state.alpha),
         compensation=jnp.where(valid, ldexp(state.compensation, factor), state.compensation),
         count=state.count + step,
+        transform=transform,
     )
-    return state, prod
+    return state, prod, stored
+
+
+def _null_vector(a):
+    """A unit ``q`` with ``a @ q = 0`` for a ``k x n`` matrix ``a``, ``k < n``.
+
+    The last column of the complete QR factorization of ``a^T``: orthogonal to the column space
+    of ``a^T`` to round-off relative to ``||a||``, whatever the rank of ``a``.
+    """
+    q, _ = jnp.linalg.qr(a.T, mode="complete")
+    return q[:, -1]
+
+
+def _free_rows(rows, h, k, valid, coef=None, base=None):
+    """``Z - h z_k^T`` (row ``k`` becomes zero: ``h_k = 1``), in place over column blocks.
+
+    Through :func:`_rotate_rows`'s blocked loop, with its ``coef``/``base`` residual on the rows
+    before the update: in the whole-buffer form ``rows - h[:, None] * rows[k]`` each output reads
+    a row of the array it overwrites, and XLA then copies the buffer. A skipped row (``valid``
+    false) leaves every bit.
+    """
+
+    def rank_one(tile):
+        # The barrier keeps XLA from reading row k straight out of the buffer being written
+        # (fused so, the loop copied the whole buffer at every block).
+        tile = jax.lax.optimization_barrier(tile)
+        zk = jax.lax.dynamic_index_in_dim(tile, k, 0, keepdims=True)
+        return tile - h[:, None] * zk
+
+    return _rotate_rows(None, rows, valid, coef, base, tile_map=rank_one)
+
+
+def _fd_shrink_lazy(
+    state, stored, valid, lift=None, row=None, *, tau, num_shrunk, alpha_fraction, compensate
+):
+    """FD's shrink with the lazy basis: the same ``B'`` as :func:`_fd_shrink`, kept as ``F' Z'``.
+
+    ``B' = rot B = (rot F) Z`` costs ``O(n^3)``: ``F1 = rot F`` (``rot`` as in
+    :func:`_fd_shrink`). Its rows past ``tau - 2`` are zero, so ``F1`` has a unit null vector
+    ``q`` (:func:`_null_vector`); with ``k = argmax |q_i|`` and ``h = q / q_k`` (``|h_i| <= 1``),
+    ``F1 Z = F1 (Z - h z_k^T)`` up to ``F1 q = 0``, and row ``k`` of ``Z' = Z - h z_k^T`` is zero:
+    ``F' = F1`` with column ``k`` zeroed frees it for the next row. One ``O(n d)`` rank-one update
+    of the stored rows replaces the ``O(n^2 d)`` rotation. Returns ``(state, Z' g / 4**e)`` and,
+    with ``lift``, the residual ``row - Z'^T a`` (``a`` over the rows of ``Z'``).
+    """
+    mu, u, delta, shrunk = _fd_spectrum(state.gram, tau, num_shrunk, jnp.maximum(state.fill - 1, 0))
+    ratio = jnp.where(mu > 0, shrunk / jnp.where(mu > 0, mu, 1), 0)
+    rot = (u * jnp.sqrt(ratio)).T
+    f1 = jnp.matmul(rot, state.transform, precision=HIGHEST)
+    q = _null_vector(f1[: tau - 1])
+    k = jnp.argmax(jnp.abs(q)).astype(jnp.int32)
+    h = (q / q[k]).at[k].set(1)
+    transform = f1.at[:, k].set(0)
+    new = state._replace(
+        gram=jnp.where(valid, jnp.diag(shrunk), state.gram),
+        fill=jnp.where(valid, tau - 1, state.fill).astype(jnp.int32),
+        alpha=jnp.where(valid, state.alpha + alpha_fraction * delta, state.alpha),
+        compensation=jnp.where(valid & compensate, state.compensation + delta, state.compensation),
+        transform=jnp.where(valid, transform, state.transform),
+    )
+    product = jnp.where(valid, stored - h * stored[k], stored)  # Z' g = Z g - h (z_k . g)
+    if lift is None:
+        return new._replace(rows=_free_rows(state.rows, h, k, valid)), product
+    # new.rows are still Z: lift reads the small fields only. Z'^T a = Z^T (a - (h . a) e_k),
+    # taken from the tiles of Z in the pass that updates them.
+    a = lift(new, product)
+    coef, base = _residual_terms(
+        a - (a @ h)[..., None] * jax.nn.one_hot(k, h.shape[0], dtype=h.dtype), row
+    )
+    rows, residual = _free_rows(state.rows, h, k, valid, coef, base)
+    return new._replace(rows=rows), product, residual
+
+
+def _refresh_due(state, shrank, *, n, tau):
+    """Whether this shrink is one of every _GRAM_REFRESH (numerics only, no paper step)."""
+    index = (state.count - n) // (n - tau + 1)  # 0 for the first shrink with a full buffer
+    return shrank & (index % _GRAM_REFRESH == _GRAM_REFRESH - 1)
 
 
 def _fd_refresh_gram(state, shrank, *, n, tau):
@@ -553,10 +667,10 @@ def _fd_refresh_gram(state, shrank, *, n, tau):
 
     Replaces the tracked Gram matrix so that round-off cannot accumulate in it (see
     _GRAM_REFRESH). Kept outside the doubling buffer's ``lax.cond``: nested there, reading the
-    rows made XLA copy them.
+    rows made XLA copy them. The rows are ``B`` itself then (the lazy basis is written back at
+    the same shrinks, :func:`_fd_rematerialize`).
     """
-    index = (state.count - n) // (n - tau + 1)  # 0 for the first shrink with a full buffer
-    refresh = shrank & (index % _GRAM_REFRESH == _GRAM_REFRESH - 1)
+    refresh = _refresh_due(state, shrank, n=n, tau=tau)
 
     def exact():
         return _leafwise.select_leaves(
@@ -565,6 +679,36 @@ def _fd_refresh_gram(state, shrank, *, n, tau):
 
     gram = jax.lax.cond(_leafwise.any_leaf(refresh), exact, lambda: state.gram)
     return state._replace(gram=gram)
+
+
+def _fd_rematerialize(state, product, shrank, *, n, tau):
+    """The lazy basis written back, ``Z <- F Z = B`` and ``F <- I``, every _GRAM_REFRESH shrinks.
+
+    One rotation of the stored rows (what the eager basis pays at every shrink) bounds the
+    growth of ``Z`` and the round-off that ``B = F Z`` accumulates; ``product`` follows the new
+    rows (``B g``). At the same shrinks :func:`_fd_refresh_gram` then recomputes ``B B^T``.
+    """
+    due = _refresh_due(state, shrank, n=n, tau=tau)
+
+    def written_back():
+        rows = _rotate_rows(state.transform[: tau - 1], state.rows)
+        eye = jnp.eye(n, dtype=state.transform.dtype)
+        back = state._replace(rows=rows, transform=eye)
+        moved = jnp.matmul(state.transform, product, precision=HIGHEST)
+        return _leafwise.select_leaves(due, (back, moved), (state, product))
+
+    return jax.lax.cond(_leafwise.any_leaf(due), written_back, lambda: (state, product))
+
+
+# From this many columns on, per-step FD keeps a lazy basis (see frequent_directions): its
+# rank-one update costs O(n d) against the rotation's O(n^2 d), for an O(n^3) QR per step that
+# short rows would notice.
+_LAZY_MIN_DIM = 2**14
+
+
+def _lazy_flag(lazy):
+    """``None`` (by the row length) or a static bool."""
+    return None if lazy is None else _validation.flag("lazy", lazy)
 
 
 def _fd_family(
@@ -576,6 +720,7 @@ def _fd_family(
     alpha_fraction: float = 0.0,
     compensate: bool = False,
     num_shrunk: int | None = None,
+    lazy: bool | None = None,
 ) -> Sketch:
     """FD and its relatives as one routine: a buffer of ``n`` rows shrunk when full.
 
@@ -584,18 +729,27 @@ def _fd_family(
     singular value from the ``num_shrunk`` smallest of the top ``tau`` (all of them for FD, the
     ``floor(beta * tau)`` smallest for PFD), keeps ``tau - 1`` rows, adds ``alpha_fraction`` of
     the shrinkage to ``alpha`` (1/2 for RFD) and, for CFD, all of it to ``compensation``.
+    ``lazy`` (per-step only): keep ``B = F Z`` (:func:`_fd_shrink_lazy`); ``None`` chooses it
+    for rows of at least _LAZY_MIN_DIM entries.
     """
     tau = sketch_size
     n = 2 * tau if fast else tau
     num_shrunk = tau if num_shrunk is None else num_shrunk
-    shrink = functools.partial(
-        _fd_shrink,
-        tau=tau,
-        num_shrunk=num_shrunk,
-        alpha_fraction=alpha_fraction,
-        compensate=compensate,
-    )
+    options = {
+        "tau": tau,
+        "num_shrunk": num_shrunk,
+        "alpha_fraction": alpha_fraction,
+        "compensate": compensate,
+    }
+    shrink = functools.partial(_fd_shrink, **options)
+    shrink_lazy = functools.partial(_fd_shrink_lazy, **options)
     refresh_gram = functools.partial(_fd_refresh_gram, n=n, tau=tau)
+    rematerialize = functools.partial(_fd_rematerialize, n=n, tau=tau)
+
+    def is_lazy(dim):  # static: from the row length
+        if fast or tau < 2:
+            return False
+        return dim >= _LAZY_MIN_DIM if lazy is None else lazy
 
     def init(dim, dtype=jnp.float32):
         dim, dtype = flat_size(dim), state_dtype(dtype)
@@ -609,12 +763,21 @@ def _fd_family(
             compensation=zero,
             count=jnp.zeros((), jnp.int32),
             nonfinite_count=jnp.zeros((), jnp.int32),
+            transform=jnp.eye(n, dtype=dtype),
         )
+
+    def absorb_lazy(state, row, valid, lift):
+        state, _, stored = _fd_append(state, row, valid, lazy=True)
+        out = shrink_lazy(state, stored, valid, lift, row)
+        state, product = rematerialize(*out[:2], valid)
+        return Absorbed(refresh_gram(state, valid), product, *out[2:])
 
     def absorb(state, row, valid, lift=None):
         """Append ``row``, then shrink: at every row (Alg. 1/2) or when the buffer is full (4/5)."""
         row = like_last_axis(row.astype(state.rows.dtype), state.rows)
-        state, prod = _fd_append(state, row, valid)
+        if is_lazy(row.shape[-1]):
+            return absorb_lazy(state, row, valid, lift)
+        state, prod, _ = _fd_append(state, row, valid)
         if not fast:
             if lift is not None:
                 state, prod, residual = shrink(state, prod, valid, lift, row)
@@ -632,12 +795,14 @@ def _fd_family(
         return Absorbed(refresh_gram(state, full), prod)  # the residual is taken after the update
 
     spec = _validation.spec_key(
-        "fd_family", tau, fast, name, alpha0, alpha_fraction, compensate, num_shrunk
+        "fd_family", tau, fast, name, alpha0, alpha_fraction, compensate, num_shrunk, lazy
     )
     return _make_sketch(init, absorb, tau, name, spec=spec, paddable=True)
 
 
-def frequent_directions(sketch_size: int, *, fast: bool = False) -> Sketch:
+def frequent_directions(
+    sketch_size: int, *, fast: bool = False, lazy: bool | None = None
+) -> Sketch:
     """Frequent directions (FD): the deterministic sketch ``C = B^T B`` of ``A^T A``.
 
     Per step the new row ``a_t`` goes into the empty last row of the ``tau x d`` sketch ``B``
@@ -652,9 +817,19 @@ def frequent_directions(sketch_size: int, *, fast: bool = False) -> Sketch:
       sketch_size: ``tau >= 1``, the rows of the sketch including the slot for the incoming row
         (the RFD paper's ``m``, Ada-FD's ``tau``).
       fast: use the doubling buffer.
+      lazy: keep the per-step sketch as ``B = F Z`` (see below); ``None`` (the default) does so
+        for rows of at least 16384 entries. Ignored with ``fast=True``.
 
     Returns:
       A :class:`Sketch` (``"fd"``, or ``"fast_fd"``) with a :class:`FrequentDirectionsState`.
+
+    The lazy basis: the per-step shrink ``B <- R B`` (``R`` from the ``tau x tau`` Gram matrix)
+    rotates all ``tau x d`` numbers. Kept as ``B = F Z`` instead, the shrink updates the small
+    ``F <- R F``; ``R`` zeroes one row of ``B``, so ``F`` gains a null vector ``q``, and ``Z <- Z
+    - (q / q_k) z_k^T`` (``k = argmax |q_i|``) frees a row of ``Z`` for the next ``g`` without
+    changing ``B``: ``O(tau d)`` per step instead of ``O(tau^2 d)``, the same ``B`` to round-off.
+    Every 32 shrinks ``Z <- F Z`` and ``F <- I`` (one rotation) bound the drift. This is the
+    ``V_t = F_t Z_t`` form of the SON paper's sparse updates (sec. 4), applied to dense FD.
 
     References:
       Liberty (2013), "Simple and Deterministic Matrix Sketching", KDD. Ghashami, Liberty, Phillips
@@ -673,11 +848,17 @@ def frequent_directions(sketch_size: int, *, fast: bool = False) -> Sketch:
       Array([8., 3.], dtype=float32)
     """
     tau = _validation.size("sketch_size", sketch_size)
-    return _fd_family(tau, fast=_validation.flag("fast", fast), name="fast_fd" if fast else "fd")
+    fast = _validation.flag("fast", fast)
+    return _fd_family(tau, fast=fast, name="fast_fd" if fast else "fd", lazy=_lazy_flag(lazy))
 
 
 def robust_frequent_directions(
-    sketch_size: int, *, fast: bool = False, alpha0: float = 0.0, alpha_fraction: float = 0.5
+    sketch_size: int,
+    *,
+    fast: bool = False,
+    alpha0: float = 0.0,
+    alpha_fraction: float = 0.5,
+    lazy: bool | None = None,
 ) -> Sketch:
     """Robust frequent directions (RFD): FD's ``B`` plus the adaptive ridge ``alpha``.
 
@@ -694,6 +875,7 @@ def robust_frequent_directions(
       alpha_fraction: the fraction of each shrinkage added to ``alpha``. RFD's optimal choice is
         ``1/2`` (Theorem 2); ``1`` adds all the "escaped mass", as S-AdaGrad (Feinberg et al.
         2023) does. Must lie in ``[0, 1]``.
+      lazy: the lazy basis, as in :func:`frequent_directions`.
 
     Returns:
       A :class:`Sketch` (``"rfd"``, or ``"fast_rfd"``) with a :class:`FrequentDirectionsState`.
@@ -721,11 +903,12 @@ def robust_frequent_directions(
         name="fast_rfd" if fast else "rfd",
         alpha0=alpha0,
         alpha_fraction=alpha_fraction,
+        lazy=_lazy_flag(lazy),
     )
 
 
 def parameterized_frequent_directions(
-    sketch_size: int, beta: float, *, fast: bool = False
+    sketch_size: int, beta: float, *, fast: bool = False, lazy: bool | None = None
 ) -> Sketch:
     """Parameterized FD (PFD): FD that shrinks only its smallest directions.
 
@@ -737,6 +920,7 @@ def parameterized_frequent_directions(
       sketch_size: ``tau >= 1``, the rows of the sketch including the slot for the incoming row.
       beta: the fraction of the directions a shrink reduces, in ``(0, 1]`` (static).
       fast: use the doubling buffer.
+      lazy: the lazy basis, as in :func:`frequent_directions`.
 
     Returns:
       A :class:`Sketch` named ``"pfd"`` with a :class:`FrequentDirectionsState`.
@@ -758,10 +942,14 @@ def parameterized_frequent_directions(
         raise ValueError("beta fixes how many directions a shrink reduces: it cannot be traced")
     beta = float(_validation.fraction("beta", beta, low_open=True))
     num_shrunk = max(1, int(np.floor(beta * tau)))
-    return _fd_family(tau, fast=_validation.flag("fast", fast), name="pfd", num_shrunk=num_shrunk)
+    fast = _validation.flag("fast", fast)
+    lazy = _lazy_flag(lazy)
+    return _fd_family(tau, fast=fast, name="pfd", num_shrunk=num_shrunk, lazy=lazy)
 
 
-def compensative_frequent_directions(sketch_size: int, *, fast: bool = False) -> Sketch:
+def compensative_frequent_directions(
+    sketch_size: int, *, fast: bool = False, lazy: bool | None = None
+) -> Sketch:
     """Compensative FD (CFD): FD with the total shrinkage added back to its directions.
 
     The FD sketch ``B`` plus the running total ``Delta = sum_t sigma_tau^2`` of all shrink
@@ -771,6 +959,7 @@ def compensative_frequent_directions(sketch_size: int, *, fast: bool = False) ->
     Args:
       sketch_size: ``tau >= 1``, the rows of the sketch including the slot for the incoming row.
       fast: use the doubling buffer.
+      lazy: the lazy basis, as in :func:`frequent_directions`.
 
     Returns:
       A :class:`Sketch` named ``"cfd"`` with a :class:`FrequentDirectionsState`.
@@ -788,7 +977,8 @@ def compensative_frequent_directions(sketch_size: int, *, fast: bool = False) ->
       Array([9., 4.], dtype=float32)
     """
     tau = _validation.size("sketch_size", sketch_size)
-    return _fd_family(tau, fast=_validation.flag("fast", fast), name="cfd", compensate=True)
+    fast = _validation.flag("fast", fast)
+    return _fd_family(tau, fast=fast, name="cfd", compensate=True, lazy=_lazy_flag(lazy))
 
 
 # ----------------------------------------------------------------------------------------------
@@ -1056,7 +1246,7 @@ def low_rank(state) -> LowRank:
 
 @low_rank.register
 def _(state: FrequentDirectionsState) -> LowRank:
-    lr = _gram_low_rank(state.rows, state.gram, state.scale_exp, state.alpha, drop_last=True)
+    lr = _gram_low_rank(state.rows, state.gram, state.scale_exp, state.alpha, True, state.transform)
     lam = jnp.where(lr.eigenvalues > 0, lr.eigenvalues + state.compensation, 0)
     return lr._replace(weights=lam)
 

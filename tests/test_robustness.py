@@ -469,7 +469,14 @@ def _stream_row(t, dtype):
 
 def _long_run(dtype):
     """``ada_fd`` and ``rfd_son`` over the same stream in one ``lax.scan``; their sketches."""
-    txs = {"ada_fd": so.ada_fd(0.1, LONG_TAU, 1e-3), "rfd_son": make("rfd_son", LONG_TAU)}
+    txs = {
+        "ada_fd": so.ada_fd(0.1, LONG_TAU, 1e-3),
+        "rfd_son": make("rfd_son", LONG_TAU),
+        # the lazy basis (B = F Z), written back every 32 shrinks
+        "ada_fd_lazy": so.mirror_descent(
+            0.1, so.metrics.sketched(sketches.frequent_directions(LONG_TAU, lazy=True), 1e-3)
+        ),
+    }
     params = jnp.zeros((LONG_DIM,), dtype)
 
     def body(states, t):
@@ -481,9 +488,9 @@ def _long_run(dtype):
         return jax.lax.scan(body, states, jnp.arange(LONG_STEPS))[0]
 
     states = scan({k: tx.init(params) for k, tx in txs.items()})
-    ada_fd = so.per_leaf_states(states["ada_fd"].metric_state, params)
-    rfd_son = so.per_leaf_states(states["rfd_son"].leaf_state, params).sketch
-    return {"ada_fd": ada_fd, "rfd_son": rfd_son}
+    out = {k: so.per_leaf_states(states[k].metric_state, params) for k in ("ada_fd", "ada_fd_lazy")}
+    out["rfd_son"] = so.per_leaf_states(states["rfd_son"].leaf_state, params).sketch
+    return out
 
 
 @pytest.mark.slow

@@ -78,6 +78,17 @@ SPECS = {
         lambda tau: sk.compensative_frequent_directions(tau, fast=True),
         {"compensate": True, "fast": True},
     ),
+    # The lazy basis (B = F Z, a rank-one update of Z per shrink), forced at these short rows: the
+    # same references, every 32 shrinks written back.
+    "fd_lazy": (lambda tau: sk.frequent_directions(tau, lazy=True), {}),
+    "rfd_lazy": (
+        lambda tau: sk.robust_frequent_directions(tau, alpha0=ALPHA0, lazy=True),
+        {"alpha0": ALPHA0, "alpha_fraction": 0.5},
+    ),
+    "cfd_lazy": (
+        lambda tau: sk.compensative_frequent_directions(tau, lazy=True),
+        {"compensate": True},
+    ),
     "oja": (lambda tau: sk.oja(tau, key=jax.random.PRNGKey(7)), None),
     "rp": (lambda tau: sk.random_projection(tau, jax.random.PRNGKey(11)), None),
 }
@@ -85,7 +96,7 @@ ALL = [name for name in SPECS if name != "rfd_all_mass"]
 FD_FAMILY = [name for name in ALL if SPECS[name][1] is not None]
 # One sketch per code path (per-step / doubling FD family, Oja, RP) for the costlier checks.
 CODE_PATHS = ["fd", "fast_rfd", "cfd", "oja", "rp"]
-CFD = ("cfd", "fast_cfd")
+CFD = ("cfd", "fast_cfd", "cfd_lazy")
 
 T = 256  # rows per stream
 BATCH = 3  # streams per run
@@ -838,7 +849,7 @@ def test_extreme_magnitudes_float32(name):
     dim, _ = CONFIGS["generic"]
     streams = _extreme_streams(dim, seed=4)
     tol = 1e-3 if name in CFD else 1e-4  # see test_matches_reference_float32
-    check = {"oja": [1], "cfd": [0, 1], "fast_cfd": [0, 1]}.get(name)
+    check = {"oja": [1], **dict.fromkeys(CFD, [0, 1])}.get(name)
     lr, _, _, states = check_against_reference(
         name, "generic", streams, jnp.float32, tol, check=check, covariance=False
     )
@@ -849,7 +860,7 @@ def test_extreme_magnitudes_float32(name):
         assert np.all(np.isfinite(x))
     assert np.all(states.nonfinite_count == 0)
     assert states.scale_exp[0, -1] > 90  # the scale was needed
-    assert states.scale_exp[1, -1] < -90 or name == "rfd"  # (rfd: alpha0 = 0.25 dominates)
+    assert states.scale_exp[1, -1] < -90 or name in ("rfd", "rfd_lazy")  # (alpha0 = 0.25 rules)
     if name == "oja":
         d = states.directions.astype(np.float64)
         assert np.max(np.abs(d @ np.swapaxes(d, -1, -2) - np.eye(d.shape[-2]))) <= 1e-5
@@ -865,7 +876,7 @@ def test_zero_rows(name):
     dim, _ = CONFIGS["generic"]
     streams = np.zeros((1, 20, dim), np.float32)
     _, cov, (v, lam, _), states, _ = run_batch(name, "generic", streams, jnp.float32)
-    alpha0 = ALPHA0 if name == "rfd" else 0.0
+    alpha0 = (SPECS[name][1] or {}).get("alpha0", 0.0)
     np.testing.assert_array_equal(cov, np.broadcast_to(alpha0 * np.eye(dim), cov.shape))
     np.testing.assert_array_equal(lam, 0)
     np.testing.assert_array_equal(v, 0)
