@@ -337,7 +337,9 @@ def _rotate_rows(rot, rows, valid=True, coef=None, base=None, tile_map=None):
     (donated) sketch buffer instead, about 3x faster at ``d = 1e6``. Accelerators pool their
     memory and run the plain matmul well, and a loop of dynamic slices along ``d`` would defeat
     sharding along ``d``, so they, multi-device runs and narrow sketches use the plain matmul.
-    Both paths compute the same products.
+    Both paths compute the same products. ``tile_map`` (with ``rot=None``) replaces the product
+    ``rot @ tile`` by any map of a ``n x block`` tile to ``n`` rows (the lazy basis's rank-one
+    update, :func:`_free_rows`).
     """
     n, d = rows.shape
     block = _ROTATION_BLOCK
@@ -618,7 +620,8 @@ def _free_rows(rows, h, k, valid, coef=None, base=None):
 def _fd_shrink_lazy(
     state, stored, valid, lift=None, row=None, *, tau, num_shrunk, alpha_fraction, compensate
 ):
-    """FD's shrink with the lazy basis: the same ``B'`` as :func:`_fd_shrink`, kept as ``F' Z'``.
+    """FD's shrink with the lazy basis: the same ``B'`` as :func:`_fd_shrink` (RFD paper Alg. 1/2
+    lines 4-6), kept as ``F' Z'`` (the ``V_t = F_t Z_t`` form of the SON paper's sec. 4).
 
     ``B' = rot B = (rot F) Z`` costs ``O(n^3)``: ``F1 = rot F`` (``rot`` as in
     :func:`_fd_shrink`). Its rows past ``tau - 2`` are zero, so ``F1`` has a unit null vector
