@@ -538,8 +538,9 @@ def _fd_rescale_exponent(state, row, valid):
 def _free_slot(transform, fill):
     """The row of the stored rows the next row goes to: the first all-zero column of ``F``.
 
-    With the eager basis ``F`` is the identity and the slot is ``fill``, whose row is zero; the
-    lazy basis's shrink leaves one column of ``F`` zero (see :func:`_fd_shrink_lazy`).
+    Called with the lazy basis only: its shrink leaves one column of ``F`` zero (see
+    :func:`_fd_shrink_lazy`); right after a write-back ``F = I`` and the slot is ``fill``, whose
+    row is zero.
     """
     unused = jnp.all(transform == 0, axis=0)
     return jnp.where(jnp.any(unused), jnp.argmax(unused), fill).astype(jnp.int32)
