@@ -31,6 +31,11 @@ arrowhead form with no solver library call, so that XLA fuses the work on any de
   ``z_hat_i^2 = -prod_j (lam_j - d_i) / prod_{l != i} (d_l - d_i)``, gives eigenvectors
   ``(z_hat_i / (d_i - lam_j))_i, -1`` that are orthogonal to working precision however the roots
   cluster.
+
+The lazy basis of the FD sketches (``sketchopt.sketches``) needs one more small factorization per
+shrink, a null vector of a ``(k - 1) x k`` matrix; :func:`null_vector` takes it from
+``jnp.linalg.qr`` on CPU (LAPACK) and from :func:`householder_null_vector`, the same Householder
+reflections unrolled into plain array operations, where ``arrowhead_pays``.
 """
 
 from __future__ import annotations
@@ -42,7 +47,14 @@ import jax.numpy as jnp
 
 from sketchopt import _leafwise, _numerics
 
-__all__ = ["arrowhead_eigh", "arrowhead_pays", "eigh_arrow", "eigh_desc_structured"]
+__all__ = [
+    "arrowhead_eigh",
+    "arrowhead_pays",
+    "eigh_arrow",
+    "eigh_desc_structured",
+    "householder_null_vector",
+    "null_vector",
+]
 
 # Iterations per root. Convergence is quadratic from the bracket's midpoint; the residual test
 # after the last step catches the rare root that needs more (the caller then uses eigh).
@@ -338,3 +350,42 @@ def _arrowhead(gram, arrow):
 
 _BRANCHES = (_general, _diagonal)
 _BRANCHES_ARROW = (_general, _diagonal, _arrowhead)
+
+
+def householder_null_vector(a):
+    """A unit ``q`` with ``a @ q = 0`` for a ``k x n`` matrix ``a``, ``k < n``, in plain array
+    operations: Householder QR of ``a^T`` (Golub & Van Loan, Alg. 5.2.1), unrolled over the ``k``
+    static columns, and ``q = H_0 H_1 ... H_{k-1} e_n``, the last column of the complete ``Q``.
+
+    ``a`` is scaled to a largest entry of 1 first; a zero column is left alone (``H = I``), so
+    any rank works; ``q`` is orthogonal to the rows
+    of ``a`` to round-off relative to ``||a||``, as LAPACK's ``geqrf`` + ``orgqr`` give it.
+    """
+    k, n = a.shape
+    scale = jnp.max(jnp.abs(a), initial=0)
+    r = (a / jnp.where(scale > 0, scale, 1)).T  # no under/overflow in the squared norms
+    idx = jnp.arange(n)
+    reflectors = []
+    for j in range(k):
+        x = jnp.where(idx >= j, r[:, j], 0)
+        norm = jnp.sqrt(jnp.sum(jnp.square(x)))
+        sign = jnp.where(x[j] < 0, -1, 1).astype(a.dtype)
+        v = x.at[j].add(sign * norm)  # x + sign(x_j) ||x|| e_j: no cancellation
+        v_norm = jnp.sqrt(jnp.sum(jnp.square(v)))
+        v = jnp.where(v_norm > 0, v / jnp.where(v_norm > 0, v_norm, 1), 0)
+        r = r - 2 * jnp.outer(v, v @ r)
+        reflectors.append(v)
+    q = jnp.zeros((n,), a.dtype).at[n - 1].set(1)
+    for v in reversed(reflectors):
+        q = q - 2 * v * (v @ q)
+    return q
+
+
+def null_vector(a):
+    """A unit ``q`` with ``a @ q = 0`` for a ``k x n`` matrix ``a``, ``k < n``: LAPACK's complete
+    QR of ``a^T`` on CPU, :func:`householder_null_vector` (no solver-library call) where the
+    arrowhead solve pays (:func:`arrowhead_pays`)."""
+    if arrowhead_pays():
+        return householder_null_vector(a)
+    q, _ = jnp.linalg.qr(a.T, mode="complete")
+    return q[:, -1]

@@ -804,8 +804,9 @@ def _at_path(node, path):
 
 
 #: Per-leaf fields added to a state class after 0.1, each with the value a 0.1 state had
-#: implicitly: the FD family's ``transform`` (0.5, the lazy basis) is the identity.
-_ADDED_FIELDS = ("transform",)
+#: implicitly: the FD family's ``transform`` (0.5, the lazy basis) is the identity, its
+#: ``eigh_fallbacks`` (0.5.1) zero.
+_ADDED_FIELDS = ("transform", "eigh_fallbacks")
 
 
 def _added_since(old_field, value_path) -> bool:
@@ -820,8 +821,11 @@ def _added_since(old_field, value_path) -> bool:
     return False
 
 
-def _initial_transform(leaf):
-    """A stack of identity matrices shaped like ``leaf`` (``(k, n, n)``)."""
+def _initial_value(leaf):
+    """What a 0.1 state implied for an added field shaped like ``leaf``: a stack of identity
+    matrices (``(k, n, n)``, the transform) or zeros (a counter)."""
+    if leaf.ndim < 3:
+        return jnp.zeros(leaf.shape, leaf.dtype)
     eye = jnp.eye(leaf.shape[-1], dtype=leaf.dtype)
     return jnp.broadcast_to(eye, leaf.shape)
 
@@ -841,7 +845,7 @@ def migrate(restored: Any, target: Any) -> Any:
 
             def stack(value_path, leaf, members=members):
                 if _added_since(old_field, value_path):
-                    return _initial_transform(leaf)
+                    return _initial_value(leaf)
                 params_tree = _at_path(old_field, value_path)  # a tree like the parameters
                 per_leaf_old = jax.tree.leaves(params_tree)
                 if len(per_leaf_old) != layout.num_leaves:

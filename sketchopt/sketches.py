@@ -194,6 +194,10 @@ class FrequentDirectionsState(NamedTuple):
       nonfinite_count: the rows rejected for containing NaN/Inf.
       transform: the ``n x n`` matrix ``F`` with ``B = F @ rows`` (the identity unless the basis
         is lazy). A column of zeros marks a free row of ``rows``, where the next row goes.
+      eigh_fallbacks: the shrinks whose arrowhead eigen-update did not converge and took
+        ``eigh`` instead (int32; see :mod:`sketchopt._arrowhead`). It stays 0 where the
+        arrowhead solve is not used: on CPU, whose LAPACK ``eigh`` is faster at these sizes,
+        and inside a vmapped group of leaves.
     """
 
     rows: jax.Array
@@ -205,6 +209,7 @@ class FrequentDirectionsState(NamedTuple):
     count: jax.Array
     nonfinite_count: jax.Array
     transform: jax.Array
+    eigh_fallbacks: jax.Array
 
     #: Arrays the non-finite policy of the transforms does not re-read after a step (see
     #: ``sketchopt._leafwise``): the rows are rotated and shrunk from finite, power-of-two
@@ -474,17 +479,19 @@ def _fd_spectrum(gram, tau, num_shrunk, arrow):
     Ada-FD Alg. 1/2 lines 5-6, on the small Gram matrix: returns ``(mu, u, delta, shrunk)`` with
     ``B B^T = U diag(mu) U^T`` (``mu`` descending), ``delta = sigma_tau^2`` and
     ``shrunk = mu - delta`` on the ``num_shrunk`` smallest of the top ``tau`` (all of them for
-    FD; PFD of Desai et al. reduces only these), ``mu`` above them and 0 from index ``tau - 1``.
+    FD; PFD of Desai et al. reduces only these), ``mu`` above them and 0 from index ``tau - 1``;
+    also whether the arrowhead solve fell back to ``eigh`` (see ``eigh_fallbacks``).
     """
     if _arrowhead.arrowhead_pays():  # an arrowhead after each per-step shrink
-        mu, u, _ = _arrowhead.eigh_desc_structured(gram, arrow)
+        mu, u, fallback = _arrowhead.eigh_desc_structured(gram, arrow)
     else:  # on CPU LAPACK beats the solver: no run-time dispatch at all
         mu, u = eigh_desc(gram)
+        fallback = jnp.bool_(False)
     delta = mu[tau - 1]  # (sigma_tau)^2: the tau-th largest squared singular value
     idx = jnp.arange(gram.shape[0])
     shrunk = jnp.where(idx >= tau - num_shrunk, jnp.maximum(mu - delta, 0), mu)
     shrunk = jnp.where(idx < tau - 1, shrunk, 0)  # keep tau - 1 rows
-    return mu, u, delta, shrunk
+    return mu, u, delta, shrunk, fallback
 
 
 def _fd_shrink(
@@ -500,7 +507,7 @@ def _fd_shrink(
     """
     n = state.gram.shape[0]
     arrow = jnp.maximum(state.fill - 1, 0)  # the row just appended: B B^T is an arrowhead
-    mu, u, delta, shrunk = _fd_spectrum(state.gram, tau, num_shrunk, arrow)
+    mu, u, delta, shrunk, fallback = _fd_spectrum(state.gram, tau, num_shrunk, arrow)
     ratio = jnp.where(mu > 0, shrunk / jnp.where(mu > 0, mu, 1), 0)
     rot = (u * jnp.sqrt(ratio)).T  # B' = diag(sqrt((mu - delta)/mu)) U^T B
     rot = jnp.where(valid, rot, jnp.eye(n, dtype=rot.dtype))
@@ -510,6 +517,7 @@ def _fd_shrink(
         fill=jnp.where(valid, tau - 1, state.fill).astype(jnp.int32),
         alpha=jnp.where(valid, state.alpha + alpha_fraction * delta, state.alpha),
         compensation=jnp.where(valid & compensate, state.compensation + delta, state.compensation),
+        eigh_fallbacks=state.eigh_fallbacks + (valid & fallback),
     )
     product = rot @ product
     kept = rot[: tau - 1]  # the rows past tau - 1 of the rotation are zero
@@ -589,16 +597,6 @@ def _fd_append(state, row, valid, lazy=False):
     return state, prod, stored
 
 
-def _null_vector(a):
-    """A unit ``q`` with ``a @ q = 0`` for a ``k x n`` matrix ``a``, ``k < n``.
-
-    The last column of the complete QR factorization of ``a^T``: orthogonal to the column space
-    of ``a^T`` to round-off relative to ``||a||``, whatever the rank of ``a``.
-    """
-    q, _ = jnp.linalg.qr(a.T, mode="complete")
-    return q[:, -1]
-
-
 def _free_rows(rows, h, k, valid, coef=None, base=None):
     """``Z - h z_k^T`` (row ``k`` becomes zero: ``h_k = 1``), in place over column blocks.
 
@@ -626,17 +624,19 @@ def _fd_shrink_lazy(
 
     ``B' = rot B = (rot F) Z`` costs ``O(n^3)``: ``F1 = rot F`` (``rot`` as in
     :func:`_fd_shrink`). Its rows past ``tau - 2`` are zero, so ``F1`` has a unit null vector
-    ``q`` (:func:`_null_vector`); with ``k = argmax |q_i|`` and ``h = q / q_k`` (``|h_i| <= 1``),
+    ``q`` (:func:`sketchopt._arrowhead.null_vector`); with ``k = argmax |q_i|`` and
+    ``h = q / q_k`` (``|h_i| <= 1``),
     ``F1 Z = F1 (Z - h z_k^T)`` up to ``F1 q = 0``, and row ``k`` of ``Z' = Z - h z_k^T`` is zero:
     ``F' = F1`` with column ``k`` zeroed frees it for the next row. One ``O(n d)`` rank-one update
     of the stored rows replaces the ``O(n^2 d)`` rotation. Returns ``(state, Z' g / 4**e)`` and,
     with ``lift``, the residual ``row - Z'^T a`` (``a`` over the rows of ``Z'``).
     """
-    mu, u, delta, shrunk = _fd_spectrum(state.gram, tau, num_shrunk, jnp.maximum(state.fill - 1, 0))
+    arrow = jnp.maximum(state.fill - 1, 0)
+    mu, u, delta, shrunk, fallback = _fd_spectrum(state.gram, tau, num_shrunk, arrow)
     ratio = jnp.where(mu > 0, shrunk / jnp.where(mu > 0, mu, 1), 0)
     rot = (u * jnp.sqrt(ratio)).T
     f1 = jnp.matmul(rot, state.transform, precision=HIGHEST)
-    q = _null_vector(f1[: tau - 1])
+    q = _arrowhead.null_vector(f1[: tau - 1])
     k = jnp.argmax(jnp.abs(q)).astype(jnp.int32)
     h = (q / q[k]).at[k].set(1)
     transform = f1.at[:, k].set(0)
@@ -645,6 +645,7 @@ def _fd_shrink_lazy(
         fill=jnp.where(valid, tau - 1, state.fill).astype(jnp.int32),
         alpha=jnp.where(valid, state.alpha + alpha_fraction * delta, state.alpha),
         compensation=jnp.where(valid & compensate, state.compensation + delta, state.compensation),
+        eigh_fallbacks=state.eigh_fallbacks + (valid & fallback),
         transform=jnp.where(valid, transform, state.transform),
     )
     product = jnp.where(valid, stored - h * stored[k], stored)  # Z' g = Z g - h (z_k . g)
@@ -768,6 +769,7 @@ def _fd_family(
             count=jnp.zeros((), jnp.int32),
             nonfinite_count=jnp.zeros((), jnp.int32),
             transform=jnp.eye(n, dtype=dtype),
+            eigh_fallbacks=jnp.zeros((), jnp.int32),
         )
 
     def absorb_lazy(state, row, valid, lift):

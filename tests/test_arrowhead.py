@@ -6,6 +6,8 @@ Eigenvectors are compared through what is unique: ``U diag(lam) U^T`` (the matri
 
 from __future__ import annotations
 
+import re
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -171,3 +173,58 @@ def fd_covariance(monkeypatch, force, fast, rows):
     state = jax.jit(sketch.update_many)(sketch.init(12, jnp.float64), jnp.asarray(rows))
     assert bool(traced) == force, traced
     return np.asarray(sk.covariance(state))
+
+
+def test_fd_counts_its_eigh_fallbacks(monkeypatch):
+    """Two equal kept directions, then a row touching both: coinciding active poles, which the
+    arrowhead solve hands to eigh; the state counts it and the covariance matches eigh's."""
+    rows = np.array([[3.0, 0, 0, 0], [0, 3.0, 0, 0], [0, 0, 1.0, 0], [1.0, 1.0, 0, 1.0]])
+    states = []
+    with jax.enable_x64(True):
+        for force in (False, True):
+            monkeypatch.setattr(_arrowhead, "arrowhead_pays", lambda force=force: force)
+            jax.clear_caches()
+            sketch = sk.frequent_directions(3)
+            state = jax.jit(sketch.update_many)(sketch.init(4, jnp.float64), rows)
+            states.append((int(state.eigh_fallbacks), np.asarray(sk.covariance(state))))
+    assert [count for count, _ in states] == [0, 1]
+    np.testing.assert_allclose(states[1][1], states[0][1], atol=1e-12)
+
+
+@pytest.mark.parametrize("dtype", ["float64", "float32"])
+def test_householder_null_vector(dtype):
+    """The plain-array null vector (the lazy basis's on accelerators) is a unit vector orthogonal
+    to every row, for full-rank, rank-deficient, zero-column and zero matrices."""
+    rng = np.random.default_rng(5)
+    full = rng.normal(size=(6, 7))
+    deficient = rng.normal(size=(6, 3)) @ rng.normal(size=(3, 7))
+    zero_col = full.copy()
+    zero_col[:, 2] = 0
+    tiny = full * 1e-20
+    tol = 1e-13 if dtype == "float64" else 3e-6
+    with jax.enable_x64(dtype == "float64"):
+        for a in (full, deficient, zero_col, np.zeros((6, 7)), tiny, full[:1]):
+            q = np.asarray(jax.jit(_arrowhead.householder_null_vector)(jnp.asarray(a, dtype)))
+            assert abs(np.linalg.norm(q) - 1) < tol
+            assert np.abs(a @ q).max() <= tol * max(np.abs(a).max(), 1e-300) * 4
+
+
+def test_lazy_fd_through_the_accelerator_path(monkeypatch):
+    """Forced onto the accelerator path (arrowhead eigen-update, Householder null vector), the
+    lazy FD keeps the eager basis's covariance (float64), and its compiled step calls no QR."""
+    rng = np.random.default_rng(6)
+    rows = rng.normal(size=(80, 12)) * 10.0 ** rng.integers(-2, 3, (80, 1))
+    covs = []
+    with jax.enable_x64(True):
+        for force, lazy in ((False, False), (True, True)):
+            monkeypatch.setattr(_arrowhead, "arrowhead_pays", lambda force=force: force)
+            jax.clear_caches()
+            sketch = sk.frequent_directions(5, lazy=lazy)
+            run = jax.jit(sketch.update_many)
+            state0 = sketch.init(12, jnp.float64)
+            if force:
+                hlo = run.lower(state0, rows).compile().as_text()
+                targets = set(re.findall(r'custom_call_target="([^"]*)"', hlo))
+                assert not [t for t in targets if "geqrf" in t or "orgqr" in t], targets
+            covs.append(np.asarray(sk.covariance(run(state0, rows))))
+    np.testing.assert_allclose(covs[1], covs[0], rtol=1e-9, atol=1e-9 * np.abs(covs[0]).max())
