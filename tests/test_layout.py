@@ -53,7 +53,7 @@ def _private_uses(path):
 
 @pytest.mark.parametrize("folder", ["sketchopt", "tests", "experiments"])
 def test_no_private_name_crosses_a_module_boundary(folder):
-    found = [u for p in sorted((ROOT / folder).glob("*.py")) for u in _private_uses(p)]
+    found = [u for p in sorted((ROOT / folder).rglob("*.py")) for u in _private_uses(p)]
     assert not found, "\n".join(found)
 
 

@@ -1,0 +1,41 @@
+"""Sparse high-dimensional streams: sparse examples, linear learners in ``O(s)`` per example, a
+stream runner and a command line (``python -m sketchopt.stream``; see the README's "Sparse
+streams").
+
+* :mod:`sketchopt.stream.examples` -- :class:`SparseExamples`, padded ``(indices, values)``;
+* :mod:`sketchopt.stream.data` -- LIBSVM/svmlight files in chunks, VW's text format, hashing;
+* :mod:`sketchopt.stream.learners` -- the learners and their losses;
+* :mod:`sketchopt.stream.runner` -- progressive validation over a stream, grids by ``vmap``;
+* :mod:`sketchopt.stream.cli` -- the command line.
+"""
+
+from sketchopt.stream.examples import SparseExamples, SparseVector, from_csr, from_dense
+from sketchopt.stream.learners import (
+    LEARNERS,
+    LOSSES,
+    LinearLearner,
+    LinearState,
+    ada_diag,
+    fobos,
+    ftrl,
+    make_learner,
+    rda,
+    truncated_gradient,
+)
+
+__all__ = [
+    "LEARNERS",
+    "LOSSES",
+    "LinearLearner",
+    "LinearState",
+    "SparseExamples",
+    "SparseVector",
+    "ada_diag",
+    "fobos",
+    "from_csr",
+    "from_dense",
+    "ftrl",
+    "make_learner",
+    "rda",
+    "truncated_gradient",
+]

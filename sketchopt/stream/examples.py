@@ -1,0 +1,177 @@
+"""Sparse examples: padded ``(indices, values)`` rows with a static bound on the non-zeros.
+
+A stream of ``N`` examples over ``d`` features with at most ``s`` non-zeros each is
+:class:`SparseExamples` ``(indices (N, s) int32, values (N, s), labels (N,), mask (N,))``. The
+layout is the one XLA handles best: every example has the same static shape, so a chunk is one
+array that ``lax.scan`` walks and ``vmap`` batches, and an update gathers and scatters ``s``
+entries of the ``d``-vectors of the state, ``O(s)`` whatever ``d``. (``BCOO`` stores the same
+arrays with its own ``nse`` bound; a scan over its rows would unpack them to exactly this.)
+
+Invariants, which :func:`from_csr` and the loaders of :mod:`sketchopt.stream.data` establish:
+
+* the non-padding indices of one example are distinct (duplicates, as feature hashing produces
+  them, are summed) and lie in ``[0, d)``;
+* padding entries have index ``d`` (one past the end) and value 0: gathers read them as 0
+  (``mode="fill"``) and scatters drop them (``mode="drop"``);
+* values and labels are finite; labels lie in the loss's domain (:func:`check_labels`);
+* ``mask`` is false for the rows that only pad a chunk to its static length.
+
+An example that breaks them anyway (an index below 0 or above ``d``, a NaN value) reaching a
+learner is skipped and counted, never learned from (:mod:`sketchopt.stream.learners`).
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import jax
+import numpy as np
+
+__all__ = [
+    "CLASSIFICATION_LOSSES",
+    "SparseExamples",
+    "SparseVector",
+    "check_labels",
+    "from_csr",
+    "from_dense",
+    "hash_indices",
+    "pad_rows",
+    "to_dense",
+]
+
+#: Losses whose labels are classes ``{-1, +1}`` (``{0, 1}`` is accepted and mapped).
+CLASSIFICATION_LOSSES = ("logistic", "hinge", "squared_hinge")
+
+
+class SparseVector(NamedTuple):
+    """One example's features: ``indices (s,)`` int32 (padding: ``d``) and ``values (s,)``."""
+
+    indices: jax.Array
+    values: jax.Array
+
+
+class SparseExamples(NamedTuple):
+    """A batch (chunk) of examples; see the module docstring for the invariants."""
+
+    indices: jax.Array  # (N, s) int32
+    values: jax.Array  # (N, s)
+    labels: jax.Array  # (N,)
+    mask: jax.Array  # (N,) bool: false for padding rows
+
+    @property
+    def x(self) -> SparseVector:
+        return SparseVector(self.indices, self.values)
+
+    @property
+    def size(self) -> int:
+        """The number of rows (padding included)."""
+        return int(self.labels.shape[0])
+
+
+def check_labels(labels, loss: str) -> np.ndarray:
+    """Labels as float64 in the domain of ``loss``, or a ``ValueError`` naming the bad ones.
+
+    Classification losses (:data:`CLASSIFICATION_LOSSES`) take ``{-1, +1}``, or ``{0, 1}``
+    (mapped to ``{-1, +1}``, as LIBSVM files of binary problems often hold them); ``squared``
+    takes any finite number.
+    """
+    labels = np.asarray(labels, np.float64).reshape(-1)
+    if not np.all(np.isfinite(labels)):
+        raise ValueError(f"labels must be finite; found {labels[~np.isfinite(labels)][:5]}")
+    if loss in CLASSIFICATION_LOSSES:
+        values = set(np.unique(labels).tolist())
+        if values <= {0.0, 1.0}:
+            return np.where(labels > 0, 1.0, -1.0)
+        if not values <= {-1.0, 1.0}:
+            bad = sorted(values - {-1.0, 1.0})[:5]
+            raise ValueError(
+                f"the {loss} loss takes labels in {{-1, +1}} (or {{0, 1}}); found {bad}"
+            )
+    elif loss != "squared":
+        raise ValueError(f"unknown loss {loss!r}; use squared or one of {CLASSIFICATION_LOSSES}")
+    return labels
+
+
+def hash_indices(indices, bits: int, seed: int = 0) -> np.ndarray:
+    """Feature indices hashed into ``[0, 2**bits)`` by scikit-learn's MurmurHash3 (32 bit), the
+    hash VW and ``FeatureHasher`` use; colliding features are then summed by :func:`from_csr`."""
+    from sklearn.utils import murmurhash3_32
+
+    indices = np.asarray(indices, np.int64)
+    if indices.size and (indices.min() < 0 or indices.max() >= 2**31):
+        raise ValueError("feature indices to hash must lie in [0, 2**31)")
+    hashed = murmurhash3_32(indices.astype(np.int32), seed=seed, positive=True)
+    return (np.asarray(hashed, np.uint32) & np.uint32((1 << bits) - 1)).astype(np.int64)
+
+
+def from_csr(
+    matrix, labels, *, dim: int | None = None, nnz: int | None = None, dtype=np.float32
+) -> SparseExamples:
+    """:class:`SparseExamples` of the rows of a SciPy CSR matrix (duplicates summed, explicit
+    zeros dropped), padded to ``nnz`` non-zeros per row (default: the most any row has).
+
+    Raises ``ValueError`` for an index outside ``[0, dim)``, a non-finite value, or a row with
+    more than ``nnz`` non-zeros. Labels are taken as given (see :func:`check_labels`).
+    """
+    import scipy.sparse
+
+    matrix = scipy.sparse.csr_matrix(matrix, dtype=np.float64, copy=True)
+    dim = matrix.shape[1] if dim is None else int(dim)
+    if matrix.shape[1] > dim:
+        raise ValueError(f"the data has {matrix.shape[1]} features, more than dim = {dim}")
+    matrix.sum_duplicates()
+    matrix.eliminate_zeros()
+    if matrix.nnz and not np.all(np.isfinite(matrix.data)):
+        rows = np.repeat(np.arange(matrix.shape[0]), np.diff(matrix.indptr))
+        bad = rows[~np.isfinite(matrix.data)]
+        raise ValueError(f"non-finite feature values in examples {np.unique(bad)[:5].tolist()}")
+    counts = np.diff(matrix.indptr)
+    most = int(counts.max(initial=0))
+    nnz = max(most, 1) if nnz is None else int(nnz)
+    if most > nnz:
+        raise ValueError(f"an example has {most} non-zeros, more than nnz = {nnz}")
+    n = matrix.shape[0]
+    indices = np.full((n, nnz), dim, np.int32)
+    values = np.zeros((n, nnz), dtype)
+    rows = np.repeat(np.arange(n), counts)
+    cols = np.arange(matrix.nnz) - np.repeat(matrix.indptr[:-1], counts)
+    indices[rows, cols] = matrix.indices
+    values[rows, cols] = matrix.data
+    labels = np.asarray(labels, dtype).reshape(-1)
+    if labels.shape[0] != n:
+        raise ValueError(f"{labels.shape[0]} labels for {n} examples")
+    return SparseExamples(indices, values, labels, np.ones((n,), bool))
+
+
+def from_dense(x, labels, *, nnz: int | None = None, dtype=np.float32) -> SparseExamples:
+    """:class:`SparseExamples` of the rows of a dense ``(N, d)`` array (zeros left out)."""
+    import scipy.sparse
+
+    x = np.asarray(x, np.float64)
+    if not np.all(np.isfinite(x)):
+        raise ValueError("non-finite feature values")
+    return from_csr(scipy.sparse.csr_matrix(x), labels, dim=x.shape[1], nnz=nnz, dtype=dtype)
+
+
+def to_dense(examples: SparseExamples, dim: int) -> np.ndarray:
+    """The ``(N, d)`` dense rows of ``examples`` (padding dropped), float64: for tests and
+    references."""
+    indices, values = np.asarray(examples.indices), np.asarray(examples.values, np.float64)
+    out = np.zeros((indices.shape[0], dim + 1))
+    np.add.at(out, (np.arange(indices.shape[0])[:, None], indices), values)
+    return out[:, :dim]
+
+
+def pad_rows(examples: SparseExamples, length: int, dim: int) -> SparseExamples:
+    """``examples`` padded with masked rows to ``length`` rows (a chunk's static length)."""
+    n = examples.size
+    if n > length:
+        raise ValueError(f"{n} examples do not fit a chunk of {length}")
+    extra = length - n
+    nnz = examples.indices.shape[1]
+    return SparseExamples(
+        np.concatenate([examples.indices, np.full((extra, nnz), dim, np.int32)]),
+        np.concatenate([examples.values, np.zeros((extra, nnz), examples.values.dtype)]),
+        np.concatenate([examples.labels, np.zeros((extra,), examples.labels.dtype)]),
+        np.concatenate([examples.mask, np.zeros((extra,), bool)]),
+    )

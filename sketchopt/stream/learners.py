@@ -1,0 +1,390 @@
+r"""Linear online learners on sparse examples, ``O(s)`` per example with lazy, exact catch-up.
+
+Each learner is a :class:`LinearLearner`: ``init(dim)``, ``predict(state, x)``,
+``update(state, x, label)``, ``step`` (both at once: the prediction made on ``x`` and the state
+after learning from it) and ``weights(state)`` (the dense weights, on request). ``x`` is a
+:class:`~sketchopt.stream.examples.SparseVector`. The loss is a parameter of the learner
+(:data:`LOSSES`); its derivative in the prediction ``p`` makes the gradient ``loss'(p, y) x``.
+
+**Lazy catch-up.** Each learner equals its dense counterpart in :mod:`sketchopt` fed the dense
+gradients ``loss'(p_t, y_t) x_t`` (``tests/test_stream_learners.py`` pins it in float64). A
+coordinate absent from ``x_t`` has gradient 0 there, and what the dense learner does to it on
+such a step composes into one closed form, applied when the coordinate next appears (and by
+``weights``):
+
+* ADA-DIAG with L1 (Duchi et al. 2011, eq. 4 in the diagonal metric ``h_i = delta + s_i``) and
+  FOBOS-L1 (Duchi & Singer 2009): a zero-gradient step is the soft threshold
+  ``st(w, eta_u l1 / h_i)``, and soft thresholds compose, ``st(st(w, a), b) = st(w, a + b)``, with
+  ``h_i`` fixed while the coordinate is absent: the catch-up is one soft threshold at
+  ``(E_{t-1} - E_{last}) l1 / h_i``, ``E_t = sum_{u <= t} eta_u`` (a running scalar; the
+  coordinate keeps ``E`` of its last step).
+* Truncated gradient (Langford, Li & Zhang 2009, the operator ``T_1`` every ``K`` steps): a
+  coordinate with ``|w| <= theta`` stays inside ``[-theta, theta]`` once shrunk, and one outside
+  is never shrunk, so the skipped truncations are one soft threshold at the sum of their
+  ``K eta_u gravity`` where ``|w| <= theta`` -- their lazy truncation, exact.
+* L1-RDA (Xiao 2010) and FTRL-Proximal (McMahan et al. 2013) are closed forms of per-coordinate
+  sums that a zero gradient leaves alone (FTRL's ``sigma`` is 0 then, for a constant ``alpha``):
+  the weights are computed from the sums when needed, nothing to catch up.
+
+**Bad input.** An example with a non-finite value or label, an index below 0 or above ``d``, or
+a non-finite loss derivative is skipped: state unchanged (every array bit-identical), ``t`` not
+advanced, ``nonfinite_count`` incremented. Only ``O(s)`` entries are ever selected, never whole
+arrays, so the step stays ``O(s)`` also when ``vmap`` batches it over a grid of hyperparameters.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any, NamedTuple
+
+import jax
+import jax.numpy as jnp
+import optax
+
+from sketchopt._numerics import state_dtype
+from sketchopt.regularizers import soft_threshold
+from sketchopt.stream.examples import SparseVector
+
+__all__ = [
+    "LEARNERS",
+    "LOSSES",
+    "LinearLearner",
+    "LinearState",
+    "ada_diag",
+    "error",
+    "fobos",
+    "ftrl",
+    "loss_value",
+    "make_learner",
+    "rda",
+    "truncated_gradient",
+]
+
+
+def _squared_hinge(p, y):
+    return jnp.square(jnp.maximum(0.0, 1.0 - y * p))
+
+
+#: ``loss(prediction, label)``: Optax's where it has one. Logistic and the hinges take labels
+#: in ``{-1, +1}``; squared takes any real label and is ``(p - y)^2`` (VW's squared loss).
+LOSSES: dict[str, Callable] = {
+    "squared": optax.losses.squared_error,
+    "logistic": lambda p, y: optax.losses.sigmoid_binary_cross_entropy(p, (y + 1) / 2),
+    "hinge": optax.losses.hinge_loss,
+    "squared_hinge": _squared_hinge,
+}
+
+
+def loss_value(loss: str, prediction, label):
+    """The loss ``loss`` of ``prediction`` at ``label``."""
+    return _loss(loss)(prediction, label)
+
+
+def error(prediction, label):
+    """0/1 error of the sign of ``prediction`` (``p > 0`` predicts ``+1``); for real labels (the
+    squared loss) the sign disagreement."""
+    return (jnp.where(prediction > 0, 1.0, -1.0) != jnp.sign(label)).astype(prediction.dtype)
+
+
+def _loss(loss: str) -> Callable:
+    if loss not in LOSSES:
+        raise ValueError(f"unknown loss {loss!r}; use one of {sorted(LOSSES)}")
+    return LOSSES[loss]
+
+
+class LinearState(NamedTuple):
+    """State of a sparse linear learner.
+
+    Attributes:
+      coords: per-coordinate ``(d,)`` arrays, by name (the learner's docstring lists them).
+      scalars: running scalars, by name (e.g. ``E_t``, the learning rates' sum).
+      t: the examples learned from (int32).
+      nonfinite_count: the examples skipped as bad input (int32).
+    """
+
+    coords: dict[str, jax.Array]
+    scalars: dict[str, jax.Array]
+    t: jax.Array
+    nonfinite_count: jax.Array
+
+
+class LinearLearner(NamedTuple):
+    """A linear online learner on sparse examples (see the module docstring).
+
+    ``init(dim, dtype=float32, key=None)`` (``key`` for learners with random state; ignored by
+    the first-order ones), ``predict(state, x) -> p``, ``update(state, x, label) -> state``,
+    ``step(state, x, label, active=True) -> (state, p)`` (``p`` is ``predict(state, x)``; an
+    inactive step, a chunk's padding row, leaves the state as it is) and
+    ``weights(state) -> (d,)``.
+    """
+
+    name: str
+    loss: str
+    init: Callable[..., LinearState]
+    predict: Callable[[LinearState, SparseVector], jax.Array]
+    update: Callable[[LinearState, SparseVector, Any], LinearState]
+    step: Callable[..., tuple[LinearState, jax.Array]]
+    weights: Callable[[LinearState], jax.Array]
+
+
+class _Rule(NamedTuple):
+    """What one learner defines; :func:`_linear` builds the rest.
+
+    ``coords``/``scalars``: names and initial values (scalars as floats); ``current(scalars,
+    cols, t)`` the weights of the gathered coordinates caught up to before step ``t``;
+    ``advance(scalars, cols, w, g, t)`` the new gathered columns and scalars after step ``t``
+    (``w`` the weights played, ``g`` the gradient on the gathered coordinates).
+    """
+
+    coords: tuple[str, ...]
+    scalars: dict[str, float]
+    current: Callable
+    advance: Callable
+
+
+def _linear(name: str, loss: str, rule: _Rule) -> LinearLearner:
+    loss_fn = _loss(loss)
+    derivative = jax.grad(lambda p, y: loss_fn(p, y))
+
+    def init(dim: int, dtype=jnp.float32, key=None) -> LinearState:
+        del key
+        dim, dtype = int(dim), state_dtype(dtype)
+        if dim < 1:
+            raise ValueError(f"dim must be a positive integer, got {dim}")
+        return LinearState(
+            coords={c: jnp.zeros((dim,), dtype) for c in rule.coords},
+            scalars={k: jnp.asarray(v, dtype) for k, v in rule.scalars.items()},
+            t=jnp.zeros((), jnp.int32),
+            nonfinite_count=jnp.zeros((), jnp.int32),
+        )
+
+    def dim_of(state):
+        return next(iter(state.coords.values())).shape[-1]
+
+    def gather(state, x):
+        dim = dim_of(state)
+        indices = jnp.asarray(x.indices)
+        values = jnp.asarray(x.values)
+        in_range = jnp.all((indices >= 0) & (indices <= dim))
+        ok = in_range & jnp.all(jnp.isfinite(values))
+        idx = jnp.where(ok, indices, dim)  # a bad example reads and writes padding only
+        cols = {c: a.at[idx].get(mode="fill", fill_value=0) for c, a in state.coords.items()}
+        vals = jnp.where(ok, values, 0).astype(next(iter(state.coords.values())).dtype)
+        return idx, vals, cols, ok
+
+    def predict(state, x):
+        _, vals, cols, _ = gather(state, x)
+        t = state.t + 1
+        return jnp.sum(rule.current(state.scalars, cols, t) * vals)
+
+    def step(state, x, label, active=True):
+        idx, vals, cols, ok = gather(state, x)
+        t = state.t + 1  # this step's index, from 1
+        w = rule.current(state.scalars, cols, t)
+        p = jnp.sum(w * vals)
+        label = jnp.asarray(label, vals.dtype)
+        slope = derivative(p, label)
+        ok = ok & jnp.isfinite(label) & jnp.isfinite(slope)
+        g = slope * vals
+        new_cols, new_scalars = rule.advance(state.scalars, cols, w, g, t)
+        learn = ok & active
+        coords = {
+            c: state.coords[c].at[idx].set(jnp.where(learn, new_cols[c], cols[c]), mode="drop")
+            for c in rule.coords
+        }
+        scalars = {k: jnp.where(learn, new_scalars[k], v) for k, v in state.scalars.items()}
+        new = LinearState(
+            coords,
+            scalars,
+            jnp.where(learn, t, state.t),
+            state.nonfinite_count + (active & ~ok).astype(jnp.int32),
+        )
+        return new, p
+
+    def update(state, x, label):
+        return step(state, x, label)[0]
+
+    def weights(state):
+        return rule.current(state.scalars, state.coords, state.t + 1)
+
+    return LinearLearner(name, loss, init, predict, update, step, weights)
+
+
+def _eta(learning_rate, t, dtype):
+    """``eta_t`` of a float or an Optax schedule of ``count = t - 1`` (as in :mod:`optax`)."""
+    if callable(learning_rate):
+        return jnp.asarray(learning_rate(t - 1), dtype)
+    return jnp.asarray(learning_rate, dtype)
+
+
+def _check(name, value, *, positive=False):
+    """Concrete hyperparameters are checked; traced ones (a vmapped grid) pass through."""
+    if callable(value) or isinstance(value, jax.core.Tracer):
+        return
+    value = float(value)
+    if not (value > 0 if positive else value >= 0) or value == float("inf"):
+        raise ValueError(f"{name} must be finite and {'> 0' if positive else '>= 0'}, got {value}")
+
+
+def ada_diag(
+    learning_rate=0.5, delta: float = 1e-6, *, l1: float = 0.0, loss: str = "logistic"
+) -> LinearLearner:
+    """Sparse ADA-DIAG, composite mirror descent (Duchi et al. 2011, eq. 4, diagonal ``H``):
+    ``s_i = sqrt(sum g_i^2)``, ``h_i = delta + s_i``,
+    ``w_i <- st(w_i - eta_t g_i / h_i, eta_t l1 / h_i)``; equals
+    ``sketchopt.ada_diag(learning_rate, delta, regularizer=sketchopt.regularizers.l1(l1))``.
+
+    Coordinates: ``w``, ``s`` and ``mark`` (``E`` at the coordinate's last step); scalar ``E``,
+    the sum of the learning rates so far (module docstring).
+    """
+    _check("learning_rate", learning_rate, positive=True)
+    _check("delta", delta)
+    _check("l1", l1)
+
+    def shrink(scalars, cols):
+        h = delta + cols["s"]
+        return jnp.where(h > 0, (scalars["E"] - cols["mark"]) * l1 / jnp.where(h > 0, h, 1), 0)
+
+    def current(scalars, cols, t):
+        del t
+        return soft_threshold(cols["w"], shrink(scalars, cols))
+
+    def advance(scalars, cols, w, g, t):
+        eta = _eta(learning_rate, t, w.dtype)
+        s = jnp.hypot(cols["s"], g)
+        h = delta + s
+        inv = jnp.where(h > 0, 1 / jnp.where(h > 0, h, 1), 0)  # the safe 0/0 = 0 of delta = 0
+        w = soft_threshold(w - eta * g * inv, eta * l1 * inv)
+        total = scalars["E"] + eta
+        return {"w": w, "s": s, "mark": jnp.broadcast_to(total, w.shape)}, {"E": total}
+
+    return _linear("ada_diag", loss, _Rule(("w", "s", "mark"), {"E": 0.0}, current, advance))
+
+
+def truncated_gradient(
+    learning_rate=0.1,
+    gravity: float = 0.0,
+    theta: float = float("inf"),
+    period: int = 1,
+    *,
+    loss: str = "logistic",
+) -> LinearLearner:
+    """Sparse truncated gradient (Langford, Li & Zhang 2009; slides Alg. 3): ``v = w - eta_t g``,
+    then on steps ``t`` divisible by ``period`` (``K``) the coordinates with ``|v_i| <= theta``
+    shrink by ``eta_t K gravity``; equals ``sketchopt.truncated_gradient`` with the same
+    arguments. The skipped truncations of an absent coordinate are its lazy truncation
+    (module docstring): coordinates ``w``, ``mark``; scalar ``C``, the shrinkage so far.
+    """
+    _check("learning_rate", learning_rate, positive=True)
+    _check("gravity", gravity)
+    if not isinstance(theta, jax.core.Tracer) and not float(theta) >= 0:
+        raise ValueError(f"theta must be >= 0, got {theta}")
+    if int(period) != period or period < 1:
+        raise ValueError(f"period must be an integer >= 1, got {period}")
+    return _truncating("truncated_gradient", learning_rate, gravity, theta, int(period), loss)
+
+
+def fobos(learning_rate=0.1, l1: float = 0.0, *, loss: str = "logistic") -> LinearLearner:
+    """Sparse FOBOS-L1 (Duchi & Singer 2009; slides Alg. 4): ``w <- st(w - eta_t g, eta_t l1)``;
+    equals ``sketchopt.fobos_l1(learning_rate, l1)``: :func:`truncated_gradient` with
+    ``gravity = l1``, ``theta = inf``, ``period = 1``."""
+    _check("learning_rate", learning_rate, positive=True)
+    _check("l1", l1)
+    return _truncating("fobos", learning_rate, l1, float("inf"), 1, loss)
+
+
+def _truncating(name, learning_rate, gravity, theta, period, loss) -> LinearLearner:
+    def current(scalars, cols, t):
+        del t
+        w = cols["w"]
+        return jnp.where(jnp.abs(w) <= theta, soft_threshold(w, scalars["C"] - cols["mark"]), w)
+
+    def advance(scalars, cols, w, g, t):
+        eta = _eta(learning_rate, t, w.dtype)
+        amount = jnp.where(t % period == 0, eta * period * gravity, 0).astype(w.dtype)
+        v = w - eta * g
+        w = jnp.where(jnp.abs(v) <= theta, soft_threshold(v, amount), v)  # Alg. 3 line 5
+        total = scalars["C"] + amount
+        return {"w": w, "mark": jnp.broadcast_to(total, w.shape)}, {"C": total}
+
+    return _linear(name, loss, _Rule(("w", "mark"), {"C": 0.0}, current, advance))
+
+
+def rda(learning_rate=1.0, l1: float = 0.0, *, loss: str = "logistic") -> LinearLearner:
+    """Sparse L1-RDA (Xiao 2010; slides Alg. 5) with ``gamma = learning_rate``:
+    ``w_{t+1} = -(sqrt(t) / gamma) st(G_t / t, l1)`` from the gradient sum ``G`` (coordinate
+    ``gsum``); equals ``sketchopt.rda_l1(gamma, l1)``."""
+    _check("learning_rate (gamma)", learning_rate, positive=True)
+    _check("l1", l1)
+    gamma = learning_rate
+
+    def current(scalars, cols, t):
+        del scalars
+        seen = (t - 1).astype(cols["gsum"].dtype)  # gradients summed before step t
+        safe = jnp.maximum(seen, 1)
+        w = -(jnp.sqrt(safe) / gamma) * soft_threshold(cols["gsum"] / safe, l1)
+        return jnp.where(seen > 0, w, 0)
+
+    def advance(scalars, cols, w, g, t):
+        del w, t
+        return {"gsum": cols["gsum"] + g}, scalars
+
+    return _linear("rda", loss, _Rule(("gsum",), {}, current, advance))
+
+
+def ftrl(
+    learning_rate=0.1, beta: float = 1.0, l1: float = 0.0, l2: float = 0.0, *, loss="logistic"
+) -> LinearLearner:
+    """Sparse FTRL-Proximal (McMahan et al. 2013, Alg. 1; slides Alg. 6) with
+    ``alpha = learning_rate`` (a constant: a schedule would move absent coordinates' ``z``):
+    coordinates ``z`` and ``sqrt_n``, weights
+    ``-st(z, l1) / (l2 + (beta + sqrt_n) / alpha)``; equals
+    ``sketchopt.ftrl_proximal(alpha, beta, l1, l2)``."""
+    if callable(learning_rate):
+        raise ValueError("sparse FTRL-Proximal takes a constant alpha (learning_rate)")
+    _check("learning_rate (alpha)", learning_rate, positive=True)
+    _check("beta", beta)
+    _check("l1", l1)
+    _check("l2", l2)
+    alpha = learning_rate
+
+    def weights(z, sqrt_n):
+        denominator = l2 + (beta + sqrt_n) / alpha
+        return -soft_threshold(z, l1) / jnp.where(denominator > 0, denominator, 1)
+
+    def current(scalars, cols, t):
+        del scalars, t
+        return weights(cols["z"], cols["sqrt_n"])
+
+    def advance(scalars, cols, w, g, t):
+        del t
+        sqrt_n = jnp.hypot(cols["sqrt_n"], g)  # Alg. 1: n_i += g_i^2
+        sigma = (sqrt_n - cols["sqrt_n"]) / alpha
+        return {"z": cols["z"] + g - sigma * w, "sqrt_n": sqrt_n}, scalars
+
+    return _linear("ftrl", loss, _Rule(("z", "sqrt_n"), {}, current, advance))
+
+
+#: The learners by the CLI's ``--learner`` names.
+LEARNERS: dict[str, Callable[..., LinearLearner]] = {
+    "ada_diag": ada_diag,
+    "fobos": fobos,
+    "truncated_gradient": truncated_gradient,
+    "rda": rda,
+    "ftrl": ftrl,
+}
+
+#: Second-order learners of the next issue ("sparse streams II").
+NOT_YET = ("oja_son", "fd_son", "rfd_son", "rp_son", "ada_fd")
+
+
+def make_learner(name: str, **options) -> LinearLearner:
+    """The learner ``name`` of :data:`LEARNERS` with ``options`` (its keyword arguments)."""
+    if name in NOT_YET:
+        raise ValueError(
+            f"--learner {name} is not yet available: the sparse second-order learners come with "
+            "the issue 'Sparse streams II'; available now: " + ", ".join(LEARNERS)
+        )
+    if name not in LEARNERS:
+        raise ValueError(f"unknown learner {name!r}; use one of {', '.join(LEARNERS)}")
+    return LEARNERS[name](**options)

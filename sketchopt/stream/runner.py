@@ -1,0 +1,290 @@
+"""Progressive validation over a whole stream, one compiled ``lax.scan`` per chunk.
+
+:func:`run_stream` walks a stream of equally shaped :class:`SparseExamples` chunks (what
+:func:`sketchopt.stream.data.iter_svmlight` yields, or :func:`chunked` of an in-memory batch):
+each example is predicted, scored, then learned from (progressive validation, as VW reports it),
+the state carried from chunk to chunk, so memory is one chunk and one state whatever the
+stream's length. The chunk function is compiled once, before the first chunk (its compilation
+and the host's loading are outside the measured ``seconds``). Totals are accumulated on the host
+in float64, example by example in stream order (``np.cumsum``), so a run resumed from a saved
+:class:`Progress` gives the same numbers, to the bit, as one uninterrupted run.
+
+:func:`run_grid` runs every point of a hyperparameter grid (times seeds) in the same pass:
+the chunk function is ``vmap``-ped over the grid, one compiled program, and every example
+touches ``O(s)`` entries per configuration.
+
+Rows whose ``mask`` is false (a chunk's padding) and examples skipped as bad input (see
+:mod:`sketchopt.stream.learners`) are not scored.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import time
+from collections.abc import Callable, Iterable, Iterator
+from typing import Any, NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from sketchopt.stream.examples import SparseExamples, SparseVector, pad_rows
+from sketchopt.stream.learners import LinearLearner, error, loss_value
+
+__all__ = [
+    "GridResult",
+    "Progress",
+    "StreamResult",
+    "chunked",
+    "evaluate",
+    "run_grid",
+    "run_stream",
+]
+
+
+class Progress(NamedTuple):
+    """Running totals of a progressive validation (float64 on the host; per configuration for
+    a grid): examples scored, and the sums of their losses and errors."""
+
+    examples: np.ndarray
+    loss_sum: np.ndarray
+    error_sum: np.ndarray
+
+    @classmethod
+    def zeros(cls, shape=()) -> Progress:
+        return cls(np.zeros(shape, np.int64), np.zeros(shape), np.zeros(shape))
+
+
+@dataclasses.dataclass
+class StreamResult:
+    """What :func:`run_stream` measured.
+
+    ``curve`` lists VW's report at doubling example counts (1, 2, 4, ...): the ``examples``
+    scored, the progressive ``average_loss`` and ``average_error`` up to there and the
+    ``since_last`` loss over the examples since the previous line. ``seconds`` is the pass
+    alone (compiled chunk calls, waited for); ``examples_per_second`` is ``examples / seconds``
+    of this call.
+    """
+
+    state: Any
+    progress: Progress
+    curve: list[dict]
+    seconds: float
+    examples_per_second: float
+
+    @property
+    def examples(self) -> int:
+        return int(np.max(self.progress.examples))
+
+    @property
+    def progressive_loss(self):
+        return _mean(self.progress.loss_sum, self.progress.examples)
+
+    @property
+    def progressive_error(self):
+        return _mean(self.progress.error_sum, self.progress.examples)
+
+
+@dataclasses.dataclass
+class GridResult(StreamResult):
+    """:class:`StreamResult` of a grid: ``points`` holds each configuration's hyperparameters
+    (and ``seed``), in the order of the leading axis of ``state`` and of the progress arrays."""
+
+    points: list[dict] = dataclasses.field(default_factory=list)
+
+
+def _mean(total, count):
+    return np.where(count > 0, total / np.maximum(count, 1), np.nan)
+
+
+def chunked(examples: SparseExamples, chunk_size: int, dim: int) -> Iterator[SparseExamples]:
+    """``examples`` in chunks of ``chunk_size`` rows, the last padded (masked rows)."""
+    n = examples.size
+    for start in range(0, max(n, 1), chunk_size):
+        part = SparseExamples(*(np.asarray(a)[start : start + chunk_size] for a in examples))
+        yield pad_rows(part, chunk_size, dim)
+
+
+def _scan_chunk(learner: LinearLearner):
+    """``(state, chunk) -> (state, (loss, error, scored))`` per example of the chunk."""
+
+    def run(state, chunk):
+        def body(state, example):
+            idx, val, label, active = example
+            new, p = learner.step(state, SparseVector(idx, val), label, active)
+            scored = active & (new.nonfinite_count == state.nonfinite_count)
+            label = label.astype(p.dtype)
+            loss = jnp.where(scored, loss_value(learner.loss, p, label), 0)
+            err = jnp.where(scored, error(p, label), 0)
+            return new, (loss, err, scored)
+
+        xs = (chunk.indices, chunk.values, chunk.labels, chunk.mask)
+        return jax.lax.scan(body, state, xs)
+
+    return run
+
+
+def _doubling_lines(progress: Progress, loss, err, scored, curve: list[dict]) -> Progress:
+    """Adds one chunk's per-example results (``(..., N)``) to ``progress`` in stream order and
+    appends VW-style lines at the doubling counts crossed."""
+    loss = np.asarray(loss, np.float64) * scored
+    err = np.asarray(err, np.float64) * scored
+    counts = progress.examples[..., None] + np.cumsum(scored, axis=-1)
+    loss_c = np.cumsum(np.concatenate([progress.loss_sum[..., None], loss], axis=-1), axis=-1)
+    err_c = np.cumsum(np.concatenate([progress.error_sum[..., None], err], axis=-1), axis=-1)
+    new = Progress(counts[..., -1], loss_c[..., -1], err_c[..., -1])
+    first = np.reshape(counts, (-1, counts.shape[-1]))[0]  # the grid shares the counts
+    flat_loss = np.reshape(loss_c, (-1, loss_c.shape[-1]))
+    flat_err = np.reshape(err_c, (-1, err_c.shape[-1]))
+    target = 1 if not curve else 2 * curve[-1]["examples"]
+    for j in range(first.shape[0]):
+        if first[j] == target and (j == 0 or first[j - 1] < target):
+            last = curve[-1] if curve else {"examples": 0, "loss_sum": 0.0}
+            total = flat_loss[:, j + 1]
+            last_sum = np.asarray(last["loss_sum"])
+            line = {
+                "examples": int(target),
+                "average_loss": _squeeze(total / target),
+                "average_error": _squeeze(flat_err[:, j + 1] / target),
+                "since_last": _squeeze((total - last_sum) / (target - last["examples"])),
+                "loss_sum": _squeeze(total),
+            }
+            curve.append(line)
+            target *= 2
+    return new
+
+
+def _squeeze(x):
+    x = np.asarray(x)
+    return float(x[0]) if x.size == 1 else x.tolist()
+
+
+def _drive(
+    fn, state, chunks: Iterable[SparseExamples], progress: Progress, curve, bar
+) -> tuple[Any, Progress, float]:
+    compiled, seconds = None, 0.0
+    for chunk in chunks:
+        chunk = SparseExamples(*(jnp.asarray(a) for a in chunk))
+        if compiled is None:
+            compiled = jax.jit(fn, donate_argnums=0).lower(state, chunk).compile()
+        start = time.perf_counter()
+        state, (loss, err, scored) = compiled(state, chunk)
+        jax.block_until_ready((state, loss))
+        seconds += time.perf_counter() - start
+        progress = _doubling_lines(progress, loss, err, np.asarray(scored), curve)
+        if bar is not None:
+            bar.update(int(np.asarray(chunk.mask).sum()))
+    return state, progress, seconds
+
+
+def _bar(progress: bool, total: int | None):
+    if not progress:
+        return None
+    from tqdm.auto import tqdm
+
+    return tqdm(total=total, unit="ex", smoothing=0.1)
+
+
+def run_stream(
+    learner: LinearLearner,
+    chunks: Iterable[SparseExamples],
+    dim: int,
+    *,
+    state=None,
+    start: Progress | None = None,
+    curve: list[dict] | None = None,
+    dtype=jnp.float32,
+    key=None,
+    progress: bool = False,
+    total: int | None = None,
+) -> StreamResult:
+    """One online pass of ``learner`` over ``chunks`` (all of one shape) with progressive
+    validation; ``state``/``start``/``curve`` continue an earlier run (see the module
+    docstring); ``progress`` shows a ``tqdm`` bar (``total`` examples, when known)."""
+    state = learner.init(dim, dtype, key) if state is None else state
+    start = Progress.zeros() if start is None else start
+    curve = [] if curve is None else curve
+    bar = _bar(progress, total)
+    try:
+        state, prog, seconds = _drive(_scan_chunk(learner), state, chunks, start, curve, bar)
+    finally:
+        if bar is not None:
+            bar.close()
+    examples = int(prog.examples - start.examples)
+    return StreamResult(state, prog, curve, seconds, examples / seconds if seconds else 0.0)
+
+
+def run_grid(
+    make: Callable[..., LinearLearner],
+    grid: dict[str, Iterable],
+    chunks: Iterable[SparseExamples],
+    dim: int,
+    *,
+    seeds: Iterable[int] = (0,),
+    dtype=jnp.float32,
+    progress: bool = False,
+    total: int | None = None,
+) -> GridResult:
+    """Every configuration of ``grid`` (the product of its values; ``make(**point)`` builds the
+    learner, with the values traced) and of ``seeds`` in one pass over ``chunks``, vmapped."""
+    names = list(grid)
+    points = [
+        dict(zip(names, values, strict=True)) | {"seed": seed}
+        for values in itertools.product(*(list(grid[n]) for n in names))
+        for seed in seeds
+    ]
+    hyper = {n: jnp.asarray([p[n] for p in points], dtype) for n in names}
+    keys = jax.vmap(jax.random.PRNGKey)(jnp.asarray([p["seed"] for p in points]))
+    for point in points:  # the learners' own checks, on the concrete values
+        make(**{n: point[n] for n in names})
+
+    states = jax.vmap(lambda h, k: make(**h).init(dim, dtype, k))(hyper, keys)
+
+    def fn(carry, chunk):
+        states, hyper = carry
+
+        def one(h, state):
+            return _scan_chunk(make(**h))(state, chunk)
+
+        states, out = jax.vmap(one)(hyper, states)
+        return (states, hyper), out
+
+    bar = _bar(progress, total)
+    curve: list[dict] = []
+    try:
+        (states, _), prog, seconds = _drive(
+            fn, (states, hyper), chunks, Progress.zeros((len(points),)), curve, bar
+        )
+    finally:
+        if bar is not None:
+            bar.close()
+    examples = int(np.max(prog.examples))
+    return GridResult(
+        states, prog, curve, seconds, examples / seconds if seconds else 0.0, points=points
+    )
+
+
+def evaluate(
+    learner: LinearLearner, state, chunks: Iterable[SparseExamples]
+) -> tuple[float, float, np.ndarray]:
+    """Mean loss, error rate and the predictions of ``state`` (not learning) on ``chunks``."""
+
+    @jax.jit
+    def run(state, chunk):
+        p = jax.vmap(learner.predict, in_axes=(None, 0))(state, chunk.x)
+        labels = chunk.labels.astype(p.dtype)
+        return p, loss_value(learner.loss, p, labels), error(p, labels)
+
+    preds, losses, errors = [], [], []
+    for chunk in chunks:
+        chunk = SparseExamples(*(jnp.asarray(a) for a in chunk))
+        p, loss, err = run(state, chunk)
+        keep = np.asarray(chunk.mask)
+        preds.append(np.asarray(p)[keep])
+        losses.append(np.asarray(loss, np.float64)[keep])
+        errors.append(np.asarray(err, np.float64)[keep])
+    preds = np.concatenate(preds) if preds else np.zeros(0)
+    if not preds.size:
+        return float("nan"), float("nan"), preds
+    return float(np.concatenate(losses).mean()), float(np.concatenate(errors).mean()), preds

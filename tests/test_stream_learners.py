@@ -1,0 +1,225 @@
+"""The sparse learners of ``sketchopt.stream`` against their dense counterparts in ``sketchopt``
+(float64, to 1e-9 relative on predictions and weights), and their bad-input policy."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+
+import sketchopt as so
+from sketchopt.stream import examples as ex
+from sketchopt.stream import learners as ln
+
+DIM = 40
+
+
+def sparse_stream(n=300, dim=DIM, seed=0, nnz=None, dtype=np.float64):
+    """Examples with 1 to ``dim`` non-zeros (a few dense ones), a handful of frequent
+    coordinates, coordinates that appear once and never again, and +-1 labels of a teacher."""
+    rng = np.random.default_rng(seed)
+    x = np.zeros((n, dim))
+    once = list(rng.permutation(np.arange(dim // 2, dim)))  # each used by one example only
+    for i in range(n):
+        size = dim if i % 97 == 5 else int(rng.integers(1, 6))
+        support = rng.choice(dim // 2, size=min(size, dim // 2), replace=False)
+        if size == dim:
+            support = np.arange(dim)
+        elif once and i % 7 == 3:
+            support = np.append(support, once.pop())
+        x[i, support] = rng.normal(size=support.size) * rng.choice([0.1, 1.0, 3.0])
+    teacher = rng.normal(size=dim)
+    y = np.where(x @ teacher + 0.3 * rng.normal(size=n) > 0, 1.0, -1.0)
+    return ex.from_dense(x, y, nnz=nnz or dim, dtype=dtype), x, y
+
+
+# name -> (sparse learner kwargs, dense transform factory)
+CASES = {
+    "ada_diag": (
+        dict(learning_rate=0.5, delta=0.1, l1=0.02),
+        lambda: so.ada_diag(0.5, 0.1, regularizer=so.regularizers.l1(0.02)),
+    ),
+    "ada_diag_plain": (dict(learning_rate=0.3, delta=0.0), lambda: so.ada_diag(0.3, 0.0)),
+    "ada_diag_schedule": (
+        dict(learning_rate=optax.exponential_decay(0.5, 10, 0.9), delta=0.1, l1=0.01),
+        lambda: so.ada_diag(
+            optax.exponential_decay(0.5, 10, 0.9), 0.1, regularizer=so.regularizers.l1(0.01)
+        ),
+    ),
+    "fobos": (dict(learning_rate=0.05, l1=0.01), lambda: so.fobos_l1(0.05, 0.01)),
+    "fobos_schedule": (
+        dict(learning_rate=optax.polynomial_schedule(0.1, 0.01, 1.0, 250), l1=0.02),
+        lambda: so.fobos_l1(optax.polynomial_schedule(0.1, 0.01, 1.0, 250), 0.02),
+    ),
+    "truncated_gradient": (
+        dict(learning_rate=0.05, gravity=0.05, theta=0.4, period=3),
+        lambda: so.truncated_gradient(0.05, 0.05, 0.4, 3),
+    ),
+    "rda": (dict(learning_rate=2.0, l1=0.05), lambda: so.rda_l1(2.0, 0.05)),
+    "ftrl": (
+        dict(learning_rate=0.3, beta=1.0, l1=0.5, l2=0.1),
+        lambda: so.ftrl_proximal(0.3, 1.0, 0.5, 0.1),
+    ),
+}
+
+
+def learner_of(case, loss):
+    kwargs, _ = CASES[case]
+    name = case.split("_")[0] if case.startswith(("fobos", "rda", "ftrl")) else case
+    name = {"ada_diag_plain": "ada_diag", "ada_diag_schedule": "ada_diag"}.get(name, name)
+    return ln.make_learner(name, loss=loss, **kwargs)
+
+
+def dense_run(tx, x, y, loss):
+    slope = jax.grad(ln.LOSSES[loss])
+    w = jnp.zeros(x.shape[1])
+    state = tx.init(w)
+    preds = []
+    for xi, yi in zip(x, y, strict=True):
+        p = jnp.dot(w, xi)
+        preds.append(float(p))
+        updates, state = tx.update(slope(p, yi) * jnp.asarray(xi), state, w)
+        w = w + updates
+    return np.array(preds), np.asarray(w)
+
+
+def sparse_run(learner, stream, dim):
+    state = learner.init(dim, stream.values.dtype)
+
+    def body(state, example):
+        idx, val, label = example
+        return learner.step(state, ex.SparseVector(idx, val), label)
+
+    state, preds = jax.lax.scan(body, state, (stream.indices, stream.values, stream.labels))
+    return np.asarray(preds), np.asarray(learner.weights(state)), state
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+@pytest.mark.parametrize("loss", ["logistic", "squared_hinge"])
+def test_sparse_equals_dense(case, loss):
+    with jax.enable_x64(True):
+        stream, x, y = sparse_stream()
+        learner = learner_of(case, loss)
+        preds, weights, state = sparse_run(learner, stream, DIM)
+        ref_preds, ref_weights = dense_run(CASES[case][1](), x, y, loss)
+    assert int(state.t) == len(y) and int(state.nonfinite_count) == 0
+    scale = np.abs(ref_weights).max()
+    assert 0 < scale < 1e3  # a stream that learns, not one that diverges
+    np.testing.assert_allclose(preds, ref_preds, rtol=1e-9, atol=1e-9 * np.abs(ref_preds).max())
+    np.testing.assert_allclose(weights, ref_weights, rtol=1e-9, atol=1e-9 * scale)
+
+
+@pytest.mark.parametrize("loss", ["squared", "hinge"])
+def test_other_losses(loss):
+    with jax.enable_x64(True):
+        stream, x, y = sparse_stream(n=120, seed=1)
+        preds, weights, _ = sparse_run(learner_of("ada_diag", loss), stream, DIM)
+        ref_preds, ref_weights = dense_run(CASES["ada_diag"][1](), x, y, loss)
+    np.testing.assert_allclose(preds, ref_preds, rtol=1e-9, atol=1e-12)
+    np.testing.assert_allclose(weights, ref_weights, rtol=1e-9, atol=1e-12)
+
+
+def test_predict_is_the_prediction_step_makes():
+    with jax.enable_x64(True):
+        stream, _, _ = sparse_stream(n=50, seed=2)
+        learner = learner_of("ftrl", "logistic")
+        state = learner.init(DIM, jnp.float64)
+        for i in range(50):
+            xi = ex.SparseVector(stream.indices[i], stream.values[i])
+            p = learner.predict(state, xi)
+            state, q = learner.step(state, xi, stream.labels[i])
+            assert float(p) == float(q)
+
+
+@pytest.mark.parametrize("case", ["ada_diag", "truncated_gradient", "rda", "ftrl"])
+def test_bad_examples_are_skipped_and_counted(case):
+    """NaN values, an index past d, a negative index, a NaN label: state bit-identical, counted;
+    an inactive (padding) step leaves it too, uncounted."""
+    stream, _, _ = sparse_stream(n=30, seed=3)
+    learner = learner_of(case, "logistic")
+    state = learner.init(DIM)
+    for i in range(30):
+        state = learner.update(state, ex.SparseVector(stream.indices[i], stream.values[i]), 1.0)
+    good_idx, good_val = np.asarray(stream.indices[0]), np.asarray(stream.values[0])
+    bad = []
+    val = good_val.copy()
+    val[0] = np.nan
+    bad.append((good_idx, val, 1.0))
+    idx = good_idx.copy()
+    idx[0] = DIM + 1
+    bad.append((idx, good_val, 1.0))
+    idx = good_idx.copy()
+    idx[0] = -1
+    bad.append((idx, good_val, 1.0))
+    bad.append((good_idx, good_val, np.nan))
+    step = jax.jit(learner.step)
+    for k, (idx, val, label) in enumerate(bad):
+        new, _ = step(state, ex.SparseVector(idx, val), label)
+        assert int(new.nonfinite_count) == k + 1
+        assert_identical(new._replace(nonfinite_count=state.nonfinite_count), state)
+        state = new
+    new, _ = step(state, ex.SparseVector(good_idx, good_val), 1.0, False)
+    assert_identical(new, state)
+
+
+def assert_identical(a, b):
+    for u, v in zip(jax.tree.leaves(a), jax.tree.leaves(b), strict=True):
+        np.testing.assert_array_equal(np.asarray(u), np.asarray(v))
+
+
+def test_unknown_and_not_yet_available_learners():
+    with pytest.raises(ValueError, match="not yet available"):
+        ln.make_learner("oja_son")
+    with pytest.raises(ValueError, match="unknown learner"):
+        ln.make_learner("sgd")
+    with pytest.raises(ValueError, match="unknown loss"):
+        ln.make_learner("ada_diag", loss="poisson")
+    with pytest.raises(ValueError, match="constant alpha"):
+        ln.ftrl(optax.constant_schedule(0.1))
+
+
+def test_runner_scores_progressively_and_resumes_bit_identically():
+    """The runner's progressive loss is the mean of the losses of the predictions made before
+    each update; a run split in two (state and totals carried) equals one run to the bit."""
+    from sketchopt.stream import runner
+
+    stream, _, _ = sparse_stream(n=200, seed=4, dtype=np.float32)
+    learner = learner_of("ada_diag", "logistic")
+    whole = runner.run_stream(learner, runner.chunked(stream, 64, DIM), DIM)
+    preds, _, _ = sparse_run(learner, stream, DIM)
+    losses = np.asarray(ln.LOSSES["logistic"](jnp.asarray(preds), stream.labels), np.float64)
+    assert whole.examples == 200
+    np.testing.assert_allclose(whole.progressive_loss, losses.mean(), rtol=1e-5)
+    assert [line["examples"] for line in whole.curve] == [1, 2, 4, 8, 16, 32, 64, 128]
+    head = ex.SparseExamples(*(np.asarray(a)[:70] for a in stream))
+    tail = ex.SparseExamples(*(np.asarray(a)[70:] for a in stream))
+    first = runner.run_stream(learner, runner.chunked(head, 64, DIM), DIM)
+    second = runner.run_stream(
+        learner, runner.chunked(tail, 64, DIM), DIM, state=first.state, start=first.progress
+    )
+    assert_identical(second.state, whole.state)
+    assert second.progressive_loss == whole.progressive_loss
+    assert second.progressive_error == whole.progressive_error
+
+
+def test_grid_by_vmap_equals_each_configuration():
+    from sketchopt.stream import runner
+
+    stream, _, _ = sparse_stream(n=150, seed=5, dtype=np.float32)
+    grid = {"learning_rate": [0.1, 0.5], "l1": [0.0, 0.01]}
+    result = runner.run_grid(
+        lambda **h: ln.ada_diag(delta=0.1, **h), grid, runner.chunked(stream, 50, DIM), DIM
+    )
+    assert len(result.points) == 4
+    for i, point in enumerate(result.points):
+        single = runner.run_stream(
+            ln.ada_diag(point["learning_rate"], 0.1, l1=point["l1"]),
+            runner.chunked(stream, 50, DIM),
+            DIM,
+        )
+        np.testing.assert_allclose(
+            np.asarray(result.state.coords["w"][i]), single.state.coords["w"], rtol=2e-5, atol=1e-6
+        )
+        np.testing.assert_allclose(result.progressive_loss[i], single.progressive_loss, rtol=1e-5)
