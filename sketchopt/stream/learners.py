@@ -51,6 +51,7 @@ __all__ = [
     "LinearLearner",
     "LinearState",
     "ada_diag",
+    "column",
     "error",
     "fobos",
     "ftrl",
@@ -96,13 +97,15 @@ class LinearState(NamedTuple):
     """State of a sparse linear learner.
 
     Attributes:
-      coords: per-coordinate ``(d,)`` arrays, by name (the learner's docstring lists them).
+      table: the per-coordinate numbers, ``(d, k)``: one row per coordinate, so that an example
+        reads and writes one cache line per non-zero (the columns are the learner's ``columns``,
+        e.g. ``("w", "s", "mark")`` for ADA-DIAG; see :func:`column`).
       scalars: running scalars, by name (e.g. ``E_t``, the learning rates' sum).
       t: the examples learned from (int32).
       nonfinite_count: the examples skipped as bad input (int32).
     """
 
-    coords: dict[str, jax.Array]
+    table: jax.Array
     scalars: dict[str, jax.Array]
     t: jax.Array
     nonfinite_count: jax.Array
@@ -115,7 +118,7 @@ class LinearLearner(NamedTuple):
     the first-order ones), ``predict(state, x) -> p``, ``update(state, x, label) -> state``,
     ``step(state, x, label, active=True) -> (state, p)`` (``p`` is ``predict(state, x)``; an
     inactive step, a chunk's padding row, leaves the state as it is) and
-    ``weights(state) -> (d,)``.
+    ``weights(state) -> (d,)``; ``columns`` names the columns of ``state.table``.
     """
 
     name: str
@@ -125,6 +128,12 @@ class LinearLearner(NamedTuple):
     update: Callable[[LinearState, SparseVector, Any], LinearState]
     step: Callable[..., tuple[LinearState, jax.Array]]
     weights: Callable[[LinearState], jax.Array]
+    columns: tuple[str, ...]
+
+
+def column(learner: LinearLearner, state: LinearState, name: str) -> jax.Array:
+    """The ``(d,)`` column ``name`` of ``state.table`` (e.g. ``"w"``, ``"z"``, ``"gsum"``)."""
+    return state.table[..., learner.columns.index(name)]
 
 
 class _Rule(NamedTuple):
@@ -152,33 +161,34 @@ def _linear(name: str, loss: str, rule: _Rule) -> LinearLearner:
         if dim < 1:
             raise ValueError(f"dim must be a positive integer, got {dim}")
         return LinearState(
-            coords={c: jnp.zeros((dim,), dtype) for c in rule.coords},
+            table=jnp.zeros((dim, len(rule.coords)), dtype),
             scalars={k: jnp.asarray(v, dtype) for k, v in rule.scalars.items()},
             t=jnp.zeros((), jnp.int32),
             nonfinite_count=jnp.zeros((), jnp.int32),
         )
 
-    def dim_of(state):
-        return next(iter(state.coords.values())).shape[-1]
+    def split(rows):
+        return {c: rows[..., j] for j, c in enumerate(rule.coords)}
 
     def gather(state, x):
-        dim = dim_of(state)
+        dim = state.table.shape[-2]
         indices = jnp.asarray(x.indices)
         values = jnp.asarray(x.values)
         in_range = jnp.all((indices >= 0) & (indices <= dim))
         ok = in_range & jnp.all(jnp.isfinite(values))
         idx = jnp.where(ok, indices, dim)  # a bad example reads and writes padding only
-        cols = {c: a.at[idx].get(mode="fill", fill_value=0) for c, a in state.coords.items()}
-        vals = jnp.where(ok, values, 0).astype(next(iter(state.coords.values())).dtype)
-        return idx, vals, cols, ok
+        rows = state.table.at[idx].get(mode="fill", fill_value=0)  # (s, k)
+        vals = jnp.where(ok, values, 0).astype(state.table.dtype)
+        return idx, vals, rows, ok
 
     def predict(state, x):
-        _, vals, cols, _ = gather(state, x)
+        _, vals, rows, _ = gather(state, x)
         t = state.t + 1
-        return jnp.sum(rule.current(state.scalars, cols, t) * vals)
+        return jnp.sum(rule.current(state.scalars, split(rows), t) * vals)
 
     def step(state, x, label, active=True):
-        idx, vals, cols, ok = gather(state, x)
+        idx, vals, rows, ok = gather(state, x)
+        cols = split(rows)
         t = state.t + 1  # this step's index, from 1
         w = rule.current(state.scalars, cols, t)
         p = jnp.sum(w * vals)
@@ -188,13 +198,11 @@ def _linear(name: str, loss: str, rule: _Rule) -> LinearLearner:
         g = slope * vals
         new_cols, new_scalars = rule.advance(state.scalars, cols, w, g, t)
         learn = ok & active
-        coords = {
-            c: state.coords[c].at[idx].set(jnp.where(learn, new_cols[c], cols[c]), mode="drop")
-            for c in rule.coords
-        }
+        new_rows = jnp.stack([new_cols[c] for c in rule.coords], axis=-1).astype(rows.dtype)
+        table = state.table.at[idx].set(jnp.where(learn, new_rows, rows), mode="drop")
         scalars = {k: jnp.where(learn, new_scalars[k], v) for k, v in state.scalars.items()}
         new = LinearState(
-            coords,
+            table,
             scalars,
             jnp.where(learn, t, state.t),
             state.nonfinite_count + (active & ~ok).astype(jnp.int32),
@@ -205,9 +213,9 @@ def _linear(name: str, loss: str, rule: _Rule) -> LinearLearner:
         return step(state, x, label)[0]
 
     def weights(state):
-        return rule.current(state.scalars, state.coords, state.t + 1)
+        return rule.current(state.scalars, split(state.table), state.t + 1)
 
-    return LinearLearner(name, loss, init, predict, update, step, weights)
+    return LinearLearner(name, loss, init, predict, update, step, weights, rule.coords)
 
 
 def _eta(learning_rate, t, dtype):

@@ -1,0 +1,640 @@
+"""Sparse data on the host: LIBSVM/svmlight files in fixed-size chunks, Vowpal Wabbit's text
+format, feature hashing and quadratic crosses. NumPy/SciPy/scikit-learn code; the chunks it yields
+are :class:`~sketchopt.stream.examples.SparseExamples` that the learners scan on the device.
+
+**Reading svmlight files.** Lines are parsed by scikit-learn's ``load_svmlight_file`` (its Cython
+reader), never by code of this module. The file is read as raw bytes in blocks of about
+``chunk_bytes``, cut after the block's last newline (the partial last line is carried over to the
+next block), and each block of whole lines is handed to ``load_svmlight_file`` as an in-memory
+file. Memory is therefore ``O(chunk_bytes + longest line + chunk_size * nnz)`` whatever the size
+of the file, and ``.gz``/``.bz2`` files stream through the same code.
+
+scikit-learn's own ``offset``/``length`` byte ranges are deliberately not used: a range starts by
+seeking to ``offset`` and dropping the rest of the line it lands in, then reads whole lines until
+it has read past ``offset + length``, checking only *after* each line. When a line is longer than
+``length``, the ranges that start inside it read the line that follows it too, a line that also
+belongs to the range it starts in, so it is returned twice (a 218-byte file of 5 lines, one of
+189 bytes, read in 5-byte ranges gave 43 rows; in 64-byte ranges 7). Each range also reopens
+(and, for a compressed file, decompresses again up to) ``offset``. Reading whole-line blocks
+ourselves has neither problem.
+
+**Zero- or one-based.** Every block is parsed with ``zero_based=True`` (the raw indices), and the
+shift is decided for the whole file: ``zero_based="auto"`` means one-based unless an index 0
+occurs *anywhere* in the file (scikit-learn's own rule when it reads a whole file). scikit-learn's
+"auto" decides per call, so blocks of one file would be shifted inconsistently. Deciding needs the
+whole file, hence :func:`scan_svmlight`, one pass in constant memory that also finds the number of
+examples, the dimension ``d`` (largest index + 1 after the shift), the static bound ``nnz`` on the
+non-zeros of an example and the label values, and validates everything (below), so that bad data
+fails before learning starts, not hours into a stream. :func:`iter_svmlight` scans first (pass
+``info=`` to reuse a scan across epochs), so it parses the file twice.
+
+**Validation** (a ``ValueError`` naming the file, the line number and the line): whatever
+scikit-learn's reader rejects (a negative index, indices not strictly increasing -- so a file
+cannot hold duplicate indices: duplicates only arise from hashing, and are summed --, a malformed
+``index:value``, an index of ``2**31`` or more); a non-finite value or label; an index 0 in a file
+read as one-based (``zero_based=False``); labels outside the loss's domain (checked once for the
+whole file by :func:`~sketchopt.stream.examples.check_labels`, which maps ``{0, 1}`` to
+``{-1, +1}`` for classification losses). Examples without features are legitimate and kept (all
+padding, ``mask`` true); blank and comment-only lines are not examples (scikit-learn skips them),
+and ``qid:`` fields are dropped.
+
+**Dimension** (the contract of the command line's ``--bits B``, :func:`stream_dim`): with
+``bits``, the weights have dimension ``2**bits``, and the data's indices are hashed into it by
+:func:`~sketchopt.stream.examples.hash_indices` (MurmurHash3, colliding features summed) when the
+data's own dimension is larger than ``2**bits``, else kept as they are; without ``bits``, ``dim``
+(given, at least the data's) or the data's own dimension.
+
+**Vowpal Wabbit's text format** (:func:`read_vw`) is read whole, by a small reader of its header
+and namespaces; features are hashed by scikit-learn's ``FeatureHasher`` on the names
+``"namespace^feature"``, which is not VW's hashing (VW seeds MurmurHash with the namespace's hash,
+takes all-digit feature names as indices, and combines crossed hashes with FNV), so feature
+indices differ from VW's. That does not matter for learning: only which features collide differs.
+
+**Quadratic crosses** (:func:`cross_features`, VW's ``-q aa`` on numeric features) follow VW's
+default (no ``--permutations``) for a namespace crossed with itself: the unordered pairs ``i <= j``
+of the example's features, the square terms included. VW generates them so since issue 698 (the
+inner loop starts at the outer feature, ``PROCESS_SELF_INTERACTIONS`` is true); VW 7.10 kept a
+square term only for a value other than 1.
+"""
+
+from __future__ import annotations
+
+import bz2
+import gzip
+import io
+import os
+from collections.abc import Iterable, Iterator
+from typing import NamedTuple
+
+import numpy as np
+import scipy.sparse
+
+from sketchopt.stream.examples import (
+    SparseExamples,
+    check_labels,
+    from_csr,
+    hash_indices,
+    pad_rows,
+)
+
+__all__ = [
+    "MAX_LABELS",
+    "SvmlightInfo",
+    "cross_features",
+    "hash_pairs",
+    "iter_svmlight",
+    "load_svmlight",
+    "read_vw",
+    "scan_svmlight",
+    "stream_dim",
+]
+
+#: The most distinct label values :class:`SvmlightInfo` keeps (the smallest ones).
+MAX_LABELS = 1000
+
+# scikit-learn's reader parses indices into a C int.
+_MAX_INDEX = 2**31 - 1
+
+
+class SvmlightInfo(NamedTuple):
+    """What one pass over an svmlight file found (:func:`scan_svmlight`)."""
+
+    examples: int  # number of examples (lines with a label)
+    dim: int  # largest feature index + 1 after the zero-based shift (0 without features)
+    nnz: int  # most non-zeros of one example (explicit zeros not counted)
+    zero_based: bool  # resolved: whether the file's indices start at 0
+    labels: tuple  # sorted distinct label values, at most MAX_LABELS (the smallest)
+
+
+class _Raw(NamedTuple):
+    """One block of lines as scikit-learn parsed it, indices raw (``zero_based=True``)."""
+
+    data: np.ndarray  # float64
+    indices: np.ndarray  # int64
+    indptr: np.ndarray  # int64
+    labels: np.ndarray  # float64
+
+
+# --------------------------------------------------------------------------------------------
+# Reading blocks of whole lines and parsing them with scikit-learn.
+
+
+def _open_binary(path):
+    path = os.fspath(path)
+    if path.endswith(".gz"):
+        return gzip.open(path, "rb")
+    if path.endswith(".bz2"):
+        return bz2.open(path, "rb")
+    return open(path, "rb")
+
+
+def _blocks(path, chunk_bytes: int) -> Iterator[tuple[bytes, int]]:
+    """``(block, first line number)``: the file in blocks of whole lines of about ``chunk_bytes``
+    bytes (more where a line is longer)."""
+    line = 1
+    with _open_binary(path) as f:
+        carry: list[bytes] = []
+        while True:
+            data = f.read(chunk_bytes)
+            if not data:
+                break
+            cut = data.rfind(b"\n") + 1
+            if cut == 0:  # no line ends in this read: keep collecting
+                carry.append(data)
+                continue
+            block = b"".join([*carry, data[:cut]])
+            carry = [data[cut:]] if cut < len(data) else []
+            yield block, line
+            line += block.count(b"\n")
+        if carry:
+            yield b"".join(carry), line
+
+
+def _parse(block: bytes) -> _Raw:
+    from sklearn.datasets import load_svmlight_file
+
+    try:
+        x, y = load_svmlight_file(io.BytesIO(block), zero_based=True, dtype=np.float64)
+    except OverflowError:
+        raise ValueError(f"a feature index above {_MAX_INDEX}") from None
+    x = scipy.sparse.csr_matrix(x)
+    return _Raw(
+        np.asarray(x.data, np.float64),
+        np.asarray(x.indices, np.int64),
+        np.asarray(x.indptr, np.int64),
+        np.asarray(y, np.float64),
+    )
+
+
+def _problem(raw: _Raw, one_based: bool) -> str | None:
+    """What is wrong with a parsed block, or ``None``."""
+    if not np.all(np.isfinite(raw.data)):
+        return "a non-finite feature value"
+    if not np.all(np.isfinite(raw.labels)):
+        return "a non-finite label"
+    if one_based and raw.indices.size and raw.indices.min() == 0:
+        return "feature index 0 in a file read as one-based (zero_based=False)"
+    return None
+
+
+def _line_problem(lines: list[bytes], one_based: bool) -> str | None:
+    try:
+        return _problem(_parse(b"\n".join(lines)), one_based)
+    except ValueError as err:
+        return f"cannot parse it ({err})"
+
+
+def _located(path, block: bytes, line0: int, one_based: bool, error: str) -> ValueError:
+    """The error of ``block`` with the number and text of its first bad line, found by
+    bisection (every problem is one line's, and a parse call costs ~0.1 ms: line by line, a
+    block of short lines would take seconds)."""
+    lines = block.split(b"\n")
+    low, high = 0, len(lines)  # the first bad line lies in [low, high)
+    while high - low > 1:
+        middle = (low + high) // 2
+        if _line_problem(lines[low:middle], one_based) is not None:
+            high = middle
+        else:
+            low = middle
+    problem = _line_problem(lines[low:high], one_based)
+    if problem is None:  # not one line's problem after all
+        end = line0 + block.count(b"\n")
+        return ValueError(f"{os.fspath(path)}, lines {line0} to {end}: {error}")
+    text = lines[low].decode("utf-8", "replace").rstrip()
+    text = text if len(text) <= 80 else text[:77] + "..."
+    return ValueError(f"{os.fspath(path)}, line {line0 + low}: {problem}: {text!r}")
+
+
+def _raw_blocks(path, chunk_bytes: int, one_based: bool) -> Iterator[_Raw]:
+    """The file's blocks parsed and validated (see the module docstring)."""
+    if int(chunk_bytes) < 1:
+        raise ValueError(f"chunk_bytes must be positive, got {chunk_bytes}")
+    for block, line0 in _blocks(path, int(chunk_bytes)):
+        try:
+            raw = _parse(block)
+            problem = _problem(raw, one_based)
+        except ValueError as err:
+            problem = str(err)
+        if problem is not None:
+            raise _located(path, block, line0, one_based, problem)
+        yield raw
+
+
+# --------------------------------------------------------------------------------------------
+# The scan.
+
+
+class _Scan:
+    """Accumulates :class:`SvmlightInfo` over raw blocks."""
+
+    def __init__(self):
+        self.examples = 0
+        self.max_index = -1
+        self.has_zero = False
+        self.nnz = 0
+        self.labels = np.zeros((0,))
+
+    def add(self, raw: _Raw) -> None:
+        self.examples += raw.labels.shape[0]
+        if raw.indices.size:
+            self.max_index = max(self.max_index, int(raw.indices.max()))
+            self.has_zero = self.has_zero or bool(raw.indices.min() == 0)
+        nonzero = np.concatenate([[0], np.cumsum(raw.data != 0)])
+        counts = nonzero[raw.indptr[1:]] - nonzero[raw.indptr[:-1]]
+        self.nnz = max(self.nnz, int(counts.max(initial=0)))
+        self.labels = np.union1d(self.labels, raw.labels)[:MAX_LABELS]
+
+    def info(self, zero_based) -> SvmlightInfo:
+        resolved = self.has_zero if zero_based == "auto" else bool(zero_based)
+        dim = max(self.max_index + (1 if resolved else 0), 0)
+        return SvmlightInfo(
+            self.examples, dim, self.nnz, resolved, tuple(float(v) for v in self.labels)
+        )
+
+
+def _check_zero_based(zero_based) -> None:
+    if zero_based != "auto" and not isinstance(zero_based, (bool, np.bool_)):
+        raise ValueError(f'zero_based must be "auto", True or False, got {zero_based!r}')
+
+
+def scan_svmlight(path, *, zero_based="auto", chunk_bytes: int = 1 << 24) -> SvmlightInfo:
+    """One pass over the svmlight/LIBSVM file ``path`` in constant memory: its
+    :class:`SvmlightInfo`, after validating every line (see the module docstring).
+
+    ``zero_based``: ``True``, ``False`` or ``"auto"`` -- one-based unless an index 0 occurs
+    anywhere in the file. ``chunk_bytes``: the size of the blocks the file is read in.
+    """
+    _check_zero_based(zero_based)
+    scan = _Scan()
+    for raw in _raw_blocks(path, chunk_bytes, one_based=zero_based is False):
+        scan.add(raw)
+    return scan.info(zero_based)
+
+
+def stream_dim(info: SvmlightInfo, bits: int | None = None, dim: int | None = None) -> int:
+    """The dimension ``d`` of the weights for data described by ``info``: ``2**bits`` with
+    ``bits`` (the data hashed into it if it has more features), else ``dim``, else the data's own
+    (at least 1)."""
+    if bits is not None:
+        bits = int(bits)
+        if not 1 <= bits <= 31:
+            raise ValueError(f"bits must lie in [1, 31], got {bits}")
+        if dim is not None and int(dim) != 2**bits:
+            raise ValueError(f"dim = {dim} contradicts bits = {bits} (dimension 2**{bits})")
+        return 2**bits
+    if dim is not None:
+        if int(dim) < info.dim:
+            raise ValueError(
+                f"the data has {info.dim} features, more than dim = {dim} (hash them with bits)"
+            )
+        return max(int(dim), 1)
+    return max(info.dim, 1)
+
+
+# --------------------------------------------------------------------------------------------
+# Iteration.
+
+
+class _Plan(NamedTuple):
+    info: SvmlightInfo
+    dim: int
+    nnz: int
+    bits: int | None  # hash into 2**bits when not None
+    seed: int
+
+
+def _plan(info, *, loss, dim, bits, nnz, zero_based, hash_seed) -> _Plan:
+    if zero_based != "auto" and bool(zero_based) != info.zero_based:
+        raise ValueError(f"zero_based={zero_based} contradicts the scan's {info.zero_based}")
+    d = stream_dim(info, bits=bits, dim=dim)
+    # The whole file's labels at once: a chunk-wise check would accept {-1, 0, 1} in pieces.
+    check_labels(np.asarray(info.labels, np.float64), loss)
+    hashed = bits is not None and info.dim > d
+    s = max(info.nnz if nnz is None else int(nnz), 1)
+    if nnz is not None and not hashed and info.nnz > s:
+        raise ValueError(f"an example has {info.nnz} non-zeros, more than nnz = {s}")
+    return _Plan(info, d, s, int(bits) if hashed else None, int(hash_seed))
+
+
+def _to_csr(raw: _Raw, plan: _Plan) -> scipy.sparse.csr_matrix:
+    """A raw block as a CSR matrix over the plan's ``d`` features (shifted, maybe hashed)."""
+    indices = raw.indices if plan.info.zero_based else raw.indices - 1
+    if plan.bits is not None:
+        indices = hash_indices(indices, plan.bits, plan.seed)
+    elif indices.size and indices.max() >= plan.dim:
+        raise ValueError(f"a feature index {indices.max()} beyond dim = {plan.dim}")
+    shape = (raw.labels.shape[0], plan.dim)
+    return scipy.sparse.csr_matrix((raw.data, indices, raw.indptr), shape=shape)
+
+
+def _examples(x, labels, loss, plan: _Plan, dtype) -> SparseExamples:
+    return from_csr(x, check_labels(labels, loss), dim=plan.dim, nnz=plan.nnz, dtype=dtype)
+
+
+def iter_svmlight(
+    path,
+    *,
+    chunk_size: int = 4096,
+    loss: str = "logistic",
+    dim: int | None = None,
+    bits: int | None = None,
+    nnz: int | None = None,
+    zero_based="auto",
+    hash_seed: int = 0,
+    chunk_bytes: int = 1 << 24,
+    dtype=np.float32,
+    info: SvmlightInfo | None = None,
+) -> Iterator[SparseExamples]:
+    """The examples of the svmlight/LIBSVM file ``path`` in chunks of exactly ``chunk_size`` rows
+    (the last one padded with rows whose ``mask`` is false), in constant memory.
+
+    The file is scanned first (:func:`scan_svmlight`, skipped when ``info`` is given), so every
+    error -- bad lines, labels outside the domain of ``loss`` -- is raised by this call, before
+    the first chunk. The dimension is :func:`stream_dim` ``(info, bits, dim)``; ``nnz`` (the
+    static number of non-zeros per row) defaults to the scan's; ``hash_seed`` seeds the hashing.
+    Values are ``dtype``, labels mapped by :func:`~sketchopt.stream.examples.check_labels`.
+    """
+    if int(chunk_size) < 1:
+        raise ValueError(f"chunk_size must be positive, got {chunk_size}")
+    chunk_size = int(chunk_size)
+    _check_zero_based(zero_based)
+    if info is None:
+        info = scan_svmlight(path, zero_based=zero_based, chunk_bytes=chunk_bytes)
+    plan = _plan(
+        info, loss=loss, dim=dim, bits=bits, nnz=nnz, zero_based=zero_based, hash_seed=hash_seed
+    )
+
+    def chunks() -> Iterator[SparseExamples]:
+        carry_x, carry_y = None, None
+        for raw in _raw_blocks(path, chunk_bytes, one_based=not info.zero_based):
+            x, y = _to_csr(raw, plan), raw.labels
+            if carry_x is not None:
+                x = scipy.sparse.vstack([carry_x, x], format="csr")
+                y = np.concatenate([carry_y, y])
+            full = x.shape[0] - x.shape[0] % chunk_size
+            for start in range(0, full, chunk_size):
+                stop = start + chunk_size
+                yield _examples(x[start:stop], y[start:stop], loss, plan, dtype)
+            carry_x, carry_y = x[full:], y[full:]
+        if carry_x is not None and carry_x.shape[0]:
+            last = _examples(carry_x, carry_y, loss, plan, dtype)
+            yield pad_rows(last, chunk_size, plan.dim)
+
+    return chunks()
+
+
+def load_svmlight(
+    path,
+    *,
+    loss: str = "logistic",
+    dim: int | None = None,
+    bits: int | None = None,
+    nnz: int | None = None,
+    zero_based="auto",
+    hash_seed: int = 0,
+    chunk_bytes: int = 1 << 24,
+    dtype=np.float32,
+    info: SvmlightInfo | None = None,
+) -> tuple[SparseExamples, int]:
+    """The whole svmlight/LIBSVM file as one batch (no padding rows) and its dimension ``d``; the
+    options are :func:`iter_svmlight`'s. Reads the file once (the scan is made from the parsed
+    blocks, which are all kept)."""
+    _check_zero_based(zero_based)
+    raws = list(_raw_blocks(path, chunk_bytes, one_based=zero_based is False))
+    if info is None:
+        scan = _Scan()
+        for raw in raws:
+            scan.add(raw)
+        info = scan.info(zero_based)
+    plan = _plan(
+        info, loss=loss, dim=dim, bits=bits, nnz=nnz, zero_based=zero_based, hash_seed=hash_seed
+    )
+    if not info.zero_based:
+        for raw in raws:
+            if raw.indices.size and raw.indices.min() == 0:
+                raise ValueError(f"{os.fspath(path)}: feature index 0 in a one-based file")
+    if raws:
+        x = scipy.sparse.vstack([_to_csr(raw, plan) for raw in raws], format="csr")
+        y = np.concatenate([raw.labels for raw in raws])
+    else:
+        x, y = scipy.sparse.csr_matrix((0, plan.dim)), np.zeros((0,))
+    return _examples(x, y, loss, plan, dtype), plan.dim
+
+
+# --------------------------------------------------------------------------------------------
+# Vowpal Wabbit's text format.
+
+
+def _vw_lines(source) -> Iterator[str]:
+    if isinstance(source, (str, os.PathLike)):
+        path = os.fspath(source)
+        opener = gzip.open if path.endswith(".gz") else open
+        with opener(path, "rt", encoding="utf-8") as f:
+            yield from f
+    else:
+        for line in source:
+            yield line.decode("utf-8") if isinstance(line, bytes) else line
+
+
+def _vw_float(text: str, what: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise ValueError(f"{what} ({text!r}) is not a number") from None
+    if not np.isfinite(value):
+        raise ValueError(f"{what} ({text!r}) is not finite")
+    return value
+
+
+def _vw_example(line: str) -> tuple[float, dict[str, list[tuple[str, float]]]]:
+    """``(label, {first letter of a namespace: [(name, value), ...]})`` of one VW line."""
+    header, bar, rest = line.partition("|")
+    if not bar:
+        raise ValueError("no '|': an example needs at least one namespace")
+    words = header.split()
+    # The tag: the last word when it starts with a quote or touches the '|' (one word alone
+    # touching it is read as the label here; VW would take it for a tag).
+    if words and (words[-1].startswith("'") or (len(words) > 1 and not header[-1:].isspace())):
+        words = words[:-1]
+    if not words:
+        raise ValueError("no label")
+    if len(words) > 3:
+        raise ValueError(f"cannot read the header {header.strip()!r}")
+    label = _vw_float(words[0], "the label")
+    if len(words) >= 2 and _vw_float(words[1], "the importance weight") != 1.0:
+        raise ValueError(f"importance weights other than 1 are not supported (got {words[1]})")
+    if len(words) == 3:
+        raise ValueError(f"a base (initial prediction) is not supported (got {words[2]})")
+    groups: dict[str, list[tuple[str, float]]] = {}
+    for section in rest.split("|"):
+        # The namespace name touches the '|'; a space right after it is the default namespace.
+        if section[:1].isspace() or not section:
+            namespace, features = "", section.split()
+        else:
+            namespace, *features = section.split()
+        scale = 1.0
+        if ":" in namespace:
+            namespace, _, text = namespace.rpartition(":")
+            scale = _vw_float(text, f"the scale of namespace {namespace!r}")
+        group = groups.setdefault(namespace[:1] or " ", [])
+        for feature in features:
+            name, colon, text = feature.rpartition(":") if ":" in feature else (feature, "", "")
+            if not name:
+                raise ValueError(f"a feature without a name: {feature!r}")
+            value = _vw_float(text, f"the value of feature {name!r}") if colon else 1.0
+            group.append((f"{namespace}^{name}", scale * value))
+    return label, groups
+
+
+def _vw_pairs(quadratic) -> list[tuple[str, str]]:
+    if isinstance(quadratic, str):
+        quadratic = [quadratic]
+    pairs, seen = [], set()
+    for q in quadratic:
+        if not isinstance(q, str) or len(q) != 2:
+            raise ValueError(f"a quadratic interaction is two namespace letters, got {q!r}")
+        key = tuple(sorted(q))  # VW drops duplicate interactions: ab and ba are the same
+        if key not in seen:
+            seen.add(key)
+            pairs.append((q[0], q[1]))
+    return pairs
+
+
+def read_vw(
+    source,
+    *,
+    bits: int = 18,
+    quadratic: Iterable[str] = (),
+    loss: str = "logistic",
+    nnz: int | None = None,
+    dtype=np.float32,
+) -> tuple[SparseExamples, int]:
+    """The examples of Vowpal Wabbit's text format as one batch, and their dimension ``2**bits``.
+
+    ``source`` is a path (``.gz`` read compressed) or an iterable of lines, each
+    ``label [importance] ['tag]|namespace[:scale] feature[:value] ... |other ...``: a namespace's
+    name touches its ``|`` (none: the default namespace), a feature without ``:value`` has value
+    1, ``:scale`` multiplies the namespace's values. Blank lines are skipped; importance weights
+    other than 1, a base, or a missing label raise ``ValueError`` (with the line number).
+
+    Features are hashed by scikit-learn's ``FeatureHasher`` (``2**bits`` columns, no alternating
+    sign) on the names ``"namespace^feature"``; the same feature twice in an example is summed.
+    ``quadratic``: VW's ``-q`` pairs of namespace letters (``"ab"``; a space is the default
+    namespace): the features of the namespaces starting with ``a`` crossed with those starting
+    with ``b``, named ``"a^f*b^g"``, value the product. A letter crossed with itself gives the
+    pairs ``i <= j`` in the example's order (VW's default; see the module docstring), and ``ab``
+    with ``ba`` is generated once (VW drops duplicate interactions). Indices differ from VW's own,
+    which does not matter for learning.
+    """
+    from sklearn.feature_extraction import FeatureHasher
+
+    bits = int(bits)
+    if not 1 <= bits <= 31:
+        raise ValueError(f"bits must lie in [1, 31], got {bits}")
+    pairs = _vw_pairs(quadratic)
+    rows, labels = [], []
+    for number, line in enumerate(_vw_lines(source), 1):
+        if not line.strip():
+            continue
+        try:
+            label, groups = _vw_example(line.rstrip("\r\n"))
+        except ValueError as err:
+            text = line.strip()
+            text = text if len(text) <= 80 else text[:77] + "..."
+            raise ValueError(f"VW line {number}: {err}: {text!r}") from None
+        features: dict[str, float] = {}
+        for group in groups.values():
+            for name, value in group:
+                features[name] = features.get(name, 0.0) + value
+        for a, b in pairs:
+            first, second = groups.get(a, []), groups.get(b, [])
+            for i, (name, value) in enumerate(first):
+                for other, other_value in second[i:] if a == b else second:
+                    cross = f"{name}*{other}"
+                    features[cross] = features.get(cross, 0.0) + value * other_value
+        rows.append(features)
+        labels.append(label)
+    d = 2**bits
+    if rows:
+        hasher = FeatureHasher(
+            n_features=d, input_type="dict", alternate_sign=False, dtype=np.float64
+        )
+        x = hasher.transform(rows)
+    else:
+        x = scipy.sparse.csr_matrix((0, d))
+    return from_csr(x, check_labels(labels, loss), dim=d, nnz=nnz, dtype=dtype), d
+
+
+# --------------------------------------------------------------------------------------------
+# Quadratic crosses of numeric features.
+
+
+def cross_features(matrix, bits: int, *, seed: int = 0, max_pairs: int = 1 << 22):
+    """The quadratic crosses of each row of ``matrix`` (``n x dim``, SciPy sparse or dense), as
+    an ``n x 2**bits`` CSR matrix: VW's ``-q aa`` on one namespace of numeric features.
+
+    Row ``r``'s crosses are the pairs ``i <= j`` of its non-zero features (the squares
+    included, as VW generates them), with value ``x_i x_j`` at the column
+    :func:`~sketchopt.stream.examples.hash_indices` ``(i * dim + j, bits, seed)``; colliding pairs
+    are summed. The original features are not included (``scipy.sparse.hstack`` them, or hash them
+    beside). A row of ``k`` non-zeros makes ``k (k + 1) / 2`` pairs; they are generated vectorized
+    over blocks of rows of at most ``max_pairs`` pairs in all (one row at least). Needs
+    ``dim**2 <= 2**31`` (the key is hashed as a 32-bit integer), e.g. ``dim = 784`` for MNIST.
+    """
+    bits = int(bits)
+    if not 1 <= bits <= 31:
+        raise ValueError(f"bits must lie in [1, 31], got {bits}")
+    x = scipy.sparse.csr_matrix(matrix, dtype=np.float64, copy=True)
+    x.sum_duplicates()  # also sorts the indices of each row: i <= j below
+    x.eliminate_zeros()
+    if x.nnz and not np.all(np.isfinite(x.data)):
+        raise ValueError("non-finite feature values")
+    n, dim = x.shape
+    if dim * dim > 2**31:
+        raise ValueError(f"crosses need dim**2 <= 2**31 (dim <= 46340), got dim = {dim}")
+    counts = np.diff(x.indptr)
+    pairs_per_row = counts * (counts + 1) // 2
+    cumulative = np.concatenate([[0], np.cumsum(pairs_per_row)])
+    out, start = [], 0
+    while True:
+        stop = int(np.searchsorted(cumulative, cumulative[start] + max_pairs, side="right")) - 1
+        stop = min(max(stop, start + 1), n)
+        out.append(_cross_rows(x, start, stop, bits, seed))
+        start = stop
+        if start >= n:
+            break
+    return scipy.sparse.vstack(out, format="csr") if len(out) > 1 else out[0]
+
+
+def _cross_rows(x, start: int, stop: int, bits: int, seed: int):
+    """The crosses of rows ``[start, stop)`` of the canonical CSR matrix ``x``."""
+    dim = x.shape[1]
+    first, last = x.indptr[start], x.indptr[stop]
+    position = np.arange(first, last)
+    row = np.repeat(np.arange(start, stop), np.diff(x.indptr[start : stop + 1]))
+    partners = x.indptr[row + 1] - position  # itself and the entries after it in its row
+    total = int(partners.sum())
+    left = np.repeat(position, partners)
+    offset = np.arange(total) - np.repeat(np.cumsum(partners) - partners, partners)
+    right = left + offset
+    keys = x.indices[left].astype(np.int64) * dim + x.indices[right]
+    columns = hash_indices(keys, bits, seed)
+    values = x.data[left] * x.data[right]
+    crosses = scipy.sparse.csr_matrix(
+        (values, (np.repeat(row, partners) - start, columns)), shape=(stop - start, 2**bits)
+    )
+    crosses.sum_duplicates()
+    crosses.eliminate_zeros()
+    return crosses
+
+
+def hash_pairs(indices, values, bits: int, *, dim: int, seed: int = 0):
+    """The crosses of one example ``(indices, values)`` over ``dim`` features, as sorted
+    ``(indices, values)`` arrays (:func:`cross_features` of a one-row matrix)."""
+    indices = np.asarray(indices, np.int64).reshape(-1)
+    values = np.asarray(values, np.float64).reshape(-1)
+    row = scipy.sparse.csr_matrix(
+        (values, indices, np.array([0, indices.size])), shape=(1, int(dim))
+    )
+    crosses = cross_features(row, bits, seed=seed)
+    return np.asarray(crosses.indices, np.int64), np.asarray(crosses.data)

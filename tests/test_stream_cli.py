@@ -1,0 +1,110 @@
+"""``python -m sketchopt.stream``: the JSON contract, test predictions, bit-identical resume and
+its errors."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import scipy.sparse
+from sklearn.datasets import dump_svmlight_file
+
+from sketchopt.stream import cli, data, learners, runner
+
+
+def write_stream(path, n, seed, dim=300, nnz=8):
+    rng = np.random.default_rng(seed)
+    rows = np.repeat(np.arange(n), nnz)
+    cols = rng.integers(0, dim, n * nnz)
+    x = scipy.sparse.csr_matrix((rng.normal(size=n * nnz), (rows, cols)), shape=(n, dim))
+    x.sum_duplicates()
+    teacher = np.random.default_rng(99).normal(size=dim)  # one teacher for every file
+    y = np.where(x @ teacher > 0, 1, 0)  # {0, 1}: mapped to {-1, +1}
+    dump_svmlight_file(x, y, str(path), zero_based=True)
+    return x, y
+
+
+@pytest.fixture(scope="module")
+def files(tmp_path_factory):
+    root = tmp_path_factory.mktemp("stream")
+    write_stream(root / "a.svm", 700, 0)
+    write_stream(root / "b.svm", 500, 1)
+    write_stream(root / "test.svm", 200, 2)
+    whole = (root / "a.svm").read_bytes() + (root / "b.svm").read_bytes()
+    (root / "ab.svm").write_bytes(whole)
+    return root
+
+
+def run_cli(*args):
+    return cli.main([str(a) for a in args] + ["--quiet"])
+
+
+def test_json_contract_and_the_runner_agree(files):
+    out = files / "ftrl.json"
+    flags = ["--learner", "ftrl", "--learning-rate", "0.2", "--l1", "0.1", "--json", out]
+    code = run_cli(
+        files / "a.svm", *flags, "--test", files / "test.svm", "--predict", files / "p.txt"
+    )
+    assert code == 0
+    summary = json.loads(out.read_text())
+    for key in ("examples", "progressive_loss", "progressive_error", "test_error",
+                "examples_per_second"):  # fmt: skip
+        assert key in summary, key
+    assert summary["examples"] == 700 and summary["examples_per_second"] > 0
+    assert 0 <= summary["test_error"] < 0.5 and 0 <= summary["progressive_error"] < 0.5
+    assert len(np.loadtxt(files / "p.txt")) == 200
+    examples, dim = data.load_svmlight(files / "a.svm")
+    learner = learners.ftrl(0.2, 1.0, 0.1, 0.0)
+    result = runner.run_stream(learner, runner.chunked(examples, 4096, dim), dim)
+    assert summary["progressive_loss"] == pytest.approx(float(result.progressive_loss), rel=1e-6)
+
+
+def test_resume_continues_bit_identically(files):
+    import orbax.checkpoint as ocp
+
+    flags = ["--learner", "ada_diag", "--l1", "0.01", "--chunk-size", "256"]
+    assert run_cli(files / "a.svm", *flags, "--save", files / "first") == 0
+    resume = ["--resume", files / "first", "--chunk-size", "256", "--save", files / "second"]
+    assert run_cli(files / "b.svm", *resume, "--json", files / "second.json") == 0
+    assert (
+        run_cli(files / "ab.svm", *flags, "--save", files / "whole", "--json", files / "w.json")
+        == 0
+    )
+    second = json.loads((files / "second.json").read_text())
+    whole = json.loads((files / "w.json").read_text())
+    assert second["examples"] == whole["examples"] == 1200
+    assert second["progressive_loss"] == whole["progressive_loss"]
+    assert second["progressive_error"] == whole["progressive_error"]
+    with ocp.StandardCheckpointer() as checkpointer:
+        a = checkpointer.restore((files / "second" / "state").resolve())
+        b = checkpointer.restore((files / "whole" / "state").resolve())
+    np.testing.assert_array_equal(a["state"]["table"], b["state"]["table"])
+    assert a["state"]["table"].tobytes() == b["state"]["table"].tobytes()
+
+
+def test_errors_are_clear(files, capsys, tmp_path):
+    assert run_cli(files / "a.svm", "--learner", "oja_son") == 2
+    assert "not yet available" in capsys.readouterr().err
+    assert run_cli(files / "a.svm", "--learner", "fobos", "--l2", "0.1") == 2
+    assert "--l2 applies to ftrl only" in capsys.readouterr().err
+    bad = tmp_path / "bad.svm"
+    bad.write_text("2 1:0.5\n1 3:1.0\n")
+    assert run_cli(bad) == 2
+    assert "labels" in capsys.readouterr().err
+    assert run_cli(files / "a.svm", "--save", tmp_path / "ck") == 0
+    assert run_cli(files / "b.svm", "--resume", tmp_path / "ck", "--learner", "ftrl") == 2
+    assert "differs from the checkpoint" in capsys.readouterr().err
+
+
+def test_module_entry_point_answers_help():
+    out = subprocess.run(
+        [sys.executable, "-m", "sketchopt.stream", "--help"], capture_output=True, text=True
+    )
+    assert out.returncode == 0
+    for flag in ("--learner", "--loss", "--bits", "--sketch-size", "--learning-rate", "--alpha",
+                 "--delta", "--l1", "--l2", "--test", "--predict", "--save", "--resume",
+                 "--json"):  # fmt: skip
+        assert flag in out.stdout, flag
