@@ -133,7 +133,7 @@ def test_predict_is_the_prediction_step_makes():
             assert float(p) == float(q)
 
 
-@pytest.mark.parametrize("case", ["ada_diag", "truncated_gradient", "rda", "ftrl"])
+@pytest.mark.parametrize("case", ["ada_diag", "truncated_gradient", "rda", "ftrl", "nag"])
 def test_bad_examples_are_skipped_and_counted(case):
     """NaN values, an index past d, a negative index, a NaN label: state bit-identical, counted;
     an inactive (padding) step leaves it too, uncounted."""
@@ -220,6 +220,41 @@ def test_grid_by_vmap_equals_each_configuration():
             DIM,
         )
         np.testing.assert_allclose(
-            np.asarray(result.state.coords["w"][i]), single.state.coords["w"], rtol=2e-5, atol=1e-6
+            np.asarray(result.state.table[i, :, 0]), single.state.table[:, 0], rtol=2e-5, atol=1e-6
         )
         np.testing.assert_allclose(result.progressive_loss[i], single.progressive_loss, rtol=1e-5)
+
+
+def nag_reference(x, y, eta, loss):
+    """Ross, Mineiro & Langford (2013), Alg. 2 (NAG), dense, float64, line by line."""
+    slope = jax.grad(ln.LOSSES[loss])
+    d = x.shape[1]
+    w, s, big_g, n = np.zeros(d), np.zeros(d), np.zeros(d), 0.0
+    preds = []
+    for t, (xt, yt) in enumerate(zip(x, y, strict=True), start=1):
+        for i in range(d):
+            if abs(xt[i]) > s[i]:
+                w[i] = w[i] * s[i] ** 2 / xt[i] ** 2
+                s[i] = abs(xt[i])
+        p = float(w @ xt)
+        preds.append(p)
+        n += sum(xt[i] ** 2 / s[i] ** 2 for i in range(d) if s[i] > 0)
+        g = float(slope(p, yt)) * xt
+        big_g += g**2
+        for i in range(d):
+            if big_g[i] > 0:
+                w[i] -= eta * np.sqrt(t / n) * g[i] / (s[i] * np.sqrt(big_g[i]))
+    return np.array(preds), w
+
+
+def test_nag_equals_its_reference_and_is_scale_free():
+    with jax.enable_x64(True):
+        stream, x, y = sparse_stream(n=150, seed=6)
+        preds, weights, _ = sparse_run(ln.nag(0.3), stream, DIM)
+        ref_preds, ref_weights = nag_reference(x, y, 0.3, "logistic")
+        np.testing.assert_allclose(preds, ref_preds, rtol=1e-9, atol=1e-12)
+        np.testing.assert_allclose(weights, ref_weights, rtol=1e-9, atol=1e-12)
+        scale = 10.0 ** np.random.default_rng(0).integers(-3, 4, DIM)
+        scaled = ex.from_dense(x * scale, y, nnz=DIM, dtype=np.float64)
+        scaled_preds, _, _ = sparse_run(ln.nag(0.3), scaled, DIM)
+    np.testing.assert_allclose(scaled_preds, preds, rtol=1e-8, atol=1e-12)

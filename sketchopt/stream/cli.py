@@ -11,7 +11,7 @@ same state and totals as one run over both files) and a JSON summary with ``--js
 
 Decisions (no VW flag has the same meaning everywhere):
 
-* ``--learning-rate`` is each learner's step-size parameter: ``eta`` of ADA-DIAG, FOBOS and
+* ``--learning-rate`` is each learner's step-size parameter: ``eta`` of ADA-DIAG, NAG, FOBOS and
   truncated gradient, ``gamma`` of RDA (the weights scale as ``sqrt(t) / gamma``), ``alpha`` of
   FTRL-Proximal. Its default depends on the learner (:data:`DEFAULT_LEARNING_RATE`).
 * ``--l1`` is the L1 strength of every learner (truncated gradient's gravity); ``--l2`` exists
@@ -49,6 +49,7 @@ DEFAULT_LEARNING_RATE = {
     "truncated_gradient": 0.1,
     "rda": 1.0,
     "ftrl": 0.1,
+    "nag": 0.5,
 }
 
 _CONFIG = "config.json"
@@ -87,7 +88,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--learning-rate",
         type=float,
         default=None,
-        help="the learner's step-size parameter: eta (ada_diag, fobos, truncated_gradient), "
+        help="the learner's step-size parameter: eta (ada_diag, nag, fobos, truncated_gradient), "
         "gamma (rda), alpha (ftrl) (default per learner: "
         + ", ".join(f"{k} {v:g}" for k, v in DEFAULT_LEARNING_RATE.items())
         + ")",
@@ -140,6 +141,10 @@ def _hyperparameters(args) -> dict[str, Any]:
         return {"learning_rate": lr, "gravity": args.l1, "theta": args.theta, "period": args.period}
     if name == "rda":
         return {"learning_rate": lr, "l1": args.l1}
+    if name == "nag":
+        if args.l1:
+            raise ValueError("--l1 does not apply to nag")
+        return {"learning_rate": lr}
     return {"learning_rate": lr, "beta": args.beta, "l1": args.l1, "l2": args.l2}
 
 
