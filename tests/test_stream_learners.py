@@ -138,7 +138,7 @@ def test_bad_examples_are_skipped_and_counted(case):
     """NaN values, an index past d, a negative index, a NaN label: state bit-identical, counted;
     an inactive (padding) step leaves it too, uncounted."""
     stream, _, _ = sparse_stream(n=30, seed=3)
-    learner = learner_of(case, "logistic")
+    learner = ln.nag() if case == "nag" else learner_of(case, "logistic")
     state = learner.init(DIM)
     for i in range(30):
         state = learner.update(state, ex.SparseVector(stream.indices[i], stream.values[i]), 1.0)
