@@ -29,7 +29,12 @@ such a step composes into one closed form, applied when the coordinate next appe
 **Bad input.** An example with a non-finite value or label, an index below 0 or above ``d``, or
 a non-finite loss derivative is skipped: state unchanged (every array bit-identical), ``t`` not
 advanced, ``nonfinite_count`` incremented. Only ``O(s)`` entries are ever selected, never whole
-arrays, so the step stays ``O(s)`` also when ``vmap`` batches it over a grid of hyperparameters.
+arrays, so the step stays ``O(s)`` also when it is batched (``vmap``, or the grid form below).
+
+**Grids.** Built with 1-D arrays of hyperparameter values, a learner runs all those
+configurations at once (:class:`LinearLearner`'s ``grid``): its table holds every
+configuration's numbers of a coordinate in one row, so a grid of ``G`` costs one gather and one
+scatter of ``s`` rows of ``G k`` numbers per example.
 """
 
 from __future__ import annotations
@@ -39,6 +44,7 @@ from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 import optax
 
 from sketchopt._numerics import state_dtype
@@ -98,9 +104,10 @@ class LinearState(NamedTuple):
     """State of a sparse linear learner.
 
     Attributes:
-      table: the per-coordinate numbers, ``(d, k)``: one row per coordinate, so that an example
-        reads and writes one cache line per non-zero (the columns are the learner's ``columns``,
-        e.g. ``("w", "s", "mark")`` for ADA-DIAG; see :func:`column`).
+      table: the per-coordinate numbers, ``(d, k)`` (``(d, k, G)`` for a grid): one row per
+        coordinate, so that an example reads and writes one contiguous row per non-zero (the
+        columns are the learner's ``columns``, e.g. ``("w", "s", "mark")`` for ADA-DIAG; see
+        :func:`column`).
       scalars: running scalars, by name (e.g. ``E_t``, the learning rates' sum).
       t: the examples learned from (int32).
       nonfinite_count: the examples skipped as bad input (int32).
@@ -120,6 +127,11 @@ class LinearLearner(NamedTuple):
     ``step(state, x, label, active=True) -> (state, p)`` (``p`` is ``predict(state, x)``; an
     inactive step, a chunk's padding row, leaves the state as it is) and
     ``weights(state) -> (d,)``; ``columns`` names the columns of ``state.table``.
+
+    ``grid`` is ``()``, or ``(G,)`` for a learner built with 1-D arrays of ``G`` hyperparameter
+    values: it runs the ``G`` configurations at once, ``state.table`` is ``(d, G, k)`` (each
+    coordinate's numbers for every configuration in one contiguous row, so an example still
+    reads one row per non-zero), and predictions, ``t`` and the counters are ``(G,)``.
     """
 
     name: str
@@ -130,11 +142,12 @@ class LinearLearner(NamedTuple):
     step: Callable[..., tuple[LinearState, jax.Array]]
     weights: Callable[[LinearState], jax.Array]
     columns: tuple[str, ...]
+    grid: tuple[int, ...] = ()
 
 
 def column(learner: LinearLearner, state: LinearState, name: str) -> jax.Array:
     """The ``(d,)`` column ``name`` of ``state.table`` (e.g. ``"w"``, ``"z"``, ``"gsum"``)."""
-    return state.table[..., learner.columns.index(name)]
+    return state.table[:, learner.columns.index(name)]
 
 
 class _Rule(NamedTuple):
@@ -154,9 +167,21 @@ class _Rule(NamedTuple):
     project: Callable | None = None  # (cols, values) -> cols: a change made before predicting
 
 
-def _linear(name: str, loss: str, rule: _Rule) -> LinearLearner:
+def _grid_shape(*hyperparameters) -> tuple[int, ...]:
+    """``()`` for scalar hyperparameters, ``(G,)`` when some are arrays of ``G`` values (a grid
+    of configurations, :func:`sketchopt.stream.runner.run_grid`)."""
+    shapes = [np.shape(h) for h in hyperparameters if not callable(h)]
+    shape = np.broadcast_shapes(*shapes) if shapes else ()
+    if len(shape) > 1:
+        raise ValueError(f"hyperparameters must be scalars or 1-D grids, got shape {shape}")
+    return tuple(shape)
+
+
+def _linear(name: str, loss: str, rule: _Rule, grid: tuple[int, ...] = ()) -> LinearLearner:
     loss_fn = _loss(loss)
-    derivative = jax.grad(lambda p, y: loss_fn(p, y))
+    # Elementwise losses: the gradient of the sum is the derivative of each configuration's.
+    derivative = jax.grad(lambda p, y: jnp.sum(loss_fn(p, y)))
+    lanes = (1,) * len(grid)  # broadcasts an (s,) vector against (s, *grid) columns
 
     def init(dim: int, dtype=jnp.float32, key=None) -> LinearState:
         del key
@@ -164,25 +189,24 @@ def _linear(name: str, loss: str, rule: _Rule) -> LinearLearner:
         if dim < 1:
             raise ValueError(f"dim must be a positive integer, got {dim}")
         return LinearState(
-            table=jnp.zeros((dim, len(rule.coords)), dtype),
-            scalars={k: jnp.asarray(v, dtype) for k, v in rule.scalars.items()},
-            t=jnp.zeros((), jnp.int32),
-            nonfinite_count=jnp.zeros((), jnp.int32),
+            table=jnp.zeros((dim, len(rule.coords), *grid), dtype),
+            scalars={k: jnp.full(grid, v, dtype) for k, v in rule.scalars.items()},
+            t=jnp.zeros(grid, jnp.int32),
+            nonfinite_count=jnp.zeros(grid, jnp.int32),
         )
 
     def split(rows):
-        return {c: rows[..., j] for j, c in enumerate(rule.coords)}
+        return {c: rows[:, j] for j, c in enumerate(rule.coords)}
 
     def gather(state, x):
-        dim = state.table.shape[-2]
+        dim = state.table.shape[0]
         indices = jnp.asarray(x.indices)
         values = jnp.asarray(x.values)
-        in_range = jnp.all((indices >= 0) & (indices <= dim))
-        ok = in_range & jnp.all(jnp.isfinite(values))
+        ok = jnp.all((indices >= 0) & (indices <= dim) & jnp.isfinite(values))
         idx = jnp.where(ok, indices, dim)  # a bad example reads and writes padding only
-        rows = state.table.at[idx].get(mode="fill", fill_value=0)  # (s, k)
+        rows = state.table.at[idx].get(mode="fill", fill_value=0)  # (s, k, *grid)
         vals = jnp.where(ok, values, 0).astype(state.table.dtype)
-        return idx, vals, rows, ok
+        return idx, vals.reshape(vals.shape + lanes), rows, ok
 
     def columns(rows, vals):
         cols = split(rows)
@@ -190,24 +214,26 @@ def _linear(name: str, loss: str, rule: _Rule) -> LinearLearner:
 
     def predict(state, x):
         _, vals, rows, _ = gather(state, x)
-        t = state.t + 1
-        return jnp.sum(rule.current(state.scalars, columns(rows, vals), t) * vals)
+        w = rule.current(state.scalars, columns(rows, vals), state.t + 1)
+        return jnp.sum(w * vals, axis=0)
 
     def step(state, x, label, active=True):
         idx, vals, rows, ok = gather(state, x)
         cols = columns(rows, vals)
         t = state.t + 1  # this step's index, from 1
         w = rule.current(state.scalars, cols, t)
-        p = jnp.sum(w * vals)
+        p = jnp.sum(w * vals, axis=0)
         label = jnp.asarray(label, vals.dtype)
         slope = derivative(p, label)
         ok = ok & jnp.isfinite(label) & jnp.isfinite(slope)
-        g = slope * vals
-        new_cols, new_scalars = rule.advance(state.scalars, cols, w, g, t)
+        new_cols, new_scalars = rule.advance(state.scalars, cols, w, slope * vals, t)
         learn = ok & active
-        new_rows = jnp.stack([new_cols[c] for c in rule.coords], axis=-1).astype(rows.dtype)
-        table = state.table.at[idx].set(jnp.where(learn, new_rows, rows), mode="drop")
-        scalars = {k: jnp.where(learn, new_scalars[k], v) for k, v in state.scalars.items()}
+        new_rows = jnp.stack([new_cols[c] for c in rule.coords], axis=1).astype(rows.dtype)
+        keep = jnp.reshape(learn, (1, 1, *learn.shape))
+        table = state.table.at[idx].set(jnp.where(keep, new_rows, rows), mode="drop")
+        scalars = {
+            k: jnp.where(learn, new_scalars[k], v).astype(v.dtype) for k, v in state.scalars.items()
+        }
         new = LinearState(
             table,
             scalars,
@@ -222,7 +248,7 @@ def _linear(name: str, loss: str, rule: _Rule) -> LinearLearner:
     def weights(state):
         return rule.current(state.scalars, split(state.table), state.t + 1)
 
-    return LinearLearner(name, loss, init, predict, update, step, weights, rule.coords)
+    return LinearLearner(name, loss, init, predict, update, step, weights, rule.coords, grid)
 
 
 def _eta(learning_rate, t, dtype):
@@ -233,12 +259,15 @@ def _eta(learning_rate, t, dtype):
 
 
 def _check(name, value, *, positive=False):
-    """Concrete hyperparameters are checked; traced ones (a vmapped grid) pass through."""
+    """A hyperparameter (a number, or a 1-D grid of them) is finite and ``>= 0`` (``> 0``);
+    traced values pass through unchecked."""
     if callable(value) or isinstance(value, jax.core.Tracer):
         return
-    value = float(value)
-    if not (value > 0 if positive else value >= 0) or value == float("inf"):
-        raise ValueError(f"{name} must be finite and {'> 0' if positive else '>= 0'}, got {value}")
+    values = np.asarray(value, np.float64)
+    good = np.isfinite(values) & ((values > 0) if positive else (values >= 0))
+    if not np.all(good):
+        bad = values[~good] if values.ndim else values
+        raise ValueError(f"{name} must be finite and {'> 0' if positive else '>= 0'}, got {bad}")
 
 
 def ada_diag(
@@ -273,7 +302,8 @@ def ada_diag(
         total = scalars["E"] + eta
         return {"w": w, "s": s, "mark": jnp.broadcast_to(total, w.shape)}, {"E": total}
 
-    return _linear("ada_diag", loss, _Rule(("w", "s", "mark"), {"E": 0.0}, current, advance))
+    rule = _Rule(("w", "s", "mark"), {"E": 0.0}, current, advance)
+    return _linear("ada_diag", loss, rule, _grid_shape(learning_rate, delta, l1))
 
 
 def truncated_gradient(
@@ -292,7 +322,7 @@ def truncated_gradient(
     """
     _check("learning_rate", learning_rate, positive=True)
     _check("gravity", gravity)
-    if not isinstance(theta, jax.core.Tracer) and not float(theta) >= 0:
+    if not isinstance(theta, jax.core.Tracer) and not np.all(np.asarray(theta) >= 0):
         raise ValueError(f"theta must be >= 0, got {theta}")
     if int(period) != period or period < 1:
         raise ValueError(f"period must be an integer >= 1, got {period}")
@@ -322,7 +352,8 @@ def _truncating(name, learning_rate, gravity, theta, period, loss) -> LinearLear
         total = scalars["C"] + amount
         return {"w": w, "mark": jnp.broadcast_to(total, w.shape)}, {"C": total}
 
-    return _linear(name, loss, _Rule(("w", "mark"), {"C": 0.0}, current, advance))
+    rule = _Rule(("w", "mark"), {"C": 0.0}, current, advance)
+    return _linear(name, loss, rule, _grid_shape(learning_rate, gravity, theta))
 
 
 def rda(learning_rate=1.0, l1: float = 0.0, *, loss: str = "logistic") -> LinearLearner:
@@ -344,7 +375,7 @@ def rda(learning_rate=1.0, l1: float = 0.0, *, loss: str = "logistic") -> Linear
         del w, t
         return {"gsum": cols["gsum"] + g}, scalars
 
-    return _linear("rda", loss, _Rule(("gsum",), {}, current, advance))
+    return _linear("rda", loss, _Rule(("gsum",), {}, current, advance), _grid_shape(gamma, l1))
 
 
 def ftrl(
@@ -377,7 +408,8 @@ def ftrl(
         sigma = (sqrt_n - cols["sqrt_n"]) / alpha
         return {"z": cols["z"] + g - sigma * w, "sqrt_n": sqrt_n}, scalars
 
-    return _linear("ftrl", loss, _Rule(("z", "sqrt_n"), {}, current, advance))
+    rule = _Rule(("z", "sqrt_n"), {}, current, advance)
+    return _linear("ftrl", loss, rule, _grid_shape(alpha, beta, l1, l2))
 
 
 def nag(learning_rate=0.5, *, loss: str = "logistic") -> LinearLearner:
@@ -411,14 +443,14 @@ def nag(learning_rate=0.5, *, loss: str = "logistic") -> LinearLearner:
         return cols["w"]
 
     def advance(scalars, cols, w, g, t):
-        n = scalars["N"] + jnp.sum(cols["ratio"])
+        n = scalars["N"] + jnp.sum(cols["ratio"], axis=0)
         sqrt_g = jnp.hypot(cols["sqrt_g"], g)
         rate = _eta(learning_rate, t, w.dtype) * jnp.sqrt(safe_div(t.astype(w.dtype), n))
         w = w - rate * safe_div(g, cols["s"] * sqrt_g)
         return {"w": w, "s": cols["s"], "sqrt_g": sqrt_g}, {"N": n}
 
     rule = _Rule(("w", "s", "sqrt_g"), {"N": 0.0}, current, advance, project)
-    return _linear("nag", loss, rule)
+    return _linear("nag", loss, rule, _grid_shape(learning_rate))
 
 
 #: The learners by the CLI's ``--learner`` names.
