@@ -108,3 +108,12 @@ def test_module_entry_point_answers_help():
                  "--delta", "--l1", "--l2", "--test", "--predict", "--save", "--resume",
                  "--json"):  # fmt: skip
         assert flag in out.stdout, flag
+
+
+def test_bits_hashes_a_wider_stream_into_two_to_the_b(files):
+    out = files / "bits.json"
+    assert run_cli(files / "a.svm", "--bits", "6", "--learner", "rda", "--json", out) == 0
+    summary = json.loads(out.read_text())
+    assert summary["dim"] == 64 and summary["examples"] == 700
+    assert run_cli(files / "a.svm", "--bits", "10", "--json", out) == 0
+    assert json.loads(out.read_text())["dim"] == 1024  # wider than the data: no hashing needed
