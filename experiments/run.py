@@ -12,6 +12,7 @@ name                what                                                        
 ``son_online``      RFD paper sec. 6.2 / Fig. 5-11: SON online error vs sketch size  experiments
 ``speed``           per-step cost against optax.adagrad and ADA-FULL                 (separate)
 ``cnn``             Ada-FD paper sec. 4.3: CNN training                              (separate)
+``vw``              sparse streams: Vowpal Wabbit vs sketchopt.stream's learners    experiments
 ==================  ==============================================================  ============
 
 Sizes: ``--quick`` is a reduced size well under a minute per experiment (what the tests run);
@@ -63,6 +64,7 @@ EXPERIMENTS = (
     "son_online",
     "speed",
     "cnn",
+    "vw",
 )
 
 

@@ -227,14 +227,15 @@ def test_a_grid_in_one_pass_equals_each_configuration(name):
         lambda **h: make(**h, **fixed), grid, runner.chunked(stream, 64, DIM), DIM, seeds=(0, 1)
     )
     assert len(result.points) == 2 * np.prod([len(v) for v in grid.values()])
-    assert result.state.table.shape == (DIM, len(make(**fixed).columns), len(result.points))
+    grid_learner = make(**{k: np.asarray(v) for k, v in grid.items()}, **fixed)
     for i, point in enumerate(result.points):
         hyper = {k: v for k, v in point.items() if k != "seed"}
-        single = runner.run_stream(make(**hyper, **fixed), runner.chunked(stream, 64, DIM), DIM)
-        scale = np.abs(single.state.table).max()
-        np.testing.assert_allclose(
-            result.state.table[..., i], single.state.table, rtol=1e-5, atol=1e-6 * scale
-        )
+        single_learner = make(**hyper, **fixed)
+        single = runner.run_stream(single_learner, runner.chunked(stream, 64, DIM), DIM)
+        for col in single_learner.columns:
+            want = np.asarray(ln.column(single_learner, single.state, col))
+            got = np.asarray(ln.column(grid_learner, result.state, col))[:, i]
+            np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6 * np.abs(want).max())
         assert int(result.state.t[i]) == int(single.state.t) == 150
         np.testing.assert_allclose(result.progressive_loss[i], single.progressive_loss, rtol=1e-6)
         assert result.progressive_error[i] == single.progressive_error

@@ -204,7 +204,7 @@ def run_stream(
     validation; ``state``/``start``/``curve`` continue an earlier run (see the module
     docstring); ``progress`` shows a ``tqdm`` bar (``total`` examples, when known)."""
     state = learner.init(dim, dtype, key) if state is None else state
-    start = Progress.zeros() if start is None else start
+    start = Progress.zeros(learner.grid) if start is None else start
     curve = [] if curve is None else curve
     bar = _bar(progress, total)
     try:
@@ -212,7 +212,7 @@ def run_stream(
     finally:
         if bar is not None:
             bar.close()
-    examples = int(prog.examples - start.examples)
+    examples = int(np.max(prog.examples - start.examples))
     return StreamResult(state, prog, curve, seconds, examples / seconds if seconds else 0.0)
 
 

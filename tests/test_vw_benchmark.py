@@ -1,0 +1,120 @@
+"""``experiments/vw.py`` at ``--quick`` size: Vowpal Wabbit and sketchopt.stream's learners on the
+same streams. Well-formed JSON and PNG, the rows every stream must have, and claims that hold at
+this size: VW's progressive loss as we compute it from the predictions ``learn`` leaves on the
+examples is VW's own (so the predictions are progressive), FTRL-Proximal with the same ``alpha``
+and ``beta`` errs alike in both tools on digits, and digits is learned. Speed is not asserted.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import pathlib
+import sys
+
+import pytest
+
+REPO = pathlib.Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+
+from experiments import common  # noqa: E402
+
+pytestmark = pytest.mark.slow
+
+STREAMS = ("mnist", "mnist_cross", "text", "digits")
+
+
+def _numbers(obj):
+    if isinstance(obj, dict):
+        for v in obj.values():
+            yield from _numbers(v)
+    elif isinstance(obj, list):
+        for v in obj:
+            yield from _numbers(v)
+    elif isinstance(obj, (int, float)) and not isinstance(obj, bool):
+        yield obj
+
+
+@pytest.fixture(scope="module")
+def result(tmp_path_factory):
+    pytest.importorskip("vowpalwabbit")
+    from experiments import vw
+
+    common.limit_blas_threads()
+    out = tmp_path_factory.mktemp("vw")
+    summary = vw.run(quick=True, full=False, seed=0, out=out)
+    payload = json.loads((out / "vw.json").read_text())
+    return out, summary, payload
+
+
+def test_json_and_png_well_formed(result):
+    out, summary, payload = result
+    assert summary["table"].startswith("| ")
+    assert (out / "vw.png").stat().st_size > 10_000
+    assert payload["experiment"] == "vw"
+    assert payload["size"] == "quick"
+    assert {"config", "algorithms", "streams", "scaling", "grid_cost"} <= set(payload)
+    assert payload["vw"] is not None
+    assert all(math.isfinite(x) for x in _numbers(payload))  # non-finite would be null
+    for name in ("vw_default", "vw_ftrl", "ada_diag"):
+        assert payload["algorithms"][name]["streams"].keys() == set(STREAMS)
+
+
+def test_every_stream_has_vw_and_ada_diag_rows(result):
+    _, _, payload = result
+    assert set(payload["streams"]) == set(STREAMS)
+    for stream, rows in payload["streams"].items():
+        learners = {(r["tool"], r["learner"]) for r in rows}
+        assert ("vw", "vw_default") in learners, stream
+        assert ("sketchopt", "ada_diag") in learners, stream
+        for row in rows:
+            assert 0.0 <= row["progressive_error"] <= 1.0
+            assert 0.0 <= row["test_error"] <= 1.0
+            assert row["examples_per_second"] > 0
+            assert row["chosen"]
+
+
+def test_scaling_and_grid_cost_recorded(result):
+    _, _, payload = result
+    scaling = payload["scaling"]
+    assert scaling["dims"] == [2**12, 2**16]
+    for name in ("ada_diag", "vw_default", "vw_ftrl"):
+        times = scaling["seconds_per_example"][name]
+        assert len(times) == 2 and all(t > 0 for t in times)
+        assert scaling["ratio_max_min"][name] >= 1.0
+    cost = payload["grid_cost"]
+    assert cost["points"] == 4 and cost["ratio"] > 0
+
+
+def test_vw_predictions_are_progressive(result):
+    """The mean logistic loss of the predictions read off the examples after ``learn`` is VW's
+    own progressive loss: they are the predictions made before each update."""
+    _, _, payload = result
+    for name in ("vw_default", "vw_ftrl"):
+        for stream, r in payload["algorithms"][name]["streams"].items():
+            assert r["progressive_loss"] == pytest.approx(
+                r["vw_reported_progressive_loss"], rel=1e-5
+            ), (name, stream)
+
+
+def test_digits_learned_and_ftrl_agrees_with_vw(result):
+    _, _, payload = result
+    algorithms = payload["algorithms"]
+    sketchopt = [
+        algorithms[k]["streams"]["digits"]
+        for k in ("ada_diag", "ftrl", "fobos", "rda", "truncated_gradient")
+    ]
+    assert min(r["progressive_error"] for r in sketchopt) < 0.22
+    assert algorithms["ada_diag"]["streams"]["digits"]["test_error"] < 0.2
+    # the same algorithm (FTRL-Proximal, beta = 1) on the same 64 features plus a bias
+    ours = algorithms["ftrl"]["streams"]["digits"]["progressive_error"]
+    theirs = algorithms["vw_ftrl"]["streams"]["digits"]["progressive_error"]
+    assert abs(ours - theirs) < 0.03
+
+
+def test_without_vowpalwabbit_the_message(monkeypatch, capsys):
+    from experiments import vw
+
+    monkeypatch.setitem(sys.modules, "vowpalwabbit", None)  # import raises ImportError
+    assert vw._pyvw() is None
+    assert "vowpalwabbit is not installed: pip install '.[bench]'" in capsys.readouterr().out
