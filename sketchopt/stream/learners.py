@@ -31,10 +31,12 @@ a non-finite loss derivative is skipped: state unchanged (every array bit-identi
 advanced, ``nonfinite_count`` incremented. Only ``O(s)`` entries are ever selected, never whole
 arrays, so the step stays ``O(s)`` also when it is batched (``vmap``, or the grid form below).
 
+* NAG (Ross, Mineiro & Langford 2013) changes only ``x``'s coordinates: nothing to catch up.
+
 **Grids.** Built with 1-D arrays of hyperparameter values, a learner runs all those
-configurations at once (:class:`LinearLearner`'s ``grid``): its table holds every
-configuration's numbers of a coordinate in one row, so a grid of ``G`` costs one gather and one
-scatter of ``s`` rows of ``G k`` numbers per example.
+configurations at once (:class:`LinearLearner`'s ``grid``): each of its columns keeps a
+coordinate's numbers for every configuration in one contiguous row (:class:`LinearState`), so a
+grid of ``G`` costs ``k`` gathers and scatters of ``s`` rows of ``G`` numbers per example.
 """
 
 from __future__ import annotations
