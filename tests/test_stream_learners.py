@@ -274,3 +274,29 @@ def test_nag_equals_its_reference_and_is_scale_free():
         scaled = ex.from_dense(x * scale, y, nnz=DIM, dtype=np.float64)
         scaled_preds, _, _ = sparse_run(ln.nag(0.3), scaled, DIM)
     np.testing.assert_allclose(scaled_preds, preds, rtol=1e-8, atol=1e-12)
+
+
+@pytest.mark.parametrize("name", ["ada_diag", "truncated_gradient", "rda", "ftrl", "nag"])
+@pytest.mark.parametrize("width", [4, 64])
+def test_flat_chunks_equal_padded_chunks(name, width):
+    """Examples of any length in a flat chunk, read in segments of ``width`` (several per long
+    example at 4, one at 64): the same predictions and state as the padded rows (float64), the
+    same bad-example skips."""
+    from sketchopt.stream import runner
+
+    kwargs = {"ada_diag": dict(learning_rate=0.5, delta=0.1, l1=0.02), "nag": {}}.get(
+        name, CASES.get(name, ({},))[0]
+    )
+    with jax.enable_x64(True):
+        stream, _, _ = sparse_stream(n=120, seed=7)
+        stream.values[17, 0] = np.nan  # a bad example: skipped alike
+        learner = ln.make_learner(name, **kwargs)
+        padded = runner.run_stream(learner, runner.chunked(stream, 50, DIM), DIM, dtype=jnp.float64)
+        flat = runner.run_stream(
+            learner, runner.chunked(stream, 50, DIM, flat=True, width=width), DIM,
+            dtype=jnp.float64,
+        )  # fmt: skip
+        assert int(flat.state.nonfinite_count) == int(padded.state.nonfinite_count) == 1
+        for a, b in zip(flat.state.table, padded.state.table, strict=True):
+            np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-12, atol=1e-14)
+        np.testing.assert_allclose(flat.progressive_loss, padded.progressive_loss, rtol=1e-12)

@@ -121,6 +121,13 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--chunk-size", type=int, default=4096, help="examples per compiled scan (default 4096)"
     )
+    parser.add_argument(
+        "--layout",
+        choices=("flat", "padded"),
+        default="flat",
+        help="flat: each example costs its own length (default); padded: every example padded "
+        "to the longest (sketchopt.stream.examples)",
+    )
     parser.add_argument("--quiet", action="store_true", help="no progress bar or report")
     return parser
 
@@ -207,6 +214,8 @@ def run(args) -> dict:
         args.train, chunk_size=args.chunk_size, loss=config["loss"], dim=dim,
         bits=config["bits"], info=info,
     )  # fmt: skip
+    if args.layout == "flat":
+        chunks = runner.as_flat(chunks, dim)
     result = runner.run_stream(
         learner, chunks, dim, state=state, start=start, curve=curve,
         progress=not args.quiet, total=info.examples,

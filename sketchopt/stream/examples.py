@@ -29,6 +29,7 @@ import numpy as np
 
 __all__ = [
     "CLASSIFICATION_LOSSES",
+    "FlatExamples",
     "SparseExamples",
     "SparseVector",
     "check_labels",
@@ -37,6 +38,7 @@ __all__ = [
     "hash_indices",
     "pad_rows",
     "to_dense",
+    "to_flat",
 ]
 
 #: Losses whose labels are classes ``{-1, +1}`` (``{0, 1}`` is accepted and mapped).
@@ -174,4 +176,55 @@ def pad_rows(examples: SparseExamples, length: int, dim: int) -> SparseExamples:
         np.concatenate([examples.values, np.zeros((extra, nnz), examples.values.dtype)]),
         np.concatenate([examples.labels, np.zeros((extra,), examples.labels.dtype)]),
         np.concatenate([examples.mask, np.zeros((extra,), bool)]),
+    )
+
+
+class FlatExamples(NamedTuple):
+    """A chunk of examples of any lengths: their non-zeros concatenated (``indices``,
+    ``values``, ``(T,)``, padded at the end with index ``d`` and value 0), example ``i`` being
+    ``[starts[i], stops[i])``; ``width`` (static) the segment a learner reads at a time
+    (:func:`to_flat`). The cost of an example follows its own length: for streams whose lengths
+    vary (text, crossed features), where :class:`SparseExamples` pads every example to the
+    longest."""
+
+    indices: np.ndarray  # (T,) int32
+    values: np.ndarray  # (T,)
+    starts: np.ndarray  # (N,) int32
+    stops: np.ndarray  # (N,) int32
+    labels: np.ndarray  # (N,)
+    mask: np.ndarray  # (N,) bool
+    width: int
+
+    @property
+    def size(self) -> int:
+        return int(self.labels.shape[0])
+
+
+def to_flat(examples: SparseExamples, dim: int, width: int | None = None) -> FlatExamples:
+    """:class:`FlatExamples` of the (padded) ``examples``: padding dropped, each example's
+    non-zeros kept in order. ``width`` defaults to the power of two nearest the mean number of
+    non-zeros (at least 8); the capacity ``T`` is rounded up to a power of two, so that a stream
+    of chunks compiles for a few shapes only."""
+    indices, values = np.asarray(examples.indices), np.asarray(examples.values)
+    keep = indices != dim
+    counts = keep.sum(axis=1).astype(np.int64)
+    if width is None:
+        mean = max(float(counts.mean()) if counts.size else 1.0, 1.0)
+        width = max(8, 1 << int(round(np.log2(mean))))
+    stops = np.cumsum(counts)
+    starts = stops - counts
+    total = int(stops[-1]) if stops.size else 0
+    capacity = 1 << int(np.ceil(np.log2(max(total, 1) + width)))
+    flat_idx = np.full((capacity,), dim, np.int32)
+    flat_val = np.zeros((capacity,), values.dtype)
+    flat_idx[:total] = indices[keep]
+    flat_val[:total] = values[keep]
+    return FlatExamples(
+        flat_idx,
+        flat_val,
+        starts.astype(np.int32),
+        stops.astype(np.int32),
+        np.asarray(examples.labels),
+        np.asarray(examples.mask),
+        int(width),
     )

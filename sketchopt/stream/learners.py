@@ -131,7 +131,9 @@ class LinearLearner(NamedTuple):
     ``init(dim, dtype=float32, key=None)`` (``key`` for learners with random state; ignored by
     the first-order ones), ``predict(state, x) -> p``, ``update(state, x, label) -> state``,
     ``step(state, x, label, active=True) -> (state, p)`` (``p`` is ``predict(state, x)``; an
-    inactive step, a chunk's padding row, leaves the state as it is) and
+    inactive step, a chunk's padding row, leaves the state as it is),
+    ``step_flat(state, indices, values, start, stop, label, active=True, *, width)`` (the same
+    on an example of a flat chunk, :class:`~sketchopt.stream.examples.FlatExamples`) and
     ``weights(state) -> (d, *grid)``; ``columns`` names the per-coordinate numbers and
     ``blocks`` how ``state.table`` stores them (:class:`LinearState`, :func:`column`).
 
@@ -150,6 +152,7 @@ class LinearLearner(NamedTuple):
     columns: tuple[str, ...]
     grid: tuple[int, ...] = ()
     blocks: tuple[tuple[str, ...], ...] = ()
+    step_flat: Callable[..., tuple[LinearState, jax.Array]] | None = None
 
 
 def column(learner: LinearLearner, state: LinearState, name: str) -> jax.Array:
@@ -175,6 +178,7 @@ class _Rule(NamedTuple):
     current: Callable
     advance: Callable
     project: Callable | None = None  # (cols, values) -> cols: a change made before predicting
+    sums: tuple[str, ...] = ()  # columns of project summed over the example (advance: "<n>_sum")
 
 
 def _grid_shape(*hyperparameters) -> tuple[int, ...]:
@@ -223,40 +227,94 @@ def _linear(name: str, loss: str, rule: _Rule, grid: tuple[int, ...] = ()) -> Li
         cols = split(rows)
         return cols if rule.project is None else rule.project(cols, vals)
 
-    def predict(state, x):
-        _, vals, rows, _ = gather(state, x)
-        w = rule.current(state.scalars, columns(rows, vals), state.t + 1)
-        return jnp.sum(w * vals, axis=0)
-
-    def step(state, x, label, active=True):
+    def look(state, x, table=None):
+        """One example's (or one segment's) rows, caught-up weights and prediction share."""
+        state = state if table is None else state._replace(table=table)
         idx, vals, rows, ok = gather(state, x)
         cols = columns(rows, vals)
-        t = state.t + 1  # this step's index, from 1
-        w = rule.current(state.scalars, cols, t)
-        p = jnp.sum(w * vals, axis=0)
-        label = jnp.asarray(label, vals.dtype)
+        w = rule.current(state.scalars, cols, state.t + 1)
+        sums = {n: jnp.sum(cols[n], axis=0) for n in rule.sums}
+        return idx, vals, rows, cols, w, jnp.sum(w * vals, axis=0), ok, sums
+
+    def learn_from(state, p, label, ok, active):
+        label = jnp.asarray(label, state.table[0].dtype)
         slope = derivative(p, label)
         ok = ok & jnp.isfinite(label) & jnp.isfinite(slope)
-        new_cols, new_scalars = rule.advance(state.scalars, cols, w, slope * vals, t)
-        learn = ok & active
+        return slope, ok, ok & active
+
+    def write(table, idx, rows, new_cols, learn):
         keep = jnp.reshape(learn, (1, 1, *learn.shape))
-        table = tuple(
+        return tuple(
             block.at[idx].set(
                 jnp.where(keep, jnp.stack([new_cols[c] for c in b], axis=1).astype(r.dtype), r),
                 mode="drop",
             )
-            for block, r, b in zip(state.table, rows, blocks, strict=True)
+            for block, r, b in zip(table, rows, blocks, strict=True)
         )
+
+    def close(state, table, new_scalars, ok, learn, active):
         scalars = {
             k: jnp.where(learn, new_scalars[k], v).astype(v.dtype) for k, v in state.scalars.items()
         }
-        new = LinearState(
+        return LinearState(
             table,
             scalars,
-            jnp.where(learn, t, state.t),
+            jnp.where(learn, state.t + 1, state.t),
             state.nonfinite_count + (active & ~ok).astype(jnp.int32),
         )
-        return new, p
+
+    def advance(state, cols, sums, w, g):
+        cols = {**cols, **{f"{n}_sum": v for n, v in sums.items()}}
+        return rule.advance(state.scalars, cols, w, g, state.t + 1)
+
+    def predict(state, x):
+        return look(state, x)[5]
+
+    def step(state, x, label, active=True):
+        idx, vals, rows, cols, w, p, ok, sums = look(state, x)
+        slope, ok, learn = learn_from(state, p, label, ok, active)
+        new_cols, new_scalars = advance(state, cols, sums, w, slope * vals)
+        table = write(state.table, idx, rows, new_cols, learn)
+        return close(state, table, new_scalars, ok, learn, active), p
+
+    def step_flat(state, indices, values, start, stop, label, active=True, *, width: int):
+        """:func:`step` on one example of a flat chunk (:class:`FlatExamples`): its non-zeros
+        ``indices[start:stop]`` in segments of ``width``, read once for the prediction and once
+        for the update (the segments' coordinates are distinct, so the order is free). The same
+        numbers as ``step`` on the example padded to one row; its cost follows the example's own
+        length, not the longest's."""
+        dim = state.table[0].shape[0]
+        count = jnp.maximum((stop - start + width - 1) // width, 1)  # an empty example: 1
+
+        def segment(j):
+            begin = start + j * width
+            live = begin + jnp.arange(width) < stop
+            idx = jax.lax.dynamic_slice(indices, (begin,), (width,))
+            val = jax.lax.dynamic_slice(values, (begin,), (width,))
+            return SparseVector(jnp.where(live, idx, dim), jnp.where(live, val, 0))
+
+        def read(j, carry):
+            p, ok, sums = carry
+            *_, p_j, ok_j, sums_j = look(state, segment(j))
+            return p + p_j, ok & ok_j, {n: sums[n] + sums_j[n] for n in sums}
+
+        zero = jnp.zeros(grid, state.table[0].dtype)
+        start_sums = {n: zero for n in rule.sums}
+        p, ok, sums = jax.lax.fori_loop(0, count, read, (zero, jnp.bool_(True), start_sums))
+        slope, ok, learn = learn_from(state, p, label, ok, active)
+
+        def update_segment(j, carry):
+            table, _ = carry
+            idx, vals, rows, cols, w, *_ = look(state, segment(j), table)
+            new_cols, new_scalars = advance(state, cols, sums, w, slope * vals)
+            new_scalars = {k: v.astype(state.scalars[k].dtype) for k, v in new_scalars.items()}
+            return write(table, idx, rows, new_cols, learn), new_scalars
+
+        # every segment gives the same new scalars (they follow from the old ones and the sums)
+        table, new_scalars = jax.lax.fori_loop(
+            0, count, update_segment, (state.table, dict(state.scalars))
+        )
+        return close(state, table, new_scalars, ok, learn, active), p
 
     def update(state, x, label):
         return step(state, x, label)[0]
@@ -265,7 +323,7 @@ def _linear(name: str, loss: str, rule: _Rule, grid: tuple[int, ...] = ()) -> Li
         return rule.current(state.scalars, split(state.table), state.t + 1)
 
     return LinearLearner(
-        name, loss, init, predict, update, step, weights, rule.coords, grid, blocks
+        name, loss, init, predict, update, step, weights, rule.coords, grid, blocks, step_flat
     )
 
 
@@ -461,13 +519,13 @@ def nag(learning_rate=0.5, *, loss: str = "logistic") -> LinearLearner:
         return cols["w"]
 
     def advance(scalars, cols, w, g, t):
-        n = scalars["N"] + jnp.sum(cols["ratio"], axis=0)
+        n = scalars["N"] + cols["ratio_sum"]
         sqrt_g = jnp.hypot(cols["sqrt_g"], g)
         rate = _eta(learning_rate, t, w.dtype) * jnp.sqrt(safe_div(t.astype(w.dtype), n))
         w = w - rate * safe_div(g, cols["s"] * sqrt_g)
         return {"w": w, "s": cols["s"], "sqrt_g": sqrt_g}, {"N": n}
 
-    rule = _Rule(("w", "s", "sqrt_g"), {"N": 0.0}, current, advance, project)
+    rule = _Rule(("w", "s", "sqrt_g"), {"N": 0.0}, current, advance, project, ("ratio",))
     return _linear("nag", loss, rule, _grid_shape(learning_rate))
 
 

@@ -29,11 +29,18 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from sketchopt.stream.examples import SparseExamples, SparseVector, pad_rows
+from sketchopt.stream.examples import (
+    FlatExamples,
+    SparseExamples,
+    SparseVector,
+    pad_rows,
+    to_flat,
+)
 from sketchopt.stream.learners import LinearLearner, error, loss_value
 
 __all__ = [
     "GridResult",
+    "as_flat",
     "Progress",
     "StreamResult",
     "chunked",
@@ -98,31 +105,68 @@ def _mean(total, count):
     return np.where(count > 0, total / np.maximum(count, 1), np.nan)
 
 
-def chunked(examples: SparseExamples, chunk_size: int, dim: int) -> Iterator[SparseExamples]:
-    """``examples`` in chunks of ``chunk_size`` rows, the last padded (masked rows)."""
+def chunked(
+    examples: SparseExamples, chunk_size: int, dim: int, *, flat: bool = False, width=None
+) -> Iterator[SparseExamples | FlatExamples]:
+    """``examples`` in chunks of ``chunk_size`` rows, the last padded (masked rows); with
+    ``flat``, as :class:`FlatExamples` (see :func:`as_flat`)."""
     n = examples.size
-    for start in range(0, max(n, 1), chunk_size):
-        part = SparseExamples(*(np.asarray(a)[start : start + chunk_size] for a in examples))
-        yield pad_rows(part, chunk_size, dim)
+    chunks = (
+        pad_rows(
+            SparseExamples(*(np.asarray(a)[start : start + chunk_size] for a in examples)),
+            chunk_size,
+            dim,
+        )
+        for start in range(0, max(n, 1), chunk_size)
+    )
+    yield from (as_flat(chunks, dim, width) if flat else chunks)
 
 
-def _scan_chunk(learner: LinearLearner):
-    """``(state, chunk) -> (state, (loss, error, scored))`` per example of the chunk."""
+def as_flat(
+    chunks: Iterable[SparseExamples], dim: int, width: int | None = None
+) -> Iterator[FlatExamples]:
+    """The chunks as :class:`FlatExamples`, for streams whose examples' lengths vary: the
+    runner then costs each example by its own length. ``width`` (the segment a learner reads at
+    a time) defaults to the first chunk's choice (:func:`~sketchopt.stream.examples.to_flat`)
+    and is kept for the whole stream."""
+    for chunk in chunks:
+        flat = to_flat(chunk, dim, width)
+        width = flat.width
+        yield flat
+
+
+def _scan_chunk(learner: LinearLearner, width: int | None = None):
+    """``(state, chunk) -> (state, (loss, error, scored))`` per example of the chunk: a
+    :class:`SparseExamples` chunk, or with ``width`` the arrays of a :class:`FlatExamples`."""
+
+    def score(state, new, p, label, active):
+        scored = active & (new.nonfinite_count == state.nonfinite_count)
+        label = label.astype(p.dtype)
+        loss = jnp.where(scored, loss_value(learner.loss, p, label), 0)
+        err = jnp.where(scored, error(p, label), 0)
+        return new, (loss, err, scored)
 
     def run(state, chunk):
         def body(state, example):
             idx, val, label, active = example
             new, p = learner.step(state, SparseVector(idx, val), label, active)
-            scored = active & (new.nonfinite_count == state.nonfinite_count)
-            label = label.astype(p.dtype)
-            loss = jnp.where(scored, loss_value(learner.loss, p, label), 0)
-            err = jnp.where(scored, error(p, label), 0)
-            return new, (loss, err, scored)
+            return score(state, new, p, label, active)
 
         xs = (chunk.indices, chunk.values, chunk.labels, chunk.mask)
         return jax.lax.scan(body, state, xs)
 
-    return run
+    def run_flat(state, chunk):
+        def body(state, example):
+            start, stop, label, active = example
+            new, p = learner.step_flat(
+                state, chunk.indices, chunk.values, start, stop, label, active, width=width
+            )
+            return score(state, new, p, label, active)
+
+        xs = (chunk.starts, chunk.stops, chunk.labels, chunk.mask)
+        return jax.lax.scan(body, state, xs)
+
+    return run if width is None else run_flat
 
 
 def _doubling_lines(progress: Progress, loss, err, scored, curve: list[dict]) -> Progress:
@@ -161,15 +205,24 @@ def _squeeze(x):
 
 
 def _drive(
-    fn, state, chunks: Iterable[SparseExamples], progress: Progress, curve, bar
+    learner: LinearLearner, state, chunks: Iterable, progress: Progress, curve, bar
 ) -> tuple[Any, Progress, float]:
-    compiled, seconds = None, 0.0
+    """Runs the chunks; each chunk shape compiles once, outside the timed calls."""
+    compiled: dict = {}
+    seconds = 0.0
     for chunk in chunks:
-        chunk = SparseExamples(*(jnp.asarray(a) for a in chunk))
-        if compiled is None:
-            compiled = jax.jit(fn, donate_argnums=0).lower(state, chunk).compile()
+        if isinstance(chunk, FlatExamples):
+            width = chunk.width
+            chunk = FlatExamples(*(jnp.asarray(a) for a in chunk[:-1]), None)
+        else:
+            width = None
+            chunk = SparseExamples(*(jnp.asarray(a) for a in chunk))
+        key = (width, tuple(a.shape for a in chunk if a is not None))
+        if key not in compiled:
+            fn = jax.jit(_scan_chunk(learner, width), donate_argnums=0)
+            compiled[key] = fn.lower(state, chunk).compile()
         start = time.perf_counter()
-        state, (loss, err, scored) = compiled(state, chunk)
+        state, (loss, err, scored) = compiled[key](state, chunk)
         jax.block_until_ready((state, loss))
         seconds += time.perf_counter() - start
         per_example = (np.moveaxis(np.asarray(a), 0, -1) for a in (loss, err, scored))
@@ -208,7 +261,7 @@ def run_stream(
     curve = [] if curve is None else curve
     bar = _bar(progress, total)
     try:
-        state, prog, seconds = _drive(_scan_chunk(learner), state, chunks, start, curve, bar)
+        state, prog, seconds = _drive(learner, state, chunks, start, curve, bar)
     finally:
         if bar is not None:
             bar.close()
@@ -254,7 +307,7 @@ def run_grid(
     curve: list[dict] = []
     try:
         state, prog, seconds = _drive(
-            _scan_chunk(learner), state, chunks, Progress.zeros((len(points),)), curve, bar
+            learner, state, chunks, Progress.zeros((len(points),)), curve, bar
         )
     finally:
         if bar is not None:
