@@ -205,14 +205,14 @@ class Stream:
         self.nnz_mean, self.nnz_max = float(counts.mean()), int(self.train.indices.shape[1])
         self.scale = float(np.mean(np.asarray(xtr.multiply(xtr).sum(axis=1))))  # r = E|x|^2
 
-    def chunks(self, part: str = "train", flat: bool = False):
-        """Padded chunks, or flat ones (each example costs its own length: the learning
-        passes use these; ``runner.evaluate`` takes padded ones)."""
+    def chunks(self, part: str = "train", auto: bool = False):
+        """Padded chunks, or with ``auto`` the layout ``runner.auto_layout`` picks (flat where
+        the lengths vary: the learning passes use it; ``runner.evaluate`` takes padded ones)."""
         from sketchopt.stream import runner
 
         data = self.train if part == "train" else self.test
-        size = _chunk_size(data.size)
-        return runner.chunked(data, size, self.dim, flat=flat)
+        chunks = runner.chunked(data, _chunk_size(data.size), self.dim)
+        return runner.auto_layout(chunks, self.dim) if auto else chunks
 
     def info(self) -> dict:
         return {
@@ -498,12 +498,12 @@ def run_sketchopt(name: str, stream: Stream, grid: dict) -> dict:
     from sketchopt.stream import runner
 
     make, static = sketchopt_make(name, stream.scale)
-    result = runner.run_grid(make, grid, stream.chunks(flat=True), stream.dim)
+    result = runner.run_grid(make, grid, stream.chunks(auto=True), stream.dim)
     errors, losses = np.asarray(result.progressive_error), np.asarray(result.progressive_loss)
     best = _rank(errors, losses)
     point = {k: float(v) for k, v in result.points[best].items() if k != "seed"}
     learner = make(**point)
-    alone = runner.run_stream(learner, stream.chunks(flat=True), stream.dim)
+    alone = runner.run_stream(learner, stream.chunks(auto=True), stream.dim)
     test_loss, test_error, _ = runner.evaluate(learner, alone.state, stream.chunks("test"))
     weights = np.asarray(learner.weights(alone.state))
     return {

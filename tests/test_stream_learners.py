@@ -300,3 +300,15 @@ def test_flat_chunks_equal_padded_chunks(name, width):
         for a, b in zip(flat.state.table, padded.state.table, strict=True):
             np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-12, atol=1e-14)
         np.testing.assert_allclose(flat.progressive_loss, padded.progressive_loss, rtol=1e-12)
+
+
+def test_auto_layout_goes_flat_where_lengths_vary():
+    from sketchopt.stream import runner
+
+    stream, _, _ = sparse_stream(n=60, seed=8)  # mostly 1-6 non-zeros, a few dense: DIM wide
+    chunks = list(runner.auto_layout(runner.chunked(stream, 30, DIM), DIM))
+    assert all(isinstance(c, ex.FlatExamples) for c in chunks) and len(chunks) == 2
+    assert len({c.width for c in chunks}) == 1
+    even = ex.from_dense(np.eye(DIM)[:20] + np.eye(DIM)[1:21], np.ones(20))
+    chunks = list(runner.auto_layout(runner.chunked(even, 10, DIM), DIM))
+    assert all(isinstance(c, ex.SparseExamples) for c in chunks)

@@ -123,10 +123,11 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument(
         "--layout",
-        choices=("flat", "padded"),
-        default="flat",
-        help="flat: each example costs its own length (default); padded: every example padded "
-        "to the longest (sketchopt.stream.examples)",
+        choices=("auto", "flat", "padded"),
+        default="auto",
+        help="flat: each example costs its own length; padded: every example padded to the "
+        "longest; auto (default): flat when the padding would more than double the work "
+        "(sketchopt.stream.runner.auto_layout)",
     )
     parser.add_argument("--quiet", action="store_true", help="no progress bar or report")
     return parser
@@ -216,6 +217,8 @@ def run(args) -> dict:
     )  # fmt: skip
     if args.layout == "flat":
         chunks = runner.as_flat(chunks, dim)
+    elif args.layout == "auto":
+        chunks = runner.auto_layout(chunks, dim)
     result = runner.run_stream(
         learner, chunks, dim, state=state, start=start, curve=curve,
         progress=not args.quiet, total=info.examples,

@@ -41,6 +41,7 @@ from sketchopt.stream.learners import LinearLearner, error, loss_value
 __all__ = [
     "GridResult",
     "as_flat",
+    "auto_layout",
     "Progress",
     "StreamResult",
     "chunked",
@@ -120,6 +121,29 @@ def chunked(
         for start in range(0, max(n, 1), chunk_size)
     )
     yield from (as_flat(chunks, dim, width) if flat else chunks)
+
+
+def auto_layout(
+    chunks: Iterable[SparseExamples], dim: int, *, ratio: float = 2.0
+) -> Iterator[SparseExamples | FlatExamples]:
+    """The chunks as they are, or as :class:`FlatExamples` when the first chunk's padded width is
+    more than ``ratio`` times its mean number of non-zeros; the choice holds for the stream.
+
+    Measured on the VW benchmark's streams: flat chunks cost short examples of even length about
+    25% more (two loops of segments per example), and save 1.5-3x where lengths vary (crossed
+    MNIST pixels: 12k non-zeros on average, 42k at most)."""
+    chunks = iter(chunks)
+    first = next(chunks, None)
+    if first is None:
+        return
+    indices = np.asarray(first.indices)
+    real = np.asarray(first.mask)
+    mean = (indices[real] != dim).sum(axis=1).mean() if real.any() else indices.shape[1]
+    rest = itertools.chain([first], chunks)
+    if indices.shape[1] > ratio * max(mean, 1.0):
+        yield from as_flat(rest, dim)
+    else:
+        yield from rest
 
 
 def as_flat(
@@ -331,6 +355,8 @@ def evaluate(
 
     preds, losses, errors = [], [], []
     for chunk in chunks:
+        if isinstance(chunk, FlatExamples):
+            raise TypeError("evaluate takes padded SparseExamples chunks, not FlatExamples")
         chunk = SparseExamples(*(jnp.asarray(a) for a in chunk))
         p, loss, err = run(state, chunk)
         keep = np.asarray(chunk.mask)
