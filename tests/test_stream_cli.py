@@ -62,25 +62,25 @@ def test_json_contract_and_the_runner_agree(files):
     assert summary["progressive_loss"] == pytest.approx(float(result.progressive_loss), rel=1e-6)
 
 
-def test_resume_continues_bit_identically(files):
+@pytest.mark.parametrize("layout", ["auto", "flat"])
+def test_resume_continues_bit_identically(files, layout):
     import orbax.checkpoint as ocp
 
-    flags = ["--learner", "ada_diag", "--l1", "0.01", "--chunk-size", "256"]
-    assert run_cli(files / "a.svm", *flags, "--save", files / "first") == 0
-    resume = ["--resume", files / "first", "--chunk-size", "256", "--save", files / "second"]
+    flags = ["--learner", "ada_diag", "--l1", "0.01", "--chunk-size", "256", "--layout", layout]
+    first, second, whole = (files / f"{name}-{layout}" for name in ("first", "second", "whole"))
+    assert run_cli(files / "a.svm", *flags, "--save", first) == 0
+    resume = ["--resume", first, "--chunk-size", "256", "--save", second]
     assert run_cli(files / "b.svm", *resume, "--json", files / "second.json") == 0
-    assert (
-        run_cli(files / "ab.svm", *flags, "--save", files / "whole", "--json", files / "w.json")
-        == 0
-    )
-    second = json.loads((files / "second.json").read_text())
-    whole = json.loads((files / "w.json").read_text())
-    assert second["examples"] == whole["examples"] == 1200
-    assert second["progressive_loss"] == whole["progressive_loss"]
-    assert second["progressive_error"] == whole["progressive_error"]
+    assert run_cli(files / "ab.svm", *flags, "--save", whole, "--json", files / "w.json") == 0
+    resumed = json.loads((files / "second.json").read_text())
+    at_once = json.loads((files / "w.json").read_text())
+    assert resumed["examples"] == at_once["examples"] == 1200
+    assert resumed["layout"] == at_once["layout"] == ("padded" if layout == "auto" else "flat")
+    assert resumed["progressive_loss"] == at_once["progressive_loss"]
+    assert resumed["progressive_error"] == at_once["progressive_error"]
     with ocp.StandardCheckpointer() as checkpointer:
-        a = checkpointer.restore((files / "second" / "state").resolve())
-        b = checkpointer.restore((files / "whole" / "state").resolve())
+        a = checkpointer.restore((second / "state").resolve())
+        b = checkpointer.restore((whole / "state").resolve())
     for x, y in zip(a["state"]["table"], b["state"]["table"], strict=True):
         assert x.dtype == y.dtype and np.asarray(x).tobytes() == np.asarray(y).tobytes()
 

@@ -16,9 +16,10 @@ Decisions (no VW flag has the same meaning everywhere):
   FTRL-Proximal. Its default depends on the learner (:data:`DEFAULT_LEARNING_RATE`).
 * ``--l1`` is the L1 strength of every learner (truncated gradient's gravity); ``--l2`` exists
   for FTRL-Proximal only (the others reject a non-zero ``--l2``).
-* ``--resume DIR`` takes the learner, its hyperparameters, the loss, ``--bits`` and the
-  dimension from the checkpoint (the hyperparameter flags are ignored then); a ``--learner``,
-  ``--loss`` or ``--bits`` other than the checkpoint's is an error.
+* ``--resume DIR`` takes the learner, its hyperparameters, the loss, ``--bits``, the dimension
+  and the chunk layout (flat with its segment width, or padded with its width) from the
+  checkpoint (those flags are ignored then), so that the resumed half computes exactly as one
+  run would; a ``--learner``, ``--loss`` or ``--bits`` other than the checkpoint's is an error.
 * ``--predict FILE`` writes the raw score ``w . x`` of each test example, one per line (VW's
   ``-p`` without a link function).
 * ``--sketch-size`` and ``--alpha`` belong to the second-order learners (``oja_son``,
@@ -29,6 +30,7 @@ Decisions (no VW flag has the same meaning everywhere):
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import math
 import pathlib
@@ -195,7 +197,36 @@ def _resolve(args) -> tuple[dict, dict | None]:
     for key, value in given.items():
         if value is not None and value != saved[key]:
             raise ValueError(f"--{key} {value} differs from the checkpoint's {saved[key]}")
-    return {k: saved[k] for k in ("learner", "loss", "bits", "hyperparameters", "dim")}, saved
+    keys = ("learner", "loss", "bits", "hyperparameters", "dim", "layout", "width", "nnz")
+    return {k: saved[k] for k in keys}, saved
+
+
+def _layout(args, config, info, dim):
+    """The training chunks in the run's layout. A new run resolves ``--layout auto`` from the
+    first chunk and records the layout, the segment width and the padded width in ``config``;
+    a resumed run reuses the checkpoint's, so that both halves compute alike, to the bit."""
+    nnz = config.get("nnz") if config.get("layout") == "padded" else None
+    chunks = iter(
+        data.iter_svmlight(
+            args.train, chunk_size=args.chunk_size, loss=config["loss"], dim=dim,
+            bits=config["bits"], info=info, nnz=nnz,
+        )
+    )  # fmt: skip
+    first = next(chunks, None)
+    if first is None:
+        return iter(())
+    if "layout" not in config:
+        layout = args.layout
+        if layout == "auto":
+            layout = "flat" if runner.flat_pays(first, dim) else "padded"
+        config.update(layout=layout, nnz=int(first.indices.shape[1]), width=None)
+    chunks = itertools.chain([first], chunks)
+    if config["layout"] == "padded":
+        return chunks
+    flat = runner.as_flat(chunks, dim, config["width"])
+    first_flat = next(flat)
+    config["width"] = first_flat.width
+    return itertools.chain([first_flat], flat)
 
 
 def run(args) -> dict:
@@ -211,14 +242,7 @@ def run(args) -> dict:
     if saved is not None:
         state, start = _restore(args.resume, learner, dim)
         curve = [dict(line) for line in saved["curve"]]
-    chunks = data.iter_svmlight(
-        args.train, chunk_size=args.chunk_size, loss=config["loss"], dim=dim,
-        bits=config["bits"], info=info,
-    )  # fmt: skip
-    if args.layout == "flat":
-        chunks = runner.as_flat(chunks, dim)
-    elif args.layout == "auto":
-        chunks = runner.auto_layout(chunks, dim)
+    chunks = _layout(args, config, info, dim)
     result = runner.run_stream(
         learner, chunks, dim, state=state, start=start, curve=curve,
         progress=not args.quiet, total=info.examples,
@@ -228,6 +252,8 @@ def run(args) -> dict:
         "loss": config["loss"],
         "dim": dim,
         "hyperparameters": config["hyperparameters"],
+        "layout": config.get("layout"),
+        "width": config.get("width") if config.get("layout") == "flat" else config.get("nnz"),
         "examples": result.examples,
         "progressive_loss": float(result.progressive_loss),
         "progressive_error": float(result.progressive_error),

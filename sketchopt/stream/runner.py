@@ -42,6 +42,7 @@ __all__ = [
     "GridResult",
     "as_flat",
     "auto_layout",
+    "flat_pays",
     "Progress",
     "StreamResult",
     "chunked",
@@ -123,11 +124,20 @@ def chunked(
     yield from (as_flat(chunks, dim, width) if flat else chunks)
 
 
+def flat_pays(chunk: SparseExamples, dim: int, *, ratio: float = 2.0) -> bool:
+    """Whether ``chunk``'s padded width is more than ``ratio`` times its mean number of
+    non-zeros (padding would more than double the work): the choice of :func:`auto_layout`."""
+    indices = np.asarray(chunk.indices)
+    real = np.asarray(chunk.mask)
+    mean = (indices[real] != dim).sum(axis=1).mean() if real.any() else indices.shape[1]
+    return bool(indices.shape[1] > ratio * max(mean, 1.0))
+
+
 def auto_layout(
     chunks: Iterable[SparseExamples], dim: int, *, ratio: float = 2.0
 ) -> Iterator[SparseExamples | FlatExamples]:
-    """The chunks as they are, or as :class:`FlatExamples` when the first chunk's padded width is
-    more than ``ratio`` times its mean number of non-zeros; the choice holds for the stream.
+    """The chunks as they are, or as :class:`FlatExamples` where the first chunk says flat
+    pays (:func:`flat_pays`); the choice holds for the stream.
 
     Measured on the VW benchmark's streams: flat chunks cost short examples of even length about
     25% more (two loops of segments per example), and save 1.5-3x where lengths vary (crossed
@@ -136,14 +146,8 @@ def auto_layout(
     first = next(chunks, None)
     if first is None:
         return
-    indices = np.asarray(first.indices)
-    real = np.asarray(first.mask)
-    mean = (indices[real] != dim).sum(axis=1).mean() if real.any() else indices.shape[1]
     rest = itertools.chain([first], chunks)
-    if indices.shape[1] > ratio * max(mean, 1.0):
-        yield from as_flat(rest, dim)
-    else:
-        yield from rest
+    yield from (as_flat(rest, dim) if flat_pays(first, dim, ratio=ratio) else rest)
 
 
 def as_flat(
