@@ -312,3 +312,13 @@ def test_auto_layout_goes_flat_where_lengths_vary():
     even = ex.from_dense(np.eye(DIM)[:20] + np.eye(DIM)[1:21], np.ones(20))
     chunks = list(runner.auto_layout(runner.chunked(even, 10, DIM), DIM))
     assert all(isinstance(c, ex.SparseExamples) for c in chunks)
+
+
+def test_plain_pairs_and_zero_one_labels():
+    """``x`` may be any ``(indices, values)`` pair; a classification label 0 is the class -1."""
+    learner = ln.ada_diag(0.5, 0.1)
+    x = (np.array([3, 7, DIM], np.int32), np.array([1.0, -2.0, 0.0], np.float32))
+    a, p = learner.step(learner.init(DIM), x, 0.0)
+    b, q = learner.step(learner.init(DIM), ex.SparseVector(*x), -1.0)
+    assert float(p) == float(q) == 0.0
+    assert_identical(a, b)

@@ -26,6 +26,9 @@ such a step composes into one closed form, applied when the coordinate next appe
   sums that a zero gradient leaves alone (FTRL's ``sigma`` is 0 then, for a constant ``alpha``):
   the weights are computed from the sums when needed, nothing to catch up.
 
+**Labels.** The classification losses (logistic, hinge, squared hinge) take labels in
+``{-1, +1}``; a label 0 is read as -1, as the loaders map ``{0, 1}`` labels.
+
 **Bad input.** An example with a non-finite value or label, an index below 0 or above ``d``, or
 a non-finite loss derivative is skipped: state unchanged (every array bit-identical), ``t`` not
 advanced, ``nonfinite_count`` incremented. Only ``O(s)`` entries are ever selected, never whole
@@ -51,7 +54,7 @@ import optax
 
 from sketchopt._numerics import state_dtype
 from sketchopt.regularizers import soft_threshold
-from sketchopt.stream.examples import SparseVector
+from sketchopt.stream.examples import CLASSIFICATION_LOSSES, SparseVector
 
 __all__ = [
     "LEARNERS",
@@ -59,6 +62,7 @@ __all__ = [
     "LinearLearner",
     "LinearState",
     "ada_diag",
+    "class_label",
     "column",
     "error",
     "fobos",
@@ -88,6 +92,15 @@ LOSSES: dict[str, Callable] = {
 def loss_value(loss: str, prediction, label):
     """The loss ``loss`` of ``prediction`` at ``label``."""
     return _loss(loss)(prediction, label)
+
+
+def class_label(loss: str, label):
+    """``label`` as the loss reads it: for the classification losses a 0 is the negative class
+    -1 (as the loaders map ``{0, 1}`` labels); other labels unchanged."""
+    label = jnp.asarray(label)
+    if loss in CLASSIFICATION_LOSSES:
+        return jnp.where(label == 0, -1, label).astype(label.dtype)
+    return label
 
 
 def error(prediction, label):
@@ -215,8 +228,8 @@ def _linear(name: str, loss: str, rule: _Rule, grid: tuple[int, ...] = ()) -> Li
 
     def gather(state, x):
         dim = state.table[0].shape[0]
-        indices = jnp.asarray(x.indices)
-        values = jnp.asarray(x.values)
+        indices, values = x  # a SparseVector, or any (indices, values) pair
+        indices, values = jnp.asarray(indices), jnp.asarray(values)
         ok = jnp.all((indices >= 0) & (indices <= dim) & jnp.isfinite(values))
         idx = jnp.where(ok, indices, dim)  # a bad example reads and writes padding only
         rows = tuple(b.at[idx].get(mode="fill", fill_value=0) for b in state.table)
@@ -237,7 +250,7 @@ def _linear(name: str, loss: str, rule: _Rule, grid: tuple[int, ...] = ()) -> Li
         return idx, vals, rows, cols, w, jnp.sum(w * vals, axis=0), ok, sums
 
     def learn_from(state, p, label, ok, active):
-        label = jnp.asarray(label, state.table[0].dtype)
+        label = class_label(loss, jnp.asarray(label, state.table[0].dtype))
         slope = derivative(p, label)
         ok = ok & jnp.isfinite(label) & jnp.isfinite(slope)
         return slope, ok, ok & active

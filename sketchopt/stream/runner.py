@@ -36,7 +36,7 @@ from sketchopt.stream.examples import (
     pad_rows,
     to_flat,
 )
-from sketchopt.stream.learners import LinearLearner, error, loss_value
+from sketchopt.stream.learners import LinearLearner, class_label, error, loss_value
 
 __all__ = [
     "GridResult",
@@ -169,7 +169,7 @@ def _scan_chunk(learner: LinearLearner, width: int | None = None):
 
     def score(state, new, p, label, active):
         scored = active & (new.nonfinite_count == state.nonfinite_count)
-        label = label.astype(p.dtype)
+        label = class_label(learner.loss, label.astype(p.dtype))
         loss = jnp.where(scored, loss_value(learner.loss, p, label), 0)
         err = jnp.where(scored, error(p, label), 0)
         return new, (loss, err, scored)
@@ -354,7 +354,7 @@ def evaluate(
     @jax.jit
     def run(state, chunk):
         p = jax.vmap(learner.predict, in_axes=(None, 0))(state, chunk.x)
-        labels = chunk.labels.astype(p.dtype)
+        labels = class_label(learner.loss, chunk.labels.astype(p.dtype))
         return p, loss_value(learner.loss, p, labels), error(p, labels)
 
     preds, losses, errors = [], [], []
