@@ -117,3 +117,16 @@ def test_bits_hashes_a_wider_stream_into_two_to_the_b(files):
     assert summary["dim"] == 64 and summary["examples"] == 700
     assert run_cli(files / "a.svm", "--bits", "10", "--json", out) == 0
     assert json.loads(out.read_text())["dim"] == 1024  # wider than the data: no hashing needed
+
+
+def test_the_test_file_is_read_with_the_training_files_index_base(tmp_path):
+    """A zero-based training file, a test file without an index 0: its indices are not shifted
+    (a separate "auto" would read it as one-based)."""
+    train, test = tmp_path / "train.svm", tmp_path / "test.svm"
+    train.write_text("1 0:1 2:1\n-1 1:1\n1 0:1\n-1 1:1 2:-1\n" * 20)
+    test.write_text("1 2:1\n-1 1:1\n")
+    out = tmp_path / "s.json"
+    assert run_cli(train, "--test", test, "--predict", tmp_path / "p.txt", "--json", out) == 0
+    predictions = np.loadtxt(tmp_path / "p.txt")
+    assert predictions[0] > 0 > predictions[1]  # feature 2 positive, feature 1 negative
+    assert json.loads(out.read_text())["test_error"] == 0.0

@@ -198,6 +198,7 @@ def _resolve(args) -> tuple[dict, dict | None]:
         if value is not None and value != saved[key]:
             raise ValueError(f"--{key} {value} differs from the checkpoint's {saved[key]}")
     keys = ("learner", "loss", "bits", "hyperparameters", "dim", "layout", "width", "nnz")
+    keys += ("zero_based",)
     return {k: saved[k] for k in keys}, saved
 
 
@@ -235,7 +236,11 @@ def run(args) -> dict:
     learner = learners.make_learner(
         config["learner"], loss=config["loss"], **config["hyperparameters"]
     )
-    info = data.scan_svmlight(args.train)
+    # The index base is decided once: by the first training file (one-based unless it holds an
+    # index 0), then kept for the test file and for resumed runs, which a file of their own,
+    # lacking an index 0, would otherwise shift.
+    info = data.scan_svmlight(args.train, zero_based=config.get("zero_based", "auto"))
+    config["zero_based"] = info.zero_based
     dim = data.stream_dim(info, bits=config["bits"]) if saved is None else saved["dim"]
     config["dim"] = dim
     state, start, curve = None, None, None
@@ -263,7 +268,7 @@ def run(args) -> dict:
         "curve": [{k: v for k, v in line.items() if k != "loss_sum"} for line in result.curve],
     }
     if args.test is not None:
-        test_info = data.scan_svmlight(args.test)
+        test_info = data.scan_svmlight(args.test, zero_based=config["zero_based"])
         test_chunks = data.iter_svmlight(
             args.test, chunk_size=args.chunk_size, loss=config["loss"], dim=dim,
             bits=config["bits"], info=test_info,
