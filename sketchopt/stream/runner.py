@@ -1,13 +1,15 @@
 """Progressive validation over a whole stream, one compiled ``lax.scan`` per chunk.
 
-:func:`run_stream` walks a stream of equally shaped :class:`SparseExamples` chunks (what
-:func:`sketchopt.stream.data.iter_svmlight` yields, or :func:`chunked` of an in-memory batch):
+:func:`run_stream` walks a stream of chunks, padded :class:`SparseExamples` (what
+:func:`sketchopt.stream.data.iter_svmlight` yields, or :func:`chunked` of an in-memory batch) or
+:class:`FlatExamples` (:func:`as_flat`, :func:`auto_layout`: each example costs its own length):
 each example is predicted, scored, then learned from (progressive validation, as VW reports it),
 the state carried from chunk to chunk, so memory is one chunk and one state whatever the
-stream's length. The chunk function is compiled once, before the first chunk (its compilation
-and the host's loading are outside the measured ``seconds``). Totals are accumulated on the host
-in float64, example by example in stream order (``np.cumsum``), so a run resumed from a saved
-:class:`Progress` gives the same numbers, to the bit, as one uninterrupted run.
+stream's length. The chunk function is compiled once per chunk shape, outside the timed calls
+(compilation and the host's loading are not in the measured ``seconds``). Totals are
+accumulated on the host in float64, example by example in stream order (``np.cumsum``), so a run
+resumed from a saved :class:`Progress` gives the same numbers, to the bit, as one uninterrupted
+run.
 
 :func:`run_grid` runs every point of a hyperparameter grid (times seeds) in the same pass,
 one compiled program, through the learners' grid form: every example touches ``O(s)`` rows,
