@@ -119,9 +119,10 @@ class LinearState(NamedTuple):
     """State of a sparse linear learner.
 
     Attributes:
-      table: the per-coordinate numbers in blocks ``(d, k_b, *grid)`` (the learner's
-        ``blocks`` name their columns, e.g. ``("w", "s", "mark")`` for ADA-DIAG; read one with
-        :func:`column`). One configuration keeps all ``k`` columns in one block, so that an
+      table: the per-coordinate numbers: one ``(d, k)`` block, or for a grid one ``(d, G)``
+        block per column (the learner's ``blocks`` name their columns, e.g.
+        ``("w", "s", "mark")`` for ADA-DIAG; read one with :func:`column`). One configuration
+        keeps all ``k`` columns in one block, so that an
         example reads one contiguous row per non-zero (at ``d = 2**20``: 3.3 us per example of
         100 non-zeros against 7.9 for three separate arrays); a grid keeps one block per column,
         each row a contiguous ``G``-vector (23 us against 38 for one ``(d, k, G)`` block at
@@ -172,7 +173,7 @@ def column(learner: LinearLearner, state: LinearState, name: str) -> jax.Array:
     """The ``(d, *grid)`` column ``name`` of ``state.table`` (e.g. ``"w"``, ``"z"``, ``"gsum"``)."""
     for block, names in zip(state.table, learner.blocks, strict=True):
         if name in names:
-            return block[:, names.index(name)]
+            return block if learner.grid else block[:, names.index(name)]
     raise KeyError(f"{learner.name} has no column {name!r}; it has {learner.columns}")
 
 
@@ -211,19 +212,24 @@ def _linear(name: str, loss: str, rule: _Rule, grid: tuple[int, ...] = ()) -> Li
     lanes = (1,) * len(grid)  # broadcasts an (s,) vector against (s, *grid) columns
     blocks = tuple((c,) for c in rule.coords) if grid else (rule.coords,)  # see LinearState
 
+    def width(block):  # a grid's one-column blocks are (d, G): no axis of length 1 to gather
+        return () if grid else (len(block),)
+
     def init(dim: int, dtype=jnp.float32, key=None) -> LinearState:
         del key
         dim, dtype = int(dim), state_dtype(dtype)
         if dim < 1:
             raise ValueError(f"dim must be a positive integer, got {dim}")
         return LinearState(
-            table=tuple(jnp.zeros((dim, len(b), *grid), dtype) for b in blocks),
+            table=tuple(jnp.zeros((dim, *width(b), *grid), dtype) for b in blocks),
             scalars={k: jnp.full(grid, v, dtype) for k, v in rule.scalars.items()},
             t=jnp.zeros(grid, jnp.int32),
             nonfinite_count=jnp.zeros(grid, jnp.int32),
         )
 
     def split(rows):
+        if grid:
+            return {b[0]: r for r, b in zip(rows, blocks, strict=True)}
         return {c: r[:, j] for r, b in zip(rows, blocks, strict=True) for j, c in enumerate(b)}
 
     def gather(state, x):
@@ -256,12 +262,14 @@ def _linear(name: str, loss: str, rule: _Rule, grid: tuple[int, ...] = ()) -> Li
         return slope, ok, ok & active
 
     def write(table, idx, rows, new_cols, learn):
-        keep = jnp.reshape(learn, (1, 1, *learn.shape))
+        keep = jnp.reshape(learn, (1, *learn.shape) if grid else (1, 1))
+
+        def block_rows(b, r):
+            new = new_cols[b[0]] if grid else jnp.stack([new_cols[c] for c in b], axis=1)
+            return jnp.where(keep, new.astype(r.dtype), r)
+
         return tuple(
-            block.at[idx].set(
-                jnp.where(keep, jnp.stack([new_cols[c] for c in b], axis=1).astype(r.dtype), r),
-                mode="drop",
-            )
+            block.at[idx].set(block_rows(b, r), mode="drop")
             for block, r, b in zip(table, rows, blocks, strict=True)
         )
 
