@@ -322,3 +322,25 @@ def test_plain_pairs_and_zero_one_labels():
     b, q = learner.step(learner.init(DIM), ex.SparseVector(*x), -1.0)
     assert float(p) == float(q) == 0.0
     assert_identical(a, b)
+
+
+def test_a_grid_over_flat_chunks_equals_the_grid_over_padded_chunks():
+    from sketchopt.stream import runner
+
+    with jax.enable_x64(True):
+        stream, _, _ = sparse_stream(n=90, seed=9)
+        grid = {"learning_rate": [0.1, 0.5], "l1": [0.0, 0.02]}
+
+        def make(**h):
+            return ln.ada_diag(delta=0.1, **h)
+
+        results = [
+            runner.run_grid(
+                make, grid, runner.chunked(stream, 40, DIM, flat=flat, width=8), DIM,
+                dtype=jnp.float64,
+            )
+            for flat in (False, True)
+        ]  # fmt: skip
+    for a, b in zip(results[0].state.table, results[1].state.table, strict=True):
+        np.testing.assert_allclose(np.asarray(b), np.asarray(a), rtol=1e-12, atol=1e-14)
+    np.testing.assert_allclose(results[1].progressive_loss, results[0].progressive_loss, rtol=1e-12)
