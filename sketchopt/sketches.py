@@ -494,6 +494,24 @@ def _fd_spectrum(gram, tau, num_shrunk, arrow):
     return mu, u, delta, shrunk, fallback
 
 
+def _fd_shrunk(state, valid, tau, num_shrunk, alpha_fraction, compensate):
+    """The shrink's rotation ``rot`` (``B' = rot B``, see :func:`_fd_spectrum`) and the state with
+    its small fields shrunk (RFD paper Alg. 1/2 lines 4-6), shared by both bases; the rows are
+    the caller's. With ``valid`` false the small fields are unchanged."""
+    arrow = jnp.maximum(state.fill - 1, 0)  # the row just appended: B B^T is an arrowhead
+    mu, u, delta, shrunk, fallback = _fd_spectrum(state.gram, tau, num_shrunk, arrow)
+    ratio = jnp.where(mu > 0, shrunk / jnp.where(mu > 0, mu, 1), 0)
+    rot = (u * jnp.sqrt(ratio)).T  # B' = diag(sqrt((mu - delta)/mu)) U^T B
+    new = state._replace(
+        gram=jnp.where(valid, jnp.diag(shrunk), state.gram),
+        fill=jnp.where(valid, tau - 1, state.fill).astype(jnp.int32),
+        alpha=jnp.where(valid, state.alpha + alpha_fraction * delta, state.alpha),
+        compensation=jnp.where(valid & compensate, state.compensation + delta, state.compensation),
+        eigh_fallbacks=state.eigh_fallbacks + (valid & fallback),
+    )
+    return rot, new
+
+
 def _fd_shrink(
     state, product, valid, lift=None, row=None, *, tau, num_shrunk, alpha_fraction, compensate
 ):
@@ -506,19 +524,8 @@ def _fd_shrink(
     :class:`Sketch`) also returns ``row - B'^T a``, taken in the pass that rotates the rows.
     """
     n = state.gram.shape[0]
-    arrow = jnp.maximum(state.fill - 1, 0)  # the row just appended: B B^T is an arrowhead
-    mu, u, delta, shrunk, fallback = _fd_spectrum(state.gram, tau, num_shrunk, arrow)
-    ratio = jnp.where(mu > 0, shrunk / jnp.where(mu > 0, mu, 1), 0)
-    rot = (u * jnp.sqrt(ratio)).T  # B' = diag(sqrt((mu - delta)/mu)) U^T B
+    rot, new = _fd_shrunk(state, valid, tau, num_shrunk, alpha_fraction, compensate)
     rot = jnp.where(valid, rot, jnp.eye(n, dtype=rot.dtype))
-    gram = jnp.where(valid, jnp.diag(shrunk), state.gram)
-    new = state._replace(
-        gram=gram,
-        fill=jnp.where(valid, tau - 1, state.fill).astype(jnp.int32),
-        alpha=jnp.where(valid, state.alpha + alpha_fraction * delta, state.alpha),
-        compensation=jnp.where(valid & compensate, state.compensation + delta, state.compensation),
-        eigh_fallbacks=state.eigh_fallbacks + (valid & fallback),
-    )
     product = rot @ product
     kept = rot[: tau - 1]  # the rows past tau - 1 of the rotation are zero
     if lift is None:
@@ -631,23 +638,12 @@ def _fd_shrink_lazy(
     of the stored rows replaces the ``O(n^2 d)`` rotation. Returns ``(state, Z' g / 4**e)`` and,
     with ``lift``, the residual ``row - Z'^T a`` (``a`` over the rows of ``Z'``).
     """
-    arrow = jnp.maximum(state.fill - 1, 0)
-    mu, u, delta, shrunk, fallback = _fd_spectrum(state.gram, tau, num_shrunk, arrow)
-    ratio = jnp.where(mu > 0, shrunk / jnp.where(mu > 0, mu, 1), 0)
-    rot = (u * jnp.sqrt(ratio)).T
+    rot, new = _fd_shrunk(state, valid, tau, num_shrunk, alpha_fraction, compensate)
     f1 = jnp.matmul(rot, state.transform, precision=HIGHEST)
     q = _arrowhead.null_vector(f1[: tau - 1])
     k = jnp.argmax(jnp.abs(q)).astype(jnp.int32)
     h = (q / q[k]).at[k].set(1)
-    transform = f1.at[:, k].set(0)
-    new = state._replace(
-        gram=jnp.where(valid, jnp.diag(shrunk), state.gram),
-        fill=jnp.where(valid, tau - 1, state.fill).astype(jnp.int32),
-        alpha=jnp.where(valid, state.alpha + alpha_fraction * delta, state.alpha),
-        compensation=jnp.where(valid & compensate, state.compensation + delta, state.compensation),
-        eigh_fallbacks=state.eigh_fallbacks + (valid & fallback),
-        transform=jnp.where(valid, transform, state.transform),
-    )
+    new = new._replace(transform=jnp.where(valid, f1.at[:, k].set(0), state.transform))
     product = jnp.where(valid, stored - h * stored[k], stored)  # Z' g = Z g - h (z_k . g)
     if lift is None:
         return new._replace(rows=_free_rows(state.rows, h, k, valid)), product
