@@ -52,6 +52,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
+from sketchopt import _validation
 from sketchopt._numerics import state_dtype
 from sketchopt.regularizers import soft_threshold
 from sketchopt.stream.examples import CLASSIFICATION_LOSSES, SparseVector
@@ -355,16 +356,16 @@ def _eta(learning_rate, t, dtype):
     return jnp.asarray(learning_rate, dtype)
 
 
-def _check(name, value, *, positive=False):
-    """A hyperparameter (a number, or a 1-D grid of them) is finite and ``>= 0`` (``> 0``);
-    traced values pass through unchecked."""
-    if callable(value) or isinstance(value, jax.core.Tracer):
+_RATE = "the steps scale by it"
+
+
+def _check(check, name, value, **options):
+    """``check`` (a :mod:`sketchopt._validation` function, as the dense learners use) on a
+    hyperparameter, or on each value of a 1-D grid of them; schedules and traced values pass."""
+    if callable(value) or _validation.is_traced(value):
         return
-    values = np.asarray(value, np.float64)
-    good = np.isfinite(values) & ((values > 0) if positive else (values >= 0))
-    if not np.all(good):
-        bad = values[~good] if values.ndim else values
-        raise ValueError(f"{name} must be finite and {'> 0' if positive else '>= 0'}, got {bad}")
+    for each in np.ravel(np.asarray(value)):
+        check(name, each.item(), **options)
 
 
 def ada_diag(
@@ -378,9 +379,9 @@ def ada_diag(
     Coordinates: ``w``, ``s`` and ``mark`` (``E`` at the coordinate's last step); scalar ``E``,
     the sum of the learning rates so far (module docstring).
     """
-    _check("learning_rate", learning_rate, positive=True)
-    _check("delta", delta)
-    _check("l1", l1)
+    _check(_validation.step_size, "learning_rate", learning_rate, positive=True, why=_RATE)
+    _check(_validation.ridge, "delta", delta)
+    _check(_validation.strength, "l1", l1)
 
     def shrink(scalars, cols):
         h = delta + cols["s"]
@@ -417,10 +418,9 @@ def truncated_gradient(
     arguments. The skipped truncations of an absent coordinate are its lazy truncation
     (module docstring): coordinates ``w``, ``mark``; scalar ``C``, the shrinkage so far.
     """
-    _check("learning_rate", learning_rate, positive=True)
-    _check("gravity", gravity)
-    if not isinstance(theta, jax.core.Tracer) and not np.all(np.asarray(theta) >= 0):
-        raise ValueError(f"theta must be >= 0, got {theta}")
+    _check(_validation.step_size, "learning_rate", learning_rate, positive=True, why=_RATE)
+    _check(_validation.strength, "gravity", gravity)
+    _check(_validation.strength, "theta", theta, allow_inf=True)
     if int(period) != period or period < 1:
         raise ValueError(f"period must be an integer >= 1, got {period}")
     return _truncating("truncated_gradient", learning_rate, gravity, theta, int(period), loss)
@@ -430,8 +430,8 @@ def fobos(learning_rate=0.1, l1: float = 0.0, *, loss: str = "logistic") -> Line
     """Sparse FOBOS-L1 (Duchi & Singer 2009; slides Alg. 4): ``w <- st(w - eta_t g, eta_t l1)``;
     equals ``sketchopt.fobos_l1(learning_rate, l1)``: :func:`truncated_gradient` with
     ``gravity = l1``, ``theta = inf``, ``period = 1``."""
-    _check("learning_rate", learning_rate, positive=True)
-    _check("l1", l1)
+    _check(_validation.step_size, "learning_rate", learning_rate, positive=True, why=_RATE)
+    _check(_validation.strength, "l1", l1)
     return _truncating("fobos", learning_rate, l1, float("inf"), 1, loss)
 
 
@@ -457,8 +457,8 @@ def rda(learning_rate=1.0, l1: float = 0.0, *, loss: str = "logistic") -> Linear
     """Sparse L1-RDA (Xiao 2010; slides Alg. 5) with ``gamma = learning_rate``:
     ``w_{t+1} = -(sqrt(t) / gamma) st(G_t / t, l1)`` from the gradient sum ``G`` (coordinate
     ``gsum``); equals ``sketchopt.rda_l1(gamma, l1)``."""
-    _check("learning_rate (gamma)", learning_rate, positive=True)
-    _check("l1", l1)
+    _check(_validation.step_size, "learning_rate (gamma)", learning_rate, positive=True, why=_RATE)
+    _check(_validation.strength, "l1", l1)
     gamma = learning_rate
 
     def current(scalars, cols, t):
@@ -485,10 +485,10 @@ def ftrl(
     ``sketchopt.ftrl_proximal(alpha, beta, l1, l2)``."""
     if callable(learning_rate):
         raise ValueError("sparse FTRL-Proximal takes a constant alpha (learning_rate)")
-    _check("learning_rate (alpha)", learning_rate, positive=True)
-    _check("beta", beta)
-    _check("l1", l1)
-    _check("l2", l2)
+    _check(_validation.step_size, "learning_rate (alpha)", learning_rate, positive=True, why=_RATE)
+    _check(_validation.strength, "beta", beta)
+    _check(_validation.strength, "l1", l1)
+    _check(_validation.strength, "l2", l2)
     alpha = learning_rate
 
     def weights(z, sqrt_n):
@@ -523,7 +523,7 @@ def nag(learning_rate=0.5, *, loss: str = "logistic") -> LinearLearner:
 
     Coordinates ``w``, ``s``, ``sqrt_g`` (``sqrt(G)``); scalar ``N``.
     """
-    _check("learning_rate", learning_rate, positive=True)
+    _check(_validation.step_size, "learning_rate", learning_rate, positive=True, why=_RATE)
 
     def safe_div(a, b):
         return jnp.where(b > 0, a / jnp.where(b > 0, b, 1), 0)
