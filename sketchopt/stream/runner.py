@@ -333,19 +333,9 @@ def run_grid(
         raise ValueError(f"make(**grid) built a learner of grid {learner.grid}, not {len(points)}")
     keys = jax.vmap(jax.random.PRNGKey)(jnp.asarray([p["seed"] for p in points]))
     state = learner.init(dim, dtype, keys)
-    bar = _bar(progress, total)
-    curve: list[dict] = []
-    try:
-        state, prog, seconds = _drive(
-            learner, state, chunks, Progress.zeros((len(points),)), curve, bar
-        )
-    finally:
-        if bar is not None:
-            bar.close()
-    examples = int(np.max(prog.examples))
-    return GridResult(
-        state, prog, curve, seconds, examples / seconds if seconds else 0.0, points=points
-    )
+    result = run_stream(learner, chunks, dim, state=state, progress=progress, total=total)
+    fields = {f.name: getattr(result, f.name) for f in dataclasses.fields(StreamResult)}
+    return GridResult(**fields, points=points)
 
 
 def evaluate(
