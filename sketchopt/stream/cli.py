@@ -268,10 +268,9 @@ def run(args) -> dict:
         "curve": [{k: v for k, v in line.items() if k != "loss_sum"} for line in result.curve],
     }
     if args.test is not None:
-        test_info = data.scan_svmlight(args.test, zero_based=config["zero_based"])
         test_chunks = data.iter_svmlight(
             args.test, chunk_size=args.chunk_size, loss=config["loss"], dim=dim,
-            bits=config["bits"], info=test_info,
+            bits=config["bits"], zero_based=config["zero_based"],
         )  # fmt: skip
         test_loss, test_error, predictions = runner.evaluate(learner, result.state, test_chunks)
         summary.update(test_loss=test_loss, test_error=test_error, test_examples=len(predictions))
