@@ -86,8 +86,10 @@ def test_resume_continues_bit_identically(files, layout):
 
 
 def test_errors_are_clear(files, capsys, tmp_path):
-    assert run_cli(files / "a.svm", "--learner", "oja_son") == 2
-    assert "not yet available" in capsys.readouterr().err
+    assert run_cli(files / "a.svm", "--learner", "oja_son", "--l1", "0.1") == 2
+    assert "do not apply to oja_son" in capsys.readouterr().err
+    assert run_cli(files / "a.svm", "--learner", "fd_son", "--alpha", "0", "--bound", "1") == 2
+    assert "bound" in capsys.readouterr().err
     assert run_cli(files / "a.svm", "--learner", "fobos", "--l2", "0.1") == 2
     assert "--l2 applies to ftrl only" in capsys.readouterr().err
     bad = tmp_path / "bad.svm"

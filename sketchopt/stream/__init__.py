@@ -4,7 +4,8 @@ streams").
 
 * :mod:`sketchopt.stream.examples` -- :class:`SparseExamples`, padded ``(indices, values)``;
 * :mod:`sketchopt.stream.data` -- LIBSVM/svmlight files in chunks, VW's text format, hashing;
-* :mod:`sketchopt.stream.learners` -- the learners and their losses;
+* :mod:`sketchopt.stream.learners` -- the first-order learners and their losses;
+* :mod:`sketchopt.stream.second_order` -- SON (Oja, FD, RFD, RP) and Ada-FD in ``O(m^2 + m s)``;
 * :mod:`sketchopt.stream.runner` -- progressive validation over a stream, grids by ``vmap``;
 * :mod:`sketchopt.stream.cli` -- the command line.
 """
@@ -22,11 +23,14 @@ from sketchopt.stream.learners import (
     rda,
     truncated_gradient,
 )
+from sketchopt.stream.second_order import SECOND_ORDER, SketchedState
 
 __all__ = [
     "LEARNERS",
     "LOSSES",
     "LinearLearner",
+    "SECOND_ORDER",
+    "SketchedState",
     "LinearState",
     "SparseExamples",
     "SparseVector",

@@ -22,9 +22,14 @@ Decisions (no VW flag has the same meaning everywhere):
   run would; a ``--learner``, ``--loss`` or ``--bits`` other than the checkpoint's is an error.
 * ``--predict FILE`` writes the raw score ``w . x`` of each test example, one per line (VW's
   ``-p`` without a link function).
-* ``--sketch-size`` and ``--alpha`` belong to the second-order learners (``oja_son``,
-  ``fd_son``, ``rfd_son``, ``rp_son``, ``ada_fd``), which are not available yet: naming one is a
-  clear error.
+* The second-order learners (:mod:`sketchopt.stream.second_order`): ``--sketch-size`` is ``m``;
+  ``--alpha`` is SON's ridge (``alpha`` of ``oja_son``, ``fd_son``, ``rp_son``, default 1;
+  ``alpha0`` of ``rfd_son``, default 0: RFD0-SON); ``--learning-rate`` is SON's ``eta_t`` held
+  constant (default: each learner's schedule, ``1/sqrt(t)``, ``1/t`` for ``rfd_son``) and
+  ADA-FD's ``eta``; ``--bound`` is SON's ``C`` of the bounded-prediction projection (default:
+  none); ``--delta`` is ADA-FD's ``delta`` (default 1, the step outside the sketch is
+  ``eta / delta``), ``--rule`` and ``--robust`` pick its update and sketch; ``--seed`` draws
+  Oja-SON's initial directions and RP-SON's projections. ``--l1``/``--l2`` do not apply to them.
 """
 
 from __future__ import annotations
@@ -52,6 +57,7 @@ DEFAULT_LEARNING_RATE = {
     "rda": 1.0,
     "ftrl": 0.1,
     "nag": 0.5,
+    "ada_fd": 0.5,
 }
 
 _CONFIG = "config.json"
@@ -65,7 +71,7 @@ def build_parser() -> argparse.ArgumentParser:
         "with progressive validation (sketchopt.stream).",
     )
     parser.add_argument("train", type=pathlib.Path, help="training examples (svmlight format)")
-    names = list(learners.LEARNERS) + list(learners.NOT_YET)
+    names = list(learners.LEARNERS) + list(learners.SECOND_ORDER_NAMES)
     parser.add_argument(
         "--learner", default=None, choices=names, help="the learner (default: ada_diag)"
     )
@@ -96,10 +102,29 @@ def build_parser() -> argparse.ArgumentParser:
         + ")",
     )
     parser.add_argument(
-        "--alpha", type=float, default=1.0, help="second-order learners' ridge (default: 1)"
+        "--alpha",
+        type=float,
+        default=None,
+        help="SON's ridge: alpha (oja_son, fd_son, rp_son; default 1), alpha0 (rfd_son; default 0)",
     )
     parser.add_argument(
-        "--delta", type=float, default=1e-6, help="ADA-DIAG's delta (default: 1e-6)"
+        "--delta",
+        type=float,
+        default=None,
+        help="delta of ada_diag (default 1e-6) and of ada_fd (default 1)",
+    )
+    parser.add_argument(
+        "--bound", type=float, default=math.inf, help="SON's prediction bound C (default: none)"
+    )
+    parser.add_argument(
+        "--rule",
+        choices=("mirror_descent", "dual_averaging"),
+        default="mirror_descent",
+        help="ada_fd's update (default: mirror_descent)",
+    )
+    parser.add_argument("--robust", action="store_true", help="ada_fd with the RFD sketch")
+    parser.add_argument(
+        "--seed", type=int, default=0, help="oja_son's and rp_son's random state (default 0)"
     )
     parser.add_argument("--beta", type=float, default=1.0, help="FTRL-Proximal's beta (default: 1)")
     parser.add_argument(
@@ -138,13 +163,14 @@ def build_parser() -> argparse.ArgumentParser:
 def _hyperparameters(args) -> dict[str, Any]:
     """The keyword arguments of ``args.learner``'s constructor."""
     name = args.learner
-    if name in learners.NOT_YET:
-        learners.make_learner(name)  # raises the "not yet available" error
+    if name in learners.SECOND_ORDER_NAMES:
+        return _second_order_hyperparameters(args)
     lr = DEFAULT_LEARNING_RATE[name] if args.learning_rate is None else args.learning_rate
     if args.l2 and name != "ftrl":
         raise ValueError(f"--l2 applies to ftrl only, not to {name}")
     if name == "ada_diag":
-        return {"learning_rate": lr, "delta": args.delta, "l1": args.l1}
+        delta = 1e-6 if args.delta is None else args.delta
+        return {"learning_rate": lr, "delta": delta, "l1": args.l1}
     if name == "fobos":
         return {"learning_rate": lr, "l1": args.l1}
     if name == "truncated_gradient":
@@ -156,6 +182,26 @@ def _hyperparameters(args) -> dict[str, Any]:
             raise ValueError("--l1 does not apply to nag")
         return {"learning_rate": lr}
     return {"learning_rate": lr, "beta": args.beta, "l1": args.l1, "l2": args.l2}
+
+
+def _second_order_hyperparameters(args) -> dict[str, Any]:
+    """The keyword arguments of a second-order learner (module docstring)."""
+    name = args.learner
+    if args.l1 or args.l2:
+        raise ValueError(f"--l1/--l2 do not apply to {name}")
+    options: dict[str, Any] = {"sketch_size": args.sketch_size}
+    if name == "ada_fd":
+        lr = DEFAULT_LEARNING_RATE[name] if args.learning_rate is None else args.learning_rate
+        delta = 1.0 if args.delta is None else args.delta
+        return options | {
+            "learning_rate": lr, "delta": delta, "rule": args.rule, "robust": args.robust,
+        }  # fmt: skip
+    if args.learning_rate is not None:
+        options["eta"] = args.learning_rate
+    options["bound"] = args.bound
+    if name == "rfd_son":
+        return options | {"alpha0": 0.0 if args.alpha is None else args.alpha}
+    return options | {"alpha": 1.0 if args.alpha is None else args.alpha}
 
 
 def _save(directory: pathlib.Path, config: dict, state, result: runner.StreamResult) -> None:
@@ -250,7 +296,7 @@ def run(args) -> dict:
     chunks = _layout(args, config, info, dim)
     result = runner.run_stream(
         learner, chunks, dim, state=state, start=start, curve=curve,
-        progress=not args.quiet, total=info.examples,
+        progress=not args.quiet, total=info.examples, key=jax.random.PRNGKey(args.seed),
     )  # fmt: skip
     summary = {
         "learner": config["learner"],

@@ -61,6 +61,7 @@ __all__ = [
     "LEARNERS",
     "LOSSES",
     "LinearLearner",
+    "SECOND_ORDER_NAMES",
     "LinearState",
     "ada_diag",
     "class_label",
@@ -560,17 +561,19 @@ LEARNERS: dict[str, Callable[..., LinearLearner]] = {
     "nag": nag,
 }
 
-#: Second-order learners of the next issue ("sparse streams II").
-NOT_YET = ("oja_son", "fd_son", "rfd_son", "rp_son", "ada_fd")
+#: The second-order learners' names (:data:`sketchopt.stream.second_order.SECOND_ORDER`).
+SECOND_ORDER_NAMES = ("oja_son", "fd_son", "rfd_son", "rp_son", "ada_fd")
 
 
 def make_learner(name: str, **options) -> LinearLearner:
-    """The learner ``name`` of :data:`LEARNERS` with ``options`` (its keyword arguments)."""
-    if name in NOT_YET:
-        raise ValueError(
-            f"--learner {name} is not yet available: the sparse second-order learners come with "
-            "the issue 'Sparse streams II'; available now: " + ", ".join(LEARNERS)
-        )
+    """The learner ``name`` of :data:`LEARNERS` or of
+    :data:`sketchopt.stream.second_order.SECOND_ORDER` with ``options`` (its keyword
+    arguments)."""
+    if name in SECOND_ORDER_NAMES:
+        from sketchopt.stream.second_order import SECOND_ORDER  # (it builds on this module)
+
+        return SECOND_ORDER[name](**options)
     if name not in LEARNERS:
-        raise ValueError(f"unknown learner {name!r}; use one of {', '.join(LEARNERS)}")
+        names = ", ".join([*LEARNERS, *SECOND_ORDER_NAMES])
+        raise ValueError(f"unknown learner {name!r}; use one of {names}")
     return LEARNERS[name](**options)

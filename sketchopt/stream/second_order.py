@@ -1,0 +1,971 @@
+r"""Second-order linear learners on sparse examples: SON and Ada-FD in ``O(m^2 + m s)`` per example.
+
+The sketch directions are kept as ``V = F Z`` (SON sec. 4, eq. 5-6): ``Z`` holds ``R`` stored
+rows over the ``d`` coordinates (a column of the learner's ``(d, R + k)`` table per row, so an
+example reads and writes one contiguous row per non-zero), ``F`` is a small ``m x R`` matrix,
+``K = Z Z^T`` is tracked, and the weights are split as ``w = wbar + Z^T b``. Every example changes
+``Z`` by a rank-one term ``delta ghat^T`` on its own support, ``wbar`` by a multiple of ``x`` and
+everything else is ``m x m`` or ``m x R``; so one step is a gather of the example's rows, small
+dense algebra and a scatter-add of ``x`` times one ``(R + k)``-vector. The derivations, the
+numerical checks behind them and the cost of every branch are written out in
+``docs/sparse_second_order.md``; in brief (``ghat = sqrt(eta_t + sigma_t) g``, ``g = l'(p) x``):
+
+* **Weights** (SON eq. 5): when ``Z`` becomes ``Z + delta ghat^T`` the weights stay the same if
+  ``wbar -= (delta . b) ghat``; a step ``w -= f0 g + B^T (c * B g)`` (the solve of each learner's
+  metric through the sketch ``B = F Z``, below) is ``wbar -= f0 g`` and ``b -= F^T (c * F Z g)``.
+  Bounded-prediction projection (SON Lemma 1): ``w = u - tau_C(u . x) A^{-1} x / (x^T A^{-1} x)``
+  in the same split, and the prediction is ``clip(u . x, -C, C)``.
+* **Oja-SON** (SON Alg. 4-5): ``delta = A^{-1} Gamma_t F Z ghat`` with ``A = F`` (Oja's step is
+  ``F Z + Gamma F Z ghat ghat^T = F (Z + F^{-1} Gamma F Z ghat ghat^T)``; with the scalar
+  ``Gamma_t`` of :func:`sketchopt.sketches.oja` this is ``delta = Gamma_t Z ghat``, no solve, which
+  is also what Vowpal Wabbit's ``oja_newton.cc`` computes). ``K += delta (Z ghat)^T + (Z ghat)
+  delta^T + |ghat|^2 delta delta^T``. ``Decompose`` (the paper's missing Appendix H): ``L`` is the
+  Cholesky factor of ``F K F^T`` and ``F <- L^{-1} F``, so ``F Z`` is the Gram-Schmidt of Oja's
+  un-orthonormalized rows, exactly as the dense sketch's QR; ``F`` stays lower triangular.
+* **RP-SON** (SON sec. 3): ``S += r_t ghat^T`` is already rank-one on the support (``F = I``);
+  ``H = (alpha I + S S^T)^{-1}`` by the paper's two Sherman-Morrison steps, refreshed from the
+  tracked ``S S^T`` every ``m`` steps as the dense transform does.
+* **FD-SON, RFD-SON, Ada-FD** (FD sketch of ``ghat``, ``m`` rows including the incoming slot;
+  after each shrink ``B B^T = diag(lam)``): the new row makes an arrowhead Gram matrix
+  ``diag(lam) + border(B ghat, |ghat|^2)``, its ``m x m`` eigendecomposition gives FD's shrink
+  ``B' = N [B; ghat^T]``, ``N = diag(sqrt((mu - mu_m) / mu)) U^T``. ``B'`` is reached by a rank-one
+  change ``F (Z - h ghat^T / v_m)`` with ``F <- N F`` whenever a vector ``v`` of the null space of
+  ``N`` has ``v_m != 0`` (``F h`` = ``v`` without its last entry; we take ``v`` = the projection of
+  ``e_m`` on that null space). It has none exactly when the sketch keeps ``ghat`` whole (e.g. a
+  gradient on never-seen coordinates): then ``ghat`` is written into a free (zero) stored row,
+  ``O(s)``. ``Z`` has ``R = m + spare_rows`` rows for that; when none is left, or when
+  ``|F|^2 tr(K) / tr(F K F^T)`` (how much larger the factors are than the sketch they multiply
+  to, i.e. the round-off's amplification) exceeds ``max_growth``, the learner **compacts**:
+  ``Z <- F Z``, ``F <- I`` (``wbar += Z^T b``, ``b <- 0`` under mirror descent), an ``O(R m d)``
+  pass, counted in ``compactions``. The exact algebra needs it; how often it happens decides
+  whether the time per example stays flat in ``d`` (README, "Sparse streams").
+* **Ada-FD** (Ada-FD paper Alg. 2, mirror descent; Alg. 1, dual averaging), no regularizer:
+  ``H_t = delta I + (B^T B + alpha I)^{1/2}`` (``alpha`` RFD's ridge when ``robust``, else 0), so
+  ``f0 = 1 / (delta + sqrt(alpha))`` and ``c_i = (1/(delta + sqrt(lam_i + alpha)) - f0)/lam_i``.
+  Dual averaging keeps ``gbar`` (a column), ``p = Z gbar`` (``O(m)``: ``p += delta (ghat . gbar)``
+  when ``Z`` changes, ``p += Z g`` when ``gbar`` does) and writes ``w = -eta_t f0 gbar + Z^T beta``
+  with ``beta = -eta_t F^T (c * F p)`` recomputed each step, so nothing is folded at a compaction.
+
+Each learner equals its dense counterpart in :mod:`sketchopt` (``fd_son``, ``rfd_son``,
+``oja_son``, ``rp_son``, ``ada_fd``, ``ada_fd_dual_averaging``, fed the dense gradients, with
+:func:`sketchopt.project_bounded_prediction` for ``bound``) in float64 to round-off:
+``tests/test_stream_second_order.py``. Nothing like the sparse Ada-FD exists elsewhere; the sparse
+Oja-SON is the SON authors' algorithm, which Vowpal Wabbit ships as ``--OjaNewton``.
+
+**Interface and policies** are those of :mod:`sketchopt.stream.learners` (a
+:class:`~sketchopt.stream.learners.LinearLearner`): bad examples are skipped with the state
+bit-identical and counted in ``nonfinite_count``, a label 0 of a classification loss is -1, and
+1-D arrays of hyperparameters make a grid, here by ``jax.vmap`` over the configurations (the
+compaction runs once for the whole grid when any configuration needs it, so that a batched
+``cond`` does not turn into an ``O(d)`` select every step). Learners start from ``w = 0``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.scipy.linalg import solve_triangular
+
+from sketchopt import _validation
+from sketchopt import sketches as _sketches
+from sketchopt._numerics import eigh_desc, state_dtype
+from sketchopt.stream.examples import SparseVector
+from sketchopt.stream.learners import LOSSES, LinearLearner, class_label
+
+__all__ = [
+    "SECOND_ORDER",
+    "SketchedState",
+    "ada_fd",
+    "fd_son",
+    "oja_son",
+    "rfd_son",
+    "rp_son",
+]
+
+_HI = jax.lax.Precision.HIGHEST
+
+
+class SketchedState(NamedTuple):
+    """State of a sparse second-order learner.
+
+    Attributes:
+      table: ``(d, R + k)``: the stored rows ``Z`` (``R`` columns; a coordinate's numbers are one
+        contiguous row), then the learner's per-coordinate columns (``wbar``, or ``gbar`` for
+        dual averaging). A grid has a leading configuration axis on every field.
+      small: the small arrays by name (``F``, ``K``, ``b``, eigenvalues, ...; module docstring).
+      t: the examples learned from (int32).
+      nonfinite_count: the examples skipped as bad input (int32).
+      compactions: the dense ``O(R m d)`` passes so far (int32; module docstring).
+    """
+
+    table: jax.Array
+    small: dict[str, jax.Array]
+    t: jax.Array
+    nonfinite_count: jax.Array
+    compactions: jax.Array
+
+
+class _Spec(NamedTuple):
+    """What one family defines; :func:`_learner` builds the rest. ``h`` is the dict of numeric
+    hyperparameters of one configuration (batched for a grid)."""
+
+    rows: int  # R, the stored rows of Z
+    columns: tuple[str, ...]  # per-coordinate columns after Z
+    init: Callable  # (dim, dtype, key, h) -> (Z (R, d) or None, small)
+    predict: Callable  # (small, sums, h, t) -> (p, pre): t examples learned so far
+    learn: Callable  # (small, sums, slope, pre, h, t) -> (small, coef (R + k,), compact?, aux)
+    compact: Callable  # (table, small, h, aux, x) -> (table, small); x() the dense example
+    weights: Callable  # (table, small, h) -> (d,)
+
+
+# ----------------------------------------------------------------------------------------------
+# Small helpers.
+
+
+def _at(schedule, count, dtype):
+    """A float or an Optax schedule of the 0-based ``count``."""
+    value = schedule(count) if callable(schedule) else schedule
+    return jnp.asarray(value, dtype)
+
+
+def _tau(y, bound):
+    """``tau_C(y) = sign(y) max(|y| - C, 0)`` (SON Lemma 1); 0 for ``C = inf``."""
+    return jnp.sign(y) * jnp.maximum(jnp.abs(y) - bound, 0)
+
+
+def _safe_div(a, b):
+    return jnp.where(b != 0, a / jnp.where(b != 0, b, 1), 0)
+
+
+def _default_growth(dtype) -> float:
+    """``max_growth`` by precision: the round-off of ``F Z`` grows with it (module docstring)."""
+    return 1e3 if jnp.dtype(dtype) == jnp.float32 else 1e6
+
+
+def _projection(u_x, xx, vx, f0, mul, bound):
+    """Lemma 1 in the split: ``(gamma, p)`` with ``w = u - gamma A^{-1} x`` and ``p = w . x``;
+    ``A^{-1} x = f0 x + V^T mul(V x)`` (``V x`` given)."""
+    quad = f0 * xx + jnp.sum(mul(vx) * vx)
+    gamma = _safe_div(_tau(u_x, bound), quad)
+    return gamma, u_x - gamma * quad
+
+
+def _spectral(ev, ridge):
+    """``(f0, mul)`` for ``f(A) y = f0 y + V^T mul(V y)`` with ``A = ridge I + V^T diag(ev) V``
+    (``V`` orthonormal) and SON's ``f(x) = 1/x``: ``mul(v) = -ev v / (ridge (ridge + ev))``; with
+    ``ridge = 0`` the pseudo-inverse, ``f0 = 0`` and ``mul(v) = v / ev``. Divisions, not a
+    coefficient, so that ``1/ev`` never overflows where ``v / ev`` does not."""
+    pos = ev > 0
+    ev_s = jnp.where(pos, ev, 1)
+    has = ridge > 0
+    r_s = jnp.where(has, ridge, 1)
+    f0 = jnp.where(has, 1 / r_s, 0)
+
+    def mul(v):
+        out = jnp.where(has, -(v / r_s) * (ev_s / (r_s + ev_s)), v / ev_s)
+        return jnp.where(pos, out, 0)
+
+    return f0, mul
+
+
+# ----------------------------------------------------------------------------------------------
+# The FD family: FD-SON, RFD-SON, Ada-FD (both rules).
+
+
+def _fd_solve_terms(lam, ridge, h, kind):
+    """``(f0, mul)`` with the metric's solve ``f0 g + B^T mul(B g)`` (``B B^T = diag(lam)``, so
+    ``B = diag(sqrt(lam)) V`` and ``mul(v) = m(v) / lam`` for the orthonormal form ``m``).
+
+    SON: ``A = ridge I + B^T B`` (:func:`_spectral`; ``ridge = 0``: the pseudo-inverse, SON
+    Appendix D, RFD paper appendix A). Ada-FD: ``H = delta I + (B^T B + ridge I)^{1/2}``,
+    ``mul(v) = (1/(delta + sqrt(lam + ridge)) - f0) v / lam``.
+    """
+    pos = lam > 0
+    lam_s = jnp.where(pos, lam, 1)
+    if kind == "son":
+        f0, inner = _spectral(lam, ridge)
+        return f0, lambda v: jnp.where(pos, inner(v) / lam_s, 0)
+    delta = h["delta"]
+    ra = jnp.sqrt(ridge)
+    rl = jnp.sqrt(lam_s + ridge)
+    f0 = 1 / (delta + ra)
+    c = -1 / ((rl + ra) * (delta + rl) * (delta + ra))
+    return f0, lambda v: jnp.where(pos, c * v, 0)
+
+
+def _fd_ridge(small, h, kind):
+    """The total ridge: SON's ``alpha`` plus RFD's adaptive one; Ada-FD's RFD ``alpha``."""
+    if kind == "son":
+        return h["alpha"] + small["alpha_rfd"]
+    return small["alpha_rfd"]
+
+
+def _fd_absorb(small, zg, gg, *, robust, max_growth):
+    """FD's step on ``ghat`` in the ``F Z`` form (module docstring). ``zg = Z ghat``,
+    ``gg = |ghat|^2``. Returns the new small fields (``F``, ``K``, ``lam``, ``free``,
+    ``alpha_rfd``), ``delta`` (``Z += delta ghat^T``) and whether to compact."""
+    f, k, lam, free = small["F"], small["K"], small["lam"], small["free"]
+    m, rows = f.shape
+    dtype = f.dtype
+    eps = jnp.finfo(dtype).eps
+    j = m - 1
+    bg = jnp.matmul(f, zg, precision=_HI)  # B ghat (last entry 0: B's slot row is empty)
+    gram = jnp.diag(lam).at[j, :].set(bg).at[:, j].set(bg).at[j, j].set(gg)
+    mu, u = eigh_desc(gram)  # RFD paper Alg. 1/2 lines 4-5, on the small Gram matrix
+    shift = mu[j]
+    idx = jnp.arange(m)
+    shrunk = jnp.where(idx < j, jnp.maximum(mu - shift, 0), 0)
+    ratio = jnp.where(mu > 0, shrunk / jnp.where(mu > 0, mu, 1), 0)
+    n = (u * jnp.sqrt(ratio)).T  # B' = N [B; ghat^T]
+    # Rank-one path: v = P e_m on the null space of N; F h = v without its last entry.
+    v = jnp.matmul(u, jnp.where(ratio == 0, u[j], 0), precision=_HI)
+    vm = v[j]
+    target = v.at[j].set(0)
+    hvec = jnp.linalg.lstsq(f, target)[0]
+    residual = jnp.linalg.norm(jnp.matmul(f, hvec, precision=_HI) - target)
+    scale = jnp.linalg.norm(f) * jnp.linalg.norm(hvec) + jnp.linalg.norm(target)
+    consistent = (residual <= 64 * eps * scale) & (vm > jnp.sqrt(eps))
+    d1 = jnp.where(free, 0, -hvec / jnp.where(consistent, vm, 1))  # (free rows stay zero)
+    # Slot path: ghat into the first free stored row k (Z += e_k ghat^T, F[:, k] = e_m).
+    e_k = jax.nn.one_hot(jnp.argmax(free), rows, dtype=dtype)
+
+    def after(delta, f_pre):
+        k_new = k + jnp.outer(delta, zg) + jnp.outer(zg, delta) + gg * jnp.outer(delta, delta)
+        f_new = jnp.matmul(n, f_pre, precision=_HI)
+        size = jnp.sum(shrunk)
+        growth = jnp.sum(jnp.square(f_new)) * jnp.trace(k_new) / jnp.where(size > 0, size, 1)
+        return k_new, f_new, jnp.where(size > 0, growth, 1)
+
+    k1, f1, g1 = after(d1, f)
+    k2, f2, g2 = after(e_k, f + jnp.outer(jax.nn.one_hot(j, m, dtype=dtype), e_k))
+    rank_one = consistent & jnp.isfinite(g1) & (g1 <= max_growth)
+    delta = jnp.where(rank_one, d1, e_k)
+    new = dict(
+        small,
+        F=jnp.where(rank_one, f1, f2),
+        K=jnp.where(rank_one, k1, k2),
+        lam=shrunk,
+        free=jnp.where(rank_one, free, free & (e_k == 0)),
+        alpha_rfd=small["alpha_rfd"] + (0.5 * shift if robust else 0),
+    )
+    growth = jnp.where(rank_one, g1, g2)
+    return new, delta, ~jnp.any(new["free"]) | (growth > max_growth)
+
+
+def _fd_spec(kind, rule, m, spare, *, eta, curvature, robust, max_growth):
+    """The FD family's :class:`_Spec`; ``kind`` "son" or "ada_fd", ``rule`` "md" or "da"."""
+    rows = m + spare
+    dual = rule == "da"
+
+    def init(dim, dtype, key, h):
+        del key
+        small = {
+            "F": jnp.zeros((m, rows), dtype),
+            "K": jnp.zeros((rows, rows), dtype),
+            "lam": jnp.zeros((m,), dtype),
+            "free": jnp.ones((rows,), bool),
+            "alpha_rfd": jnp.asarray(h.get("alpha0", 0.0), dtype),
+        }
+        if dual:
+            small |= {"p": jnp.zeros((rows,), dtype), "gam": jnp.zeros((m,), dtype)}
+            small["scale"] = jnp.zeros((), dtype)
+        else:
+            small["b"] = jnp.zeros((rows,), dtype)
+        return None, small
+
+    def growth_limit(dtype):
+        return _default_growth(dtype) if max_growth is None else max_growth
+
+    def predict(small, s, h, t):
+        del t
+        if dual:
+            bx = jnp.matmul(small["F"], s["zx"], precision=_HI)
+            return small["scale"] * s["x_gsum"] + jnp.dot(small["gam"], bx), None
+        u_x = s["x_w"] + jnp.dot(small["b"], s["zx"])
+        if kind != "son":
+            return u_x, None
+        f0, mul = _fd_solve_terms(small["lam"], _fd_ridge(small, h, kind), h, kind)
+        bx = jnp.matmul(small["F"], s["zx"], precision=_HI)
+        gamma, p = _projection(u_x, s["xx"], bx, f0, mul, h["bound"])
+        return p, (gamma, f0, mul, bx)
+
+    def learn(small, s, slope, pre, h, t):
+        dtype = small["F"].dtype
+        count = t  # examples learned before this one: the schedules' 0-based count
+        if kind == "son":
+            root = jnp.sqrt(_at(eta, count, dtype) + _at(curvature, count, dtype))
+            step = jnp.ones((), dtype)
+        else:
+            root = jnp.ones((), dtype)
+            step = h["learning_rate"] if "learning_rate" in h else _at(eta, count, dtype)
+        coef_w = jnp.zeros((), dtype)
+        if kind == "son" and not dual:  # the projection's move: wbar -= gamma f0 x, b -= ...
+            gamma, f0p, mulp, bxp = pre
+            coef_w = -gamma * f0p
+            small = dict(small, b=small["b"] - gamma * (small["F"].T @ mulp(bxp)))
+        gh = root * slope  # ghat = gh x
+        zg, gg = gh * s["zx"], jnp.square(gh) * s["xx"]
+        new, delta, compact = _fd_absorb(
+            small, zg, gg, robust=robust, max_growth=growth_limit(dtype)
+        )
+        zx_new = s["zx"] + delta * gh * s["xx"]  # Z' x
+        f0, mul = _fd_solve_terms(new["lam"], _fd_ridge(new, h, kind), h, kind)
+        f_new = new["F"]
+        if dual:
+            p = small["p"] + delta * gh * s["x_gsum"]  # Z += delta g^T (gbar before g)
+            p = p + slope * zx_new  # gbar += g
+            bp = jnp.matmul(f_new, p, precision=_HI)
+            new |= {"p": p, "gam": -step * mul(bp), "scale": -step * f0}  # w = scale gbar + B^T gam
+            coef = jnp.concatenate([delta * gh, slope[None]])
+        else:
+            bgrad = jnp.matmul(f_new, slope * zx_new, precision=_HI)  # B' g
+            coef_w = coef_w - jnp.dot(delta, small["b"]) * gh - step * f0 * slope
+            new["b"] = small["b"] - step * (f_new.T @ mul(bgrad))
+            coef = jnp.concatenate([delta * gh, coef_w[None]])
+        return new, coef, compact, ()
+
+    def compact(table, small, h, aux, x):
+        del h, aux, x
+        f = small["F"]
+        z = table[:, :rows]  # Z^T
+        b_t = jnp.matmul(z, f.T, precision=_HI)  # B^T (d, m); its last column is 0
+        live = small["lam"][: m - 1] > 0
+        kept = jnp.where(live, b_t[:, : m - 1], 0)
+        z_new = jnp.concatenate([kept, jnp.zeros((z.shape[0], rows - m + 1), z.dtype)], 1)
+        eye = jnp.diag(jnp.concatenate([live, jnp.zeros((1,), bool)]).astype(f.dtype))
+        f_new = jnp.zeros_like(f).at[:, :m].set(eye)
+        new = dict(
+            small,
+            F=f_new,
+            K=jnp.matmul(z_new.T, z_new, precision=_HI),
+            free=jnp.concatenate([~live, jnp.ones((rows - m + 1,), bool)]),
+        )
+        rest = table[:, rows:]
+        if dual:  # B (hence B^T gam) is unchanged; p = Z gbar becomes B gbar = F p
+            new["p"] = jnp.matmul(f_new.T, jnp.matmul(f, small["p"], precision=_HI))
+        else:  # fold: wbar += Z^T b
+            rest = rest.at[:, 0].add(jnp.matmul(z, small["b"], precision=_HI))
+            new["b"] = jnp.zeros_like(small["b"])
+        return jnp.concatenate([z_new, rest], 1), new
+
+    def weights(table, small, h):
+        del h
+        z = table[:, :rows]
+        if dual:
+            beta = small["F"].T @ small["gam"]
+            return small["scale"] * table[:, rows] + jnp.matmul(z, beta, precision=_HI)
+        return table[:, rows] + jnp.matmul(z, small["b"], precision=_HI)
+
+    columns = ("gsum",) if dual else ("w",)
+    return _Spec(rows, columns, init, predict, learn, compact, weights)
+
+
+# ----------------------------------------------------------------------------------------------
+# Oja-SON.
+
+
+def _oja_spec(m, *, eta, curvature, gamma, max_growth):
+    def init(dim, dtype, key, h):
+        del h
+        if m > dim:
+            raise ValueError(f"sparse oja_son needs sketch_size <= dim, got {m} > {dim}")
+        key = jax.random.PRNGKey(0) if key is None else key
+        z = _sketches.oja(m, key=key).init(dim, dtype).directions  # the dense V_0
+        small = {
+            "F": jnp.eye(m, dtype=dtype),
+            "K": jnp.matmul(z, z.T, precision=_HI),
+            "lam": jnp.zeros((m,), dtype),
+            "b": jnp.zeros((m,), dtype),
+        }
+        return z, small
+
+    def terms(lam, t, h):
+        """``A^{-1} y = f0 y + V^T mul(V y)`` for ``A = alpha I + V^T diag(t lam) V``."""
+        return _spectral(t * lam, h["alpha"])
+
+    def predict(small, s, h, t):
+        dtype = small["F"].dtype
+        u_x = s["x_w"] + jnp.dot(small["b"], s["zx"])
+        f0, mul = terms(small["lam"], t.astype(dtype), h)
+        vx = jnp.matmul(small["F"], s["zx"], precision=_HI)
+        gamma_p, p = _projection(u_x, s["xx"], vx, f0, mul, h["bound"])
+        return p, (gamma_p, f0, mul, vx)
+
+    def limit(dtype):
+        return _default_growth(dtype) if max_growth is None else max_growth
+
+    def learn(small, s, slope, pre, h, t):
+        f, k, b = small["F"], small["K"], small["b"]
+        dtype = f.dtype
+        gamma_p, f0p, mulp, vxp = pre
+        b = b - gamma_p * (f.T @ mulp(vxp))  # the projection's move
+        coef_w = -gamma_p * f0p
+        t1 = (t + 1).astype(dtype)
+        root = jnp.sqrt(_at(eta, t, dtype) + _at(curvature, t, dtype))
+        gh = root * slope
+        zg, gg = gh * s["zx"], jnp.square(gh) * s["xx"]
+        rate = jnp.asarray(gamma(t1), dtype)  # Gamma_t
+        pv = jnp.matmul(f, zg, precision=_HI)  # V ghat
+        lam = (1 - rate) * small["lam"] + rate * jnp.square(pv)  # SON eq. 4
+        f0, mul = terms(lam, t1, h)
+        delta = rate * zg  # Alg. 5: A^{-1} Gamma F Z ghat with A = F
+        k = k + jnp.outer(delta, zg) + jnp.outer(zg, delta) + gg * jnp.outer(delta, delta)
+        # Decompose: F Z' = M [V; w^T] with [V; w^T] orthonormal (ghat = V^T pv + rho w), so
+        # L = R^T of the QR of M^T (as the dense sketch's Gram-Schmidt, without K's squared
+        # condition number); F <- L^{-1} F.
+        c = rate * pv
+        rho = jnp.sqrt(jnp.maximum(gg - jnp.sum(jnp.square(pv)), 0))
+        mt = jnp.concatenate([(jnp.eye(m, dtype=dtype) + jnp.outer(c, pv)).T, (rho * c)[None]])
+        r = jnp.linalg.qr(mt, mode="r")
+        low = (r * jnp.where(jnp.diagonal(r) < 0, -1, 1).astype(dtype)[:, None]).T
+        f_new = solve_triangular(low, f, lower=True)
+        growth = jnp.sum(jnp.square(f_new)) * jnp.trace(k) / m
+        # A step that would make Z's rows many times larger than the directions they stand
+        # for (Gamma_t |ghat|^2 large: e.g. the first steps, Gamma_1 = 1, on unnormalized
+        # features) would round Z's information away: it is taken densely instead (compact).
+        dense = ~(growth <= limit(dtype))
+        zx_new = s["zx"] + delta * gh * s["xx"]
+        vg = jnp.matmul(f_new, slope * zx_new, precision=_HI)
+        b_new = b - f_new.T @ mul(vg)
+        coef_w_sparse = coef_w - jnp.dot(delta, b) * gh - f0 * slope
+        new = {
+            "F": jnp.where(dense, f, f_new),
+            "K": jnp.where(dense, small["K"], k),
+            "lam": lam,
+            "b": jnp.where(dense, b, b_new),
+        }
+        coef = jnp.where(
+            dense,
+            jnp.concatenate([jnp.zeros((m,), dtype), (coef_w - f0 * slope)[None]]),
+            jnp.concatenate([delta * gh, coef_w_sparse[None]]),
+        )
+        aux = {"dense": dense, "gh": gh, "rate": rate, "slope": slope, "t1": t1}
+        return new, coef, dense, aux
+
+    def compact(table, small, h, aux, x):
+        """The dense step (``aux["dense"]``: Oja's update on ``V = F Z`` as the dense sketch
+        takes it, then ``w``'s step) or a re-basing ``Z <- F Z`` re-orthonormalized by QR;
+        ``O(m^2 d)`` either way, with ``wbar += Z^T b`` folded."""
+        f, b = small["F"], small["b"]
+        dtype = f.dtype
+        v_t = jnp.matmul(table[:, :m], f.T, precision=_HI)  # V^T (d, m)
+        wbar = table[:, m] + jnp.matmul(table[:, :m], b, precision=_HI)
+
+        def dense_step():
+            xd = x().astype(dtype)
+            u = aux["gh"] * xd  # ghat
+            p = jnp.matmul(u, v_t, precision=_HI)
+            w = u - jnp.matmul(v_t, p, precision=_HI)
+            p2 = jnp.matmul(w, v_t, precision=_HI)  # twice is enough
+            w = w - jnp.matmul(v_t, p2, precision=_HI)
+            p = p + p2
+            rho = jnp.linalg.norm(w)
+            w = w / jnp.where(rho > 0, rho, 1)
+            c = aux["rate"] * p
+            mt = jnp.concatenate([(jnp.eye(m, dtype=dtype) + jnp.outer(c, p)).T, (rho * c)[None]])
+            q, r = jnp.linalg.qr(mt)
+            q = q * jnp.where(jnp.diagonal(r) < 0, -1, 1).astype(dtype)
+            v_new = jnp.matmul(v_t, q[:m], precision=_HI) + jnp.outer(w, q[m])
+            f0, mul = terms(small["lam"], aux["t1"], h)
+            vg = jnp.matmul(aux["slope"] * xd, v_new, precision=_HI)
+            return v_new, -mul(vg)
+
+        def rebase():
+            q, r = jnp.linalg.qr(v_t)  # V^T = Q R: Z = Q^T orthonormal, F = R^T
+            sign = jnp.where(jnp.diagonal(r) < 0, -1, 1).astype(dtype)
+            return q * sign, jnp.zeros_like(b)
+
+        v_new, b_new = jax.lax.cond(aux["dense"], dense_step, rebase)
+        new = dict(small, F=jnp.eye(m, dtype=dtype), K=jnp.eye(m, dtype=dtype), b=b_new)
+        return jnp.concatenate([v_new, wbar[:, None], table[:, m + 1 :]], 1), new
+
+    def weights(table, small, h):
+        del h
+        return table[:, m] + jnp.matmul(table[:, :m], small["b"], precision=_HI)
+
+    return _Spec(m, ("w",), init, predict, learn, compact, weights)
+
+
+# ----------------------------------------------------------------------------------------------
+# RP-SON.
+
+
+def _rank_two(hm, r, q):
+    """``(M + r q^T + q r^T)^{-1}`` from ``hm = M^{-1}``: two Sherman-Morrison steps on
+    ``r q^T + q r^T = a a^T - b b^T`` (balanced ``a, b``, as the dense RP-SON). Also whether the
+    downdate's denominator stayed safely positive."""
+    nq, nr = jnp.linalg.norm(q), jnp.linalg.norm(r)
+    c = jnp.sqrt(jnp.where((nq > 0) & (nr > 0), nq / jnp.where(nr > 0, nr, 1), 1))
+    a = (q / c + c * r) * np.sqrt(0.5)
+    b = (q / c - c * r) * np.sqrt(0.5)
+    ha = hm @ a
+    hm = hm - jnp.outer(ha, ha / (1 + a @ ha))
+    hb = hm @ b
+    den = 1 - b @ hb
+    safe = den > jnp.sqrt(jnp.finfo(hm.dtype).eps)
+    hm = hm + jnp.outer(hb, hb / jnp.where(safe, den, 1))
+    return 0.5 * (hm + hm.T), safe
+
+
+def _rp_spec(m, *, eta, curvature):
+    def init(dim, dtype, key, h):
+        key = jax.random.PRNGKey(0) if key is None else key
+        small = {
+            "H": jnp.eye(m, dtype=dtype) / jnp.asarray(h["alpha"], dtype),
+            "K": jnp.zeros((m, m), dtype),
+            "b": jnp.zeros((m,), dtype),
+            "key": jnp.asarray(key),
+        }
+        return None, small
+
+    def predict(small, s, h, t):
+        del t
+        u_x = s["x_w"] + jnp.dot(small["b"], s["zx"])
+        a = h["alpha"]
+        hz = small["H"] @ s["zx"]
+        quad = (s["xx"] - jnp.dot(s["zx"], hz)) / a
+        gamma_p = _safe_div(_tau(u_x, h["bound"]), quad)
+        return u_x - gamma_p * quad, (gamma_p, hz)
+
+    def learn(small, s, slope, pre, h, t):
+        hm, k, b = small["H"], small["K"], small["b"]
+        dtype = hm.dtype
+        a = h["alpha"]
+        gamma_p, hz = pre
+        coef_w = -gamma_p / a
+        b = b + gamma_p * hz / a  # the projection's move
+        key, sub = jax.random.split(small["key"])
+        r = jax.random.normal(sub, (m,), dtype) * jnp.asarray(1 / np.sqrt(m), dtype)
+        root = jnp.sqrt(_at(eta, t, dtype) + _at(curvature, t, dtype))
+        gh = root * slope
+        zg, gg = gh * s["zx"], jnp.square(gh) * s["xx"]
+        q = zg + 0.5 * gg * r  # S S^T += r q^T + q r^T (SON sec. 3)
+        k = k + jnp.outer(r, q) + jnp.outer(q, r)
+        h_new, safe = _rank_two(hm, r, q)
+        refresh = ~safe | ~jnp.all(jnp.isfinite(h_new)) | ((t + 1) % m == 0)
+
+        def rebuild():
+            mu, u = jnp.linalg.eigh(0.5 * (k + k.T))
+            return (u / (a + jnp.maximum(mu, 0))) @ u.T
+
+        h_new = jax.lax.cond(refresh, rebuild, lambda: h_new)
+        coef_w = coef_w - jnp.dot(r, b) * gh - slope / a
+        sg = slope * (s["zx"] + r * gh * s["xx"])  # S' g
+        b = b + h_new @ sg / a
+        new = {"H": h_new, "K": k, "b": b, "key": key}
+        return new, jnp.concatenate([r * gh, coef_w[None]]), jnp.bool_(False), ()
+
+    def compact(table, small, h, aux, x):  # never needed: S changes by r ghat^T only
+        del h, aux, x
+        return table, small
+
+    def weights(table, small, h):
+        del h
+        return table[:, m] + jnp.matmul(table[:, :m], small["b"], precision=_HI)
+
+    return _Spec(m, ("w",), init, predict, learn, compact, weights)
+
+
+# ----------------------------------------------------------------------------------------------
+# The learner around a spec.
+
+
+def _learner(name, loss, spec: _Spec, hyper: dict, grid: tuple[int, ...]) -> LinearLearner:
+    if loss not in LOSSES:
+        raise ValueError(f"unknown loss {loss!r}; use one of {sorted(LOSSES)}")
+    loss_fn = LOSSES[loss]
+    derivative = jax.grad(loss_fn)
+    rows = spec.rows
+    batched = bool(grid)
+
+    def h_of(dtype):
+        return {k: jnp.asarray(v, dtype) for k, v in hyper.items()}
+
+    def init_one(dim, dtype, key, h):
+        z, small = spec.init(dim, dtype, key, h)
+        table = jnp.zeros((dim, rows + len(spec.columns)), dtype)
+        if z is not None:
+            table = table.at[:, :rows].set(z.T)
+        # three arrays (not one thrice: a donated state may not hold a buffer twice)
+        return SketchedState(table, small, *(jnp.zeros((), jnp.int32) for _ in range(3)))
+
+    def init(dim: int, dtype=jnp.float32, key=None) -> SketchedState:
+        dim, dtype = int(dim), state_dtype(dtype)
+        if dim < 1:
+            raise ValueError(f"dim must be a positive integer, got {dim}")
+        h = h_of(dtype)
+        if not batched:
+            return init_one(dim, dtype, key, h)
+        keys = key if key is not None else jnp.stack([jax.random.PRNGKey(0)] * grid[0])
+        return jax.vmap(lambda k, hh: init_one(dim, dtype, k, hh))(keys, h)
+
+    def read(table, x):
+        """One example's rows and the sums every spec reads."""
+        dim = table.shape[0]
+        indices, values = jnp.asarray(x[0]), jnp.asarray(x[1])
+        ok = jnp.all((indices >= 0) & (indices <= dim) & jnp.isfinite(values))
+        idx = jnp.where(ok, indices, dim)
+        vals = jnp.where(ok, values, 0).astype(table.dtype)
+        got = table.at[idx].get(mode="fill", fill_value=0)  # (s, R + k)
+        sums = jnp.matmul(vals, got, precision=_HI)
+        out = {"zx": sums[:rows], "xx": jnp.dot(vals, vals)}
+        out |= {f"x_{c}": sums[rows + i] for i, c in enumerate(spec.columns)}
+        return idx, vals, out, ok
+
+    def one(state, sums, ok, label, active, h):
+        """The small work of one configuration: prediction, then learning."""
+        p, pre = spec.predict(state.small, sums, h, state.t)
+        y = class_label(loss, jnp.asarray(label, p.dtype))
+        slope = derivative(p, y)
+        small, coef, need, aux = spec.learn(state.small, sums, slope, pre, h, state.t)
+        fine = jax.tree.reduce(
+            lambda acc, a: acc & jnp.all(jnp.isfinite(a)) if jnp.issubdtype(a.dtype, jnp.floating)
+            else acc, (small, coef), jnp.bool_(True),
+        )  # fmt: skip
+        ok = ok & jnp.isfinite(y) & jnp.isfinite(slope) & fine
+        learn = ok & active
+        small = jax.tree.map(lambda a, b: jnp.where(learn, a, b), small, state.small)
+        coef = jnp.where(learn, coef, 0)
+        new = state._replace(
+            small=small,
+            t=jnp.where(learn, state.t + 1, state.t),
+            nonfinite_count=state.nonfinite_count + (active & ~ok).astype(jnp.int32),
+        )
+        return new, coef, p, need & learn, aux
+
+    def compact_where(state, h, need, aux, x):
+        table, small = spec.compact(state.table, state.small, h, aux, x)
+        small = jax.tree.map(lambda a, b: jnp.where(need, a, b), small, state.small)
+        return state._replace(
+            table=jnp.where(need, table, state.table),
+            small=small,
+            compactions=state.compactions + need.astype(jnp.int32),
+        )
+
+    def compact_one(state, h, aux, x):
+        table, small = spec.compact(state.table, state.small, h, aux, x)
+        return state._replace(table=table, small=small, compactions=state.compactions + 1)
+
+    def settle(state, need, h, aux, dense_x):
+        """The compaction, where needed: one ``cond`` for the whole grid (module docstring).
+        ``dense_x()`` builds the example as a dense vector, inside the rare branch only."""
+        if not batched:
+            return jax.lax.cond(need, lambda s: compact_one(s, h, aux, dense_x), lambda s: s, state)
+
+        def run(s):
+            return jax.vmap(lambda st, hh, n, a: compact_where(st, hh, n, a, dense_x))(
+                s, h, need, aux
+            )
+
+        return jax.lax.cond(jnp.any(need), run, lambda s: s, state)
+
+    def scatter(table, idx, vals, coef):
+        """``table[idx] += vals coef^T``: ``x`` times one ``(R + k)``-vector per configuration."""
+        if batched:
+            return jax.vmap(lambda tb, cf: scatter_one(tb, idx, vals, cf))(table, coef)
+        return scatter_one(table, idx, vals, coef)
+
+    def scatter_one(table, idx, vals, coef):
+        return table.at[idx].add(vals[:, None] * coef[None, :].astype(table.dtype), mode="drop")
+
+    def small_work(state, sums, ok, label, active, h):
+        if batched:
+            return jax.vmap(one, in_axes=(0, 0, 0, None, None, 0))(
+                state, sums, ok, label, active, h
+            )
+        return one(state, sums, ok, label, active, h)
+
+    def step(state, x, label, active=True):
+        h = h_of(state.table.dtype)
+        if batched:
+            idx, vals, sums, ok = jax.vmap(lambda tb: read(tb, x))(state.table)
+            idx, vals = idx[0], vals[0]  # the same example for every configuration
+        else:
+            idx, vals, sums, ok = read(state.table, x)
+        new, coef, p, need, aux = small_work(state, sums, ok, label, active, h)
+        new = new._replace(table=scatter(new.table, idx, vals, coef))
+
+        def dense_x():
+            dim = state.table.shape[-2]
+            return jnp.zeros((dim,), vals.dtype).at[idx].add(vals, mode="drop")
+
+        return settle(new, need, h, aux, dense_x), p
+
+    def step_flat(state, indices, values, start, stop, label, active=True, *, width: int):
+        """:func:`step` on one example of a flat chunk: read in segments of ``width`` (the sums
+        are additive), the small work once, then the scatter in the same segments."""
+        dim = state.table.shape[-2]
+        count = jnp.maximum((stop - start + width - 1) // width, 1)
+        h = h_of(state.table.dtype)
+
+        def segment(j):
+            begin = start + j * width
+            live = begin + jnp.arange(width) < stop
+            idx = jax.lax.dynamic_slice(indices, (begin,), (width,))
+            val = jax.lax.dynamic_slice(values, (begin,), (width,))
+            return SparseVector(jnp.where(live, idx, dim), jnp.where(live, val, 0))
+
+        def read_all(table):
+            def body(j, carry):
+                sums, ok = carry
+                _, _, s_j, ok_j = read(table, segment(j))
+                return jax.tree.map(jnp.add, sums, s_j), ok & ok_j
+
+            zero = jax.tree.map(jnp.zeros_like, read(table, segment(0))[2])
+            return jax.lax.fori_loop(0, count, body, (zero, jnp.bool_(True)))
+
+        sums, ok = jax.vmap(read_all)(state.table) if batched else read_all(state.table)
+        new, coef, p, need, aux = small_work(state, sums, ok, label, active, h)
+
+        def write(j, table):
+            seg = segment(j)
+            # a bad example learns nothing (coef = 0): its out-of-range indices are dropped
+            idx = jnp.where((seg.indices >= 0) & (seg.indices <= dim), seg.indices, dim)
+            return scatter(table, idx, seg.values.astype(table.dtype), coef)
+
+        new = new._replace(table=jax.lax.fori_loop(0, count, write, new.table))
+
+        def dense_x():
+            def add(j, acc):
+                seg = segment(j)
+                return acc.at[seg.indices].add(seg.values.astype(acc.dtype), mode="drop")
+
+            return jax.lax.fori_loop(0, count, add, jnp.zeros((dim,), state.table.dtype))
+
+        return settle(new, need, h, aux, dense_x), p
+
+    def predict(state, x):
+        h = h_of(state.table.dtype)
+
+        def one_p(st, hh):
+            _, _, sums, _ = read(st.table, x)
+            return spec.predict(st.small, sums, hh, st.t)[0]  # (projected: clip(u . x))
+
+        if batched:
+            return jax.vmap(one_p)(state, h)
+        return one_p(state, h)
+
+    def update(state, x, label):
+        return step(state, x, label)[0]
+
+    def weights(state):
+        h = h_of(state.table.dtype)
+        if batched:
+            return jax.vmap(spec.weights)(state.table, state.small, h).T
+        return spec.weights(state.table, state.small, h)
+
+    columns = tuple(f"z{i}" for i in range(rows)) + spec.columns
+    return LinearLearner(
+        name, loss, init, predict, update, step, weights, columns, grid, (columns,), step_flat
+    )
+
+
+# ----------------------------------------------------------------------------------------------
+# The learners.
+
+
+def _each(check, name, value, **options):
+    """``check`` (a :mod:`sketchopt._validation` function) on a hyperparameter or on each value of
+    a 1-D grid of them; schedules and traced values pass."""
+    if callable(value) or _validation.is_traced(value):
+        return
+    for v in np.ravel(np.asarray(value)):
+        check(name, v.item(), **options)
+
+
+def _grid(*values) -> tuple[int, ...]:
+    shapes = [np.shape(v) for v in values if not callable(v)]
+    shape = np.broadcast_shapes(*shapes) if shapes else ()
+    if len(shape) > 1:
+        raise ValueError(f"hyperparameters must be scalars or 1-D grids, got shape {shape}")
+    return tuple(shape)
+
+
+def _hyper(grid, **values) -> dict:
+    """The numeric hyperparameters, broadcast to the grid (float64 NumPy; cast at use)."""
+    return {k: np.broadcast_to(np.asarray(v, np.float64), grid) for k, v in values.items()}
+
+
+def _son_checks(alpha_name, alpha, eta, curvature, bound, sketch_size):
+    _validation.size("sketch_size", sketch_size)
+    if eta is not None:
+        _each(_validation.step_size, "eta", eta)
+    _each(_validation.step_size, "curvature", curvature)
+    _each(_validation.strength, "bound", bound, allow_inf=True)
+    _each(_validation.ridge, alpha_name, alpha)
+    finite = np.isfinite(np.asarray(bound, np.float64))
+    if np.any(finite & (np.asarray(alpha, np.float64) <= 0)):
+        raise ValueError(
+            f"a finite bound (SON's projection, Lemma 1) needs {alpha_name} > 0: with a zero "
+            "ridge the metric is singular"
+        )
+
+
+def _inverse_sqrt_time(count):
+    return 1.0 / jnp.sqrt(jnp.asarray(count) + 1.0)
+
+
+def _inverse_time(count):
+    return 1.0 / (jnp.asarray(count) + 1.0)
+
+
+def _spare(spare_rows) -> int:
+    return _validation.size("spare_rows", spare_rows, low=0)
+
+
+def fd_son(
+    alpha=1.0,
+    sketch_size: int = 10,
+    *,
+    eta=None,
+    curvature=0.0,
+    bound=float("inf"),
+    spare_rows: int = 4,
+    max_growth: float | None = None,
+    loss: str = "logistic",
+) -> LinearLearner:
+    """Sparse FD-SON: equals :func:`sketchopt.fd_son` (``alpha``, ``sketch_size`` rows including
+    the slot, ``eta`` default ``1/sqrt(t)``, ``curvature``) with SON's projection onto
+    ``|w . x| <= bound`` (:func:`sketchopt.project_bounded_prediction`; ``inf``: none), in the
+    ``F Z`` form of the module docstring. ``spare_rows`` stored rows beyond ``sketch_size`` take
+    gradients the sketch keeps whole; ``max_growth`` (default ``1e3`` in float32, ``1e6`` in
+    float64) bounds the factors' round-off amplification before a compaction."""
+    _son_checks("alpha", alpha, eta, curvature, bound, sketch_size)
+    grid = _grid(alpha, bound)
+    eta = _inverse_sqrt_time if eta is None else eta
+    spec = _fd_spec(
+        "son", "md", int(sketch_size), _spare(spare_rows), eta=eta, curvature=curvature,
+        robust=False, max_growth=max_growth,
+    )  # fmt: skip
+    return _learner("fd_son", loss, spec, _hyper(grid, alpha=alpha, bound=bound), grid)
+
+
+def rfd_son(
+    sketch_size: int = 10,
+    *,
+    alpha0=0.0,
+    eta=None,
+    curvature=0.0,
+    bound=float("inf"),
+    spare_rows: int = 4,
+    max_growth: float | None = None,
+    loss: str = "logistic",
+) -> LinearLearner:
+    """Sparse RFD-SON (RFD paper Alg. 3; ``alpha0 = 0``: RFD0-SON): equals
+    :func:`sketchopt.rfd_son` (``eta`` default ``1/t``); RFD's ridge grows by half of each shrink,
+    a scalar, so it enters only ``f0`` and the coefficients. Options as :func:`fd_son`; a finite
+    ``bound`` needs ``alpha0 > 0``."""
+    _son_checks("alpha0", alpha0, eta, curvature, bound, sketch_size)
+    grid = _grid(alpha0, bound)
+    eta = _inverse_time if eta is None else eta
+    spec = _fd_spec(
+        "son", "md", int(sketch_size), _spare(spare_rows), eta=eta, curvature=curvature,
+        robust=True, max_growth=max_growth,
+    )  # fmt: skip
+    hyper = _hyper(grid, alpha=0.0, alpha0=alpha0, bound=bound)
+    return _learner("rfd_son", loss, spec, hyper, grid)
+
+
+def oja_son(
+    alpha=1.0,
+    sketch_size: int = 10,
+    *,
+    eta=None,
+    curvature=0.0,
+    oja_learning_rate=None,
+    bound=float("inf"),
+    max_growth: float | None = None,
+    loss: str = "logistic",
+) -> LinearLearner:
+    """Sparse Oja-SON (SON Alg. 4-5): equals :func:`sketchopt.oja_son` with the ``key`` given to
+    ``init`` (default ``PRNGKey(0)``; ``Z_0`` is the dense sketch's random orthonormal ``V_0``)
+    and ``oja_learning_rate`` (``Gamma_t``, default ``1/t``), with SON's projection onto
+    ``|w . x| <= bound``. ``O(m s + m^3)`` per example; a compaction (``O(m^2 d)``) re-bases
+    ``Z <- F Z`` when ``|F|^2 tr(K) / m`` exceeds ``max_growth``."""
+    _son_checks("alpha", alpha, eta, curvature, bound, sketch_size)
+    if oja_learning_rate is not None and not callable(oja_learning_rate):
+        _validation.fraction("oja_learning_rate", oja_learning_rate, low_open=True)
+    grid = _grid(alpha, bound)
+    eta = _inverse_sqrt_time if eta is None else eta
+
+    def gamma(t):
+        if oja_learning_rate is None:
+            return 1.0 / t
+        return oja_learning_rate(t) if callable(oja_learning_rate) else oja_learning_rate
+
+    spec = _oja_spec(
+        int(sketch_size), eta=eta, curvature=curvature, gamma=gamma, max_growth=max_growth
+    )
+    return _learner("oja_son", loss, spec, _hyper(grid, alpha=alpha, bound=bound), grid)
+
+
+def rp_son(
+    alpha=1.0,
+    sketch_size: int = 10,
+    *,
+    eta=None,
+    curvature=0.0,
+    bound=float("inf"),
+    loss: str = "logistic",
+) -> LinearLearner:
+    """Sparse RP-SON (SON sec. 3): equals :func:`sketchopt.rp_son` with the ``key`` given to
+    ``init`` (default ``PRNGKey(0)``: the same ``r_t``), ``O(m s + m^2)`` per example and no
+    compaction ever (``S`` changes by ``r_t ghat^T`` only)."""
+    _son_checks("alpha", alpha, eta, curvature, bound, sketch_size)
+    _each(_validation.ridge, "alpha", alpha, positive=True, why="RP-SON keeps (alpha I + SS^T)^-1")
+    grid = _grid(alpha, bound)
+    eta = _inverse_sqrt_time if eta is None else eta
+    spec = _rp_spec(int(sketch_size), eta=eta, curvature=curvature)
+    return _learner("rp_son", loss, spec, _hyper(grid, alpha=alpha, bound=bound), grid)
+
+
+#: ``rule`` names of :func:`ada_fd`.
+RULES = ("mirror_descent", "dual_averaging")
+
+
+def ada_fd(
+    learning_rate=0.5,
+    sketch_size: int = 10,
+    delta=1.0,
+    *,
+    rule: str = "mirror_descent",
+    robust: bool = False,
+    spare_rows: int = 4,
+    max_growth: float | None = None,
+    loss: str = "logistic",
+) -> LinearLearner:
+    """Sparse ADA-FD, no regularizer: ``rule="mirror_descent"`` equals
+    :func:`sketchopt.ada_fd` (Ada-FD paper Alg. 2), ``"dual_averaging"``
+    :func:`sketchopt.ada_fd_dual_averaging` (Alg. 1, anchored at ``w_1 = 0``), with ``robust``
+    the RFD sketch (RFD paper Alg. 2). ``delta`` is also ``1/`` the step outside the sketch, so
+    on sparse data with ``m << d`` it wants to be of the gradients' scale (default 1).
+    Options as :func:`fd_son`."""
+    _each(_validation.step_size, "learning_rate", learning_rate, positive=True)
+    _each(_validation.ridge, "delta", delta, positive=True)
+    _validation.size("sketch_size", sketch_size)
+    if rule not in RULES:
+        raise ValueError(f"rule must be one of {RULES}, got {rule!r}")
+    robust = _validation.flag("robust", robust)
+    grid = _grid(learning_rate, delta)
+    spec = _fd_spec(
+        "ada_fd", "md" if rule == RULES[0] else "da", int(sketch_size), _spare(spare_rows),
+        eta=learning_rate, curvature=0.0, robust=robust, max_growth=max_growth,
+    )  # fmt: skip
+    hyper = _hyper(grid, delta=delta)
+    if not callable(learning_rate):  # a constant (or a grid of them) is a hyperparameter
+        hyper |= _hyper(grid, learning_rate=learning_rate)
+    return _learner("ada_fd", loss, spec, hyper, grid)
+
+
+#: The second-order learners by the CLI's ``--learner`` names.
+SECOND_ORDER: dict[str, Callable[..., LinearLearner]] = {
+    "oja_son": oja_son,
+    "fd_son": fd_son,
+    "rfd_son": rfd_son,
+    "rp_son": rp_son,
+    "ada_fd": ada_fd,
+}
