@@ -13,6 +13,7 @@ name                what                                                        
 ``speed``           per-step cost against optax.adagrad and ADA-FULL                 (separate)
 ``cnn``             Ada-FD paper sec. 4.3: CNN training                              (separate)
 ``vw``              sparse streams: Vowpal Wabbit vs sketchopt.stream's learners    experiments
+``sparse_drift``    float32 drift of the sparse second-order learners' ``F Z``       experiments
 ==================  ==============================================================  ============
 
 Sizes: ``--quick`` is a reduced size well under a minute per experiment (what the tests run);
@@ -66,6 +67,7 @@ EXPERIMENTS = (
     "speed",
     "cnn",
     "vw",
+    "sparse_drift",
 )
 
 
