@@ -19,9 +19,13 @@ numerical checks behind them and the cost of every branch are written out in
   ``F Z + Gamma F Z ghat ghat^T = F (Z + F^{-1} Gamma F Z ghat ghat^T)``; with the scalar
   ``Gamma_t`` of :func:`sketchopt.sketches.oja` this is ``delta = Gamma_t Z ghat``, no solve, which
   is also what Vowpal Wabbit's ``oja_newton.cc`` computes). ``K += delta (Z ghat)^T + (Z ghat)
-  delta^T + |ghat|^2 delta delta^T``. ``Decompose`` (the paper's missing Appendix H): ``L`` is the
-  Cholesky factor of ``F K F^T`` and ``F <- L^{-1} F``, so ``F Z`` is the Gram-Schmidt of Oja's
-  un-orthonormalized rows, exactly as the dense sketch's QR; ``F`` stays lower triangular.
+  delta^T + |ghat|^2 delta delta^T``. ``Decompose`` (the paper's missing Appendix H) must give
+  ``L Q Z = F Z`` with ``Q Z`` orthonormal; ``L = R^T`` of the QR of the ``(m + 1) x m`` matrix
+  ``M^T``, ``F Z' = M [V; w^T]`` (``ghat = V^T pv + rho w``), equivalently the Cholesky factor of
+  ``F K F^T``, and ``F <- L^{-1} F``: ``F Z`` is the Gram-Schmidt of Oja's un-orthonormalized rows,
+  as the dense sketch's QR; ``F`` stays lower triangular. A step with ``Gamma_t |ghat|^2`` so large
+  that ``Z + delta ghat^T`` would round ``Z`` away (``|F'|^2 tr(K') / m > max_growth``) is taken
+  densely, ``O(m^2 d)``, and counted as a compaction.
 * **RP-SON** (SON sec. 3): ``S += r_t ghat^T`` is already rank-one on the support (``F = I``);
   ``H = (alpha I + S S^T)^{-1}`` by the paper's two Sherman-Morrison steps, refreshed from the
   tracked ``S S^T`` every ``m`` steps as the dense transform does.
