@@ -5,8 +5,9 @@ The sparse learners of :mod:`sketchopt.stream.second_order` keep their sketch as
 ``F Z`` drift from what the small state claims it is (Oja-SON: orthonormal rows, ``F K F^T = I``;
 the FD family: ``B B^T = diag(lam)``) and ``K`` drift from ``Z Z^T``. This experiment runs
 ``oja_son``, ``fd_son``, ``rfd_son`` and ``ada_fd`` over ``10^6`` examples (the FD family
-``10^5`` at the default size, ``10^6`` with ``--full``; ``--quick``: ``8 * 10^3``) of a synthetic sparse stream (``d = 2^16``, 20 non-zeros of which one shared
-bias-like feature, labels of a sparse teacher) and measures, at doubling example counts,
+``10^5`` at the default size, ``10^6`` with ``--full``; ``--quick``: ``8 * 10^3``) of a
+synthetic sparse stream (``d = 2^16``, 20 non-zeros from a pool of 500 features, one of them a
+shared bias-like feature; labels of a sparse teacher) and measures, at doubling example counts,
 
 * ``sketch_drift = max |F Z Z^T F^T - claimed| / max |claimed|`` (the orthonormality of ``F Z``
   for Oja-SON),
