@@ -148,6 +148,23 @@ def test_sparse_equals_dense(case):
         assert np.abs(ref_preds).max() > bound / 2  # (and the projection was active)
 
 
+@pytest.mark.parametrize("case", ["fd_son", "ada_fd_dual"])
+def test_accelerator_path_equals_dense(case, monkeypatch):
+    """The arrowhead eigen-update (what GPU and TPU run instead of ``eigh``), forced on CPU."""
+    from sketchopt import _arrowhead
+
+    monkeypatch.setattr(_arrowhead, "arrowhead_pays", lambda: True)
+    make, dense, bound, with_params = cases()[case]
+    with jax.enable_x64(True):
+        stream, x, y = sparse_stream(n=120, seed=11)
+        preds, weights, _ = sparse_run(make(), stream, DIM)
+        ref_preds, ref_weights = dense_run(dense(), x, y, bound, with_params)
+    np.testing.assert_allclose(preds, ref_preds, rtol=1e-9, atol=1e-9 * np.abs(ref_preds).max())
+    np.testing.assert_allclose(
+        weights, ref_weights, rtol=1e-9, atol=1e-9 * np.abs(ref_weights).max()
+    )
+
+
 def test_fd_takes_both_paths_and_compacts():
     """The FD family's stream above exercises the rank-one path, the slot path (coordinates seen
     once are kept whole) and the compaction."""

@@ -74,9 +74,9 @@ import jax.numpy as jnp
 import numpy as np
 from jax.scipy.linalg import solve_triangular
 
-from sketchopt import _validation
+from sketchopt import _arrowhead, _validation
 from sketchopt import sketches as _sketches
-from sketchopt._numerics import eigh_desc, state_dtype
+from sketchopt._numerics import eigh_desc, state_dtype, zero_round_off_eigenvalues
 from sketchopt.stream.examples import SparseVector
 from sketchopt.stream.learners import LOSSES, LinearLearner, class_label
 
@@ -208,6 +208,17 @@ def _fd_ridge(small, h, kind):
     return small["alpha_rfd"]
 
 
+def _eigh_arrow(gram, j):
+    """``eigh_desc`` of the arrowhead ``diag(lam) + border(B ghat, |ghat|^2)`` (row ``j``): the
+    arrowhead eigen-update of :mod:`sketchopt._arrowhead` where it pays (GPU, TPU: no solver call
+    per example), falling back to ``eigh`` where it does not converge; LAPACK on CPU."""
+    if not _arrowhead.arrowhead_pays():
+        return eigh_desc(gram)
+    mu, u, ok = _arrowhead.eigh_arrow(gram, j)
+    mu, u = jax.lax.cond(ok, lambda: (mu, u), lambda: eigh_desc(gram))
+    return zero_round_off_eigenvalues(mu, gram.shape[-1]), u
+
+
 def _fd_absorb(small, zg, gg, *, robust, max_growth):
     """FD's step on ``ghat`` in the ``F Z`` form (module docstring). ``zg = Z ghat``,
     ``gg = |ghat|^2``. Returns the new small fields (``F``, ``K``, ``lam``, ``free``,
@@ -219,7 +230,7 @@ def _fd_absorb(small, zg, gg, *, robust, max_growth):
     j = m - 1
     bg = jnp.matmul(f, zg, precision=_HI)  # B ghat (last entry 0: B's slot row is empty)
     gram = jnp.diag(lam).at[j, :].set(bg).at[:, j].set(bg).at[j, j].set(gg)
-    mu, u = eigh_desc(gram)  # RFD paper Alg. 1/2 lines 4-5, on the small Gram matrix
+    mu, u = _eigh_arrow(gram, j)  # RFD paper Alg. 1/2 lines 4-5, on the small Gram matrix
     shift = mu[j]
     idx = jnp.arange(m)
     shrunk = jnp.where(idx < j, jnp.maximum(mu - shift, 0), 0)
