@@ -5,7 +5,7 @@ The sparse learners of :mod:`sketchopt.stream.second_order` keep their sketch as
 ``F Z`` drift from what the small state claims it is (Oja-SON: orthonormal rows, ``F K F^T = I``;
 the FD family: ``B B^T = diag(lam)``) and ``K`` drift from ``Z Z^T``. This experiment runs
 ``oja_son``, ``fd_son``, ``rfd_son`` and ``ada_fd`` over ``10^6`` examples (the FD family
-``10^5`` at the default size, ``10^6`` with ``--full``; ``--quick``: ``8 * 10^3``) of a
+``10^5`` at the default size, ``10^6`` with ``--full``; ``--quick``: ``4 * 10^3``) of a
 synthetic sparse stream (``d = 2^16``, 20 non-zeros from a pool of 500 features, one of them a
 shared bias-like feature; labels of a sparse teacher) and measures, at doubling example counts,
 
@@ -62,9 +62,9 @@ def run(*, quick: bool, full: bool, seed: int, out: pathlib.Path) -> dict:
     size = common.size_name(quick=quick, full=full)
     # Oja-SON (the orthonormality the issue names) over 10^6 examples; the FD family over 10^5
     # at the default size (its compactions make 10^6 take minutes each) and 10^6 with --full.
-    n_all = 8_000 if quick else 1_000_000
+    n_all = 4_000 if quick else 1_000_000
     dim, s = 2**16, 20
-    chunk = 4_000 if quick else 20_000
+    chunk = 2_000 if quick else 20_000
     rng = np.random.default_rng(seed)
     stream = _stream(rng, chunk, dim, s)  # one chunk, replayed
     results = {}
