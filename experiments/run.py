@@ -17,8 +17,9 @@ name                what                                                        
 ==================  ==============================================================  ============
 
 Sizes: ``--quick`` is a reduced size well under a minute per experiment (what the tests run);
-the default size makes ``all`` finish in about ten minutes on a 2-core CPU, plus three to four
-for ``vw`` (0.6) and three for ``sparse_drift`` (0.7); ``--full`` is the
+the default size makes ``all`` finish in about ten minutes on a 2-core CPU, plus about eleven
+for ``vw`` (0.7: the second-order learners and VW's ``--OjaNewton``) and three for
+``sparse_drift``; ``--full`` is the
 papers' size (hours). ``all`` writes ``OUT/summary.md`` with every experiment's headline table.
 
 The contract for an experiment module (how ``cnn`` and ``speed`` plug in)

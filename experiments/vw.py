@@ -1,5 +1,5 @@
-"""Vowpal Wabbit against ``sketchopt.stream``'s sparse first-order learners: the same streams, the
-same loss (logistic), one online pass each, side by side in one process.
+"""Vowpal Wabbit against ``sketchopt.stream``'s sparse first- and second-order learners: the same
+streams, the same loss (logistic), one online pass each, side by side in one process.
 
 Streams (labels in ``{-1, +1}``; every stream is a seeded permutation / generation):
 
@@ -22,8 +22,19 @@ VW keeps its constant feature; sketchopt gets an explicit bias feature (value 1)
 **Vowpal Wabbit** (``--loss_function logistic``; through its Python bindings, ``pyvw``): the
 default learner (adaptive, normalized, invariant SGD) with a grid over ``-l``; ``--ftrl`` with a
 grid over ``--ftrl_alpha`` (``--ftrl_beta 1``, sketchopt's ``ftrl`` default, so the two FTRLs are
-the same algorithm); ``--OjaNewton`` over a small ``--alpha`` grid (for the next issue's
-comparison; skipped cleanly where it fails). Each example string is formatted before the clock
+the same algorithm); ``--OjaNewton --sketch_size 10`` (the SON authors' Oja-SON) over an
+``--alpha`` grid of the size of each sparse second-order learner's, with VW's defaults as its
+documentation uses them (``vw --OjaNewton --sketch_size=10 --alpha_inverse=1.0``): ``--normalize``
+on (VW scales each feature by the root of its summed squared gradients, a diagonal
+preconditioner Oja-SON does not have: with ``--normalize false`` VW's progressive loss on the text
+stream matches sketchopt's Oja-SON at ``alpha_VW = alpha / 2`` to three digits, VW halving the
+gradient), ``--random_init`` on, ``--learning_rate_cnt 2`` (Oja's ``Gamma_t = min(2/t, 1)``),
+``--epoch_size 1``. VW's alpha is taken as it is (its normalization makes it scale-free), in
+powers of 10 around its best; except that on ``mnist_cross`` VW gets ``--random_init false`` and
+``alpha`` in ``100 .. 10^4``: with ``-q aa`` its random start learns nothing (about 50 %
+progressive error for every ``alpha`` in ``1 .. 10^4``, with or without ``--normalize``; 15-17 %
+from the coordinate start). Skipped cleanly where it fails. Each example string is formatted
+before the clock
 starts; the timed loop is ``ex = vw.parse(line); vw.learn(ex); p[i] =
 ex.get_simplelabel_prediction(); vw.finish_example(ex)``: VW's parser counts, Python's string
 building does not. ``learn`` predicts before it updates, and the prediction it leaves on the
@@ -45,19 +56,45 @@ mean squared norm of the training examples (computed once, before the pass; VW's
 ``--normalized`` learns a per-feature version of this online); ADA-DIAG's, NAG's and FTRL's rates
 are scale-free and taken as they are.
 
+**Sparse second-order learners** (:mod:`sketchopt.stream.second_order`, ``m = 10``, float32):
+``oja_son``, ``fd_son``, ``rfd_son`` (RFD0-SON's ``alpha0`` swept), ``rp_son`` (SON's
+``eta_t`` defaults, no projection: ``bound = inf``) over ``alpha = c r`` and ``ada_fd`` (mirror
+descent) over ``learning_rate = c`` with ``delta = sqrt(r)``, the gradients' scale (with
+``delta = 1`` its plain-gradient step ``c / delta`` outside the sketch is far too long on
+``mnist_cross``, ``r`` about 4500: progressive loss 2.5 to 87 for ``c`` in ``0.1 .. 10``); ``c`` in
+``0.1, 1, 10`` (``mnist_cross``: ``0.01, 0.1, 1``). Each grid value runs alone
+through ``run_stream`` (its own compile; a vmapped second-order grid keeps a table per
+configuration), from a state whose ``init`` has finished before the clock starts; the best by
+progressive error is the row, timed by its own pass, with its ``compactions`` (the ``O(m d)``
+dense passes of the ``F Z`` form). The JSON's ``targets`` and the printed table check the issue's
+four claims: time per example flat in ``d`` within 1.5x (``2**16 .. 2**24``, ``s = 100``);
+FD-SON's and Ada-FD's time per example at most 3x ADA-DIAG's (same process, same chunks);
+Oja-SON's examples/s at least VW ``--OjaNewton``'s on the sparse streams (``mnist``,
+``mnist_cross``, ``text``; the chosen configurations' passes, as above); the best second-order
+learner's progressive and test errors at most VW ``--OjaNewton``'s best on every stream.
+
 **Scaling** (``vw.png``, left): seconds per example against ``d`` at ``s = 100`` non-zeros, on
 random examples generated directly as arrays (distinct sorted indices per example), ``d = 2**16
 ... 2**24`` (quick: ``2**12, 2**16``); the JSON has the per-``d`` times and each learner's ratio
-max / min over ``d`` (the target is flat within 1.5x from ``2**16`` to ``2**24``). **Grid cost**:
+max / min over ``d`` (the target is flat within 1.5x from ``2**16`` to ``2**24``). The
+second-order learners (``c`` of :data:`SCALING_SECOND_ORDER`), VW ``--OjaNewton`` and ADA-DIAG
+again as their reference run on up to 10000 of these examples (quick 1000) in chunks of 250,
+the fastest of three passes (quick one; on this 2-core machine single passes of Oja-SON at one
+``d`` ranged over 1.5-2x), each pass stopped after 6 s (quick 2 s), and not repeated when
+stopped: a compaction every few examples makes a full pass at ``2**24`` take many minutes; the
+JSON records the examples measured. **Grid cost**:
 a 7 x 7 (learning rate x L1) ADA-DIAG grid in one vmapped ``run_grid`` pass at ``d = 2**20``
 against one configuration's ``run_stream`` on the same stream (target: at most 5x).
 
 Sizes: ``quick`` -- a few hundred examples per MNIST stream, tiny grids, ADA-DIAG alone except on
 digits (compilation dominates there), two dimensions and ADA-DIAG alone for the scaling, a 2 x 2
-grid at ``d = 2**12`` for the grid cost; ``default`` -- the sizes above, three to four minutes on 2
-cores; the ``mnist_cross`` grids are thinned (four or three rates, no L1 axis: each
-configuration's pass over 4000 examples padded to ~42k non-zeros costs seconds); ``full`` -- a
-``2**20``-word text stream of 100000 examples, whole grids everywhere.
+grid at ``d = 2**12`` for the grid cost; ``default`` -- the sizes above, about eleven minutes on 2
+cores (three to four of them for the first-order part; FD-SON, RFD-SON and Ada-FD compact every
+20-30 examples on the text stream and run at about 4000 examples/s there); the
+``mnist_cross`` grids are thinned (four or three rates, no L1 axis: each configuration's pass over
+4000 examples padded to ~42k non-zeros costs seconds); ``full`` -- a ``2**20``-word text stream of
+100000 examples, whole grids everywhere. Quick runs every second-order learner on every stream
+with two grid values (one on ``mnist_cross``), about two minutes in all.
 
 Without ``vowpalwabbit`` installed the experiment reports sketchopt alone (``"vw": null``).
 """
@@ -67,7 +104,9 @@ from __future__ import annotations
 import functools
 import math
 import pathlib
+import sys
 import time
+import traceback
 
 import numpy as np
 
@@ -75,6 +114,7 @@ from experiments import common
 
 NAME = "vw"
 LEARNERS = ("ada_diag", "nag", "ftrl", "fobos", "rda", "truncated_gradient")
+SECOND_ORDER = ("oja_son", "fd_son", "rfd_son", "rp_son", "ada_fd")
 LABELS = {
     "ada_diag": "ADA-DIAG",
     "nag": "NAG (normalized)",
@@ -85,6 +125,11 @@ LABELS = {
     "vw_default": "VW default",
     "vw_ftrl": "VW --ftrl",
     "vw_oja_newton": "VW --OjaNewton",
+    "oja_son": "Oja-SON (sparse)",
+    "fd_son": "FD-SON (sparse)",
+    "rfd_son": "RFD0-SON (sparse)",
+    "rp_son": "RP-SON (sparse)",
+    "ada_fd": "Ada-FD (sparse)",
 }
 VW_MISSING = "vowpalwabbit is not installed: pip install '.[bench]'"
 NOTE = (
@@ -97,6 +142,10 @@ FTRL_BETA = 1.0
 NNZ = 100  # s, the non-zeros per example of the text stream and of the scaling streams
 MAX_CHUNK = 1000
 STREAMS = ("mnist", "mnist_cross", "text", "digits")
+SPARSE_STREAMS = ("mnist", "mnist_cross", "text")  # digits is the dense control
+SKETCH_SIZE = 10  # m, of the sparse second-order learners and of VW's --OjaNewton
+FLAT_TARGET = 1.5  # time per example max / min over d
+ADA_DIAG_TARGET = 3.0  # FD-SON's and Ada-FD's time per example / ADA-DIAG's
 
 
 def _pow2(lo: int, hi: int, step: int = 1) -> list[float]:
@@ -125,11 +174,22 @@ def _config(size: str) -> dict:
             "cross_ftrl_alpha": [2.0**-7],
             "cross_relative": [16.0],
             "cross_l1": [0.0],
-            "vw_oja_alpha": [10.0],
+            "second_order": {s: list(SECOND_ORDER) for s in STREAMS},
+            "son_alpha": [0.1, 1.0],
+            "ada_fd_lr": [0.1, 1.0],
+            "vw_oja_alpha": [1.0, 10.0],
+            "cross_son_alpha": [0.1],
+            "cross_ada_fd_lr": [0.1],
+            "cross_vw_oja_alpha": [1000.0],
             "scaling_bits": [12, 16],
             "scaling_examples": 2000,
             "scaling_repeats": 1,
             "scaling_learners": ["ada_diag"],
+            "scaling_second_order": list(SECOND_ORDER),
+            "scaling_so_examples": 1000,
+            "scaling_so_chunk": 250,
+            "scaling_so_budget": 2.0,
+            "scaling_so_repeats": 1,
             "grid_bits": 12,
             "grid_lr": [0.25, 1.0],
             "grid_l1": [0.0, 1e-4],
@@ -149,11 +209,22 @@ def _config(size: str) -> dict:
         "cross_ftrl_alpha": _pow2(-9, -5, 2),
         "cross_relative": _pow2(2, 8, 2),
         "cross_l1": [0.0],
-        "vw_oja_alpha": [1.0, 10.0, 100.0],
+        "second_order": {s: list(SECOND_ORDER) for s in STREAMS},
+        "son_alpha": [0.1, 1.0, 10.0],
+        "ada_fd_lr": [0.1, 1.0, 10.0],
+        "vw_oja_alpha": [0.1, 1.0, 10.0],
+        "cross_son_alpha": [0.01, 0.1, 1.0],
+        "cross_ada_fd_lr": [0.01, 0.1, 1.0],
+        "cross_vw_oja_alpha": [100.0, 1000.0, 10000.0],
         "scaling_bits": [16, 18, 20, 22, 24],
         "scaling_examples": 20000,
         "scaling_repeats": 2,
         "scaling_learners": list(LEARNERS),
+        "scaling_second_order": list(SECOND_ORDER),
+        "scaling_so_examples": 10000,
+        "scaling_so_chunk": 250,
+        "scaling_so_budget": 6.0,
+        "scaling_so_repeats": 3,
         "grid_bits": 20,
         "grid_lr": _pow2(-3, 3),
         "grid_l1": [0.0, 1e-6, 1e-5, 1e-4, 3e-4, 1e-3, 3e-3],
@@ -425,9 +496,18 @@ def _vw_configs(cfg, stream: str) -> dict[str, tuple[str, list[tuple[dict, str]]
         ),
         "vw_oja_newton": (
             "--alpha",
-            [({"alpha": v}, f"--OjaNewton --alpha {v:g}") for v in cfg["vw_oja_alpha"]],
+            [({"alpha": v}, _vw_oja_args(stream, v)) for v in _grid(cfg, stream, "vw_oja_alpha")],
         ),
     }
+
+
+def _vw_oja_args(stream: str, alpha: float) -> str:
+    """VW's ``--OjaNewton`` with our sketch size and VW's documented defaults (``--normalize``
+    and ``--random_init`` on, ``--learning_rate_cnt 2``, ``--epoch_size 1``), but on
+    ``mnist_cross`` ``--random_init false`` (module docstring: with ``-q aa`` VW's random start
+    learns nothing)."""
+    args = f"--OjaNewton --sketch_size {SKETCH_SIZE} --alpha {alpha:g}"
+    return args + (" --random_init false" if stream == "mnist_cross" else "")
 
 
 def _rank(errors, losses) -> int:
@@ -525,6 +605,98 @@ def run_sketchopt(name: str, stream: Stream, grid: dict) -> dict:
     }
 
 
+def second_order_make(name: str, scale: float):
+    """``(make(value) -> LinearLearner, the swept name, static settings)`` of a sparse
+    second-order learner at ``m = SKETCH_SIZE``; ``value`` is the grid's ``c``: SON's ridge
+    ``alpha = c r`` (RFD-SON's starting ridge ``alpha0``), Ada-FD's ``learning_rate = c`` with
+    ``delta = sqrt(r)``, ``r`` the mean squared norm of the examples (module docstring)."""
+    from sketchopt.stream import second_order
+
+    m, root = SKETCH_SIZE, math.sqrt(scale)
+    son = {"sketch_size": m, "eta": "1/sqrt(t)", "bound": "inf"}
+    if name == "oja_son":
+        return (lambda c: second_order.oja_son(c * scale, m)), "alpha_over_r", {
+            **son, "alpha": f"c r, r = {scale:.4g}", "oja_learning_rate": "1/t"}  # fmt: skip
+    if name == "fd_son":
+        return (lambda c: second_order.fd_son(c * scale, m)), "alpha_over_r", {
+            **son, "alpha": f"c r, r = {scale:.4g}", "spare_rows": 4}  # fmt: skip
+    if name == "rfd_son":
+        return (lambda c: second_order.rfd_son(m, alpha0=c * scale)), "alpha0_over_r", {
+            **son, "eta": "1/t", "alpha0": f"c r, r = {scale:.4g}", "spare_rows": 4}  # fmt: skip
+    if name == "rp_son":
+        return (lambda c: second_order.rp_son(c * scale, m)), "alpha_over_r", {
+            **son, "alpha": f"c r, r = {scale:.4g}"}  # fmt: skip
+    if name == "ada_fd":
+        return (lambda c: second_order.ada_fd(c, m, root)), "learning_rate", {
+            "sketch_size": m, "learning_rate": "c", "delta": f"sqrt(r) = {root:.4g}",
+            "rule": "mirror_descent", "robust": False, "spare_rows": 4}  # fmt: skip
+    raise ValueError(name)
+
+
+def _fresh_state(learner, dim: int, seed: int):
+    """``learner.init`` run to completion before any clock starts: JAX dispatches it
+    asynchronously, and ``run_stream``'s first timed chunk would wait for it (Oja-SON's random
+    orthonormal start is a QR of a ``(d, m)`` matrix: seconds at ``d = 2**24``)."""
+    import jax
+    import jax.numpy as jnp
+
+    return jax.block_until_ready(learner.init(dim, jnp.float32, jax.random.PRNGKey(seed)))
+
+
+def _score(result) -> tuple[float, float]:
+    """``(progressive error, loss)`` with non-finite values last, as :func:`_rank` orders."""
+    return _score_values(float(result.progressive_error), float(result.progressive_loss))
+
+
+def run_second_order(name: str, stream: Stream, values: list[float], seed: int) -> dict:
+    """Each grid value in its own :func:`~sketchopt.stream.runner.run_stream` pass (a
+    second-order grid in one vmapped pass keeps one table per configuration, slower than
+    separate passes at large ``d``); the best by progressive error (ties: loss) is the row, its
+    pass the timing (compilation and ``init`` excluded) and its state the one tested."""
+    from sketchopt.stream import runner
+
+    make, swept, static = second_order_make(name, stream.scale)
+    best, grid, total = None, [], 0.0
+    for value in values:
+        learner = make(value)
+        result = runner.run_stream(
+            learner,
+            stream.chunks(auto=True),
+            stream.dim,
+            state=_fresh_state(learner, stream.dim, seed),
+        )
+        total += result.seconds
+        grid.append({
+            swept: float(value),
+            "progressive_error": float(result.progressive_error),
+            "progressive_loss": float(result.progressive_loss),
+            "examples_per_second": result.examples_per_second,
+            "compactions": int(result.state.compactions),
+            "nonfinite_count": int(result.state.nonfinite_count),
+        })  # fmt: skip
+        if best is None or _score(result) < _score(best[1]):
+            best = (value, result, learner)
+    value, alone, learner = best
+    test_loss, test_error, _ = runner.evaluate(learner, alone.state, stream.chunks("test"))
+    weights = np.asarray(learner.weights(alone.state))
+    return {
+        "progressive_error": float(alone.progressive_error),
+        "progressive_loss": float(alone.progressive_loss),
+        "grid_progressive_error": float(alone.progressive_error),
+        "test_error": test_error,
+        "test_loss": test_loss,
+        "seconds": alone.seconds,
+        "examples_per_second": alone.examples_per_second,
+        "grid_seconds": total,
+        "chosen": {swept: float(value)},
+        "static": static,
+        "nonzero_weights": int(np.count_nonzero(weights)),
+        "compactions": int(alone.state.compactions),
+        "nonfinite_count": int(alone.state.nonfinite_count),
+        "grid": grid,
+    }
+
+
 # ------------------------------------------------------------------------------------------------
 # Cost against d, and of a grid.
 
@@ -567,8 +739,58 @@ SCALING_HYPER = {
 }
 
 
+#: Each sparse second-order learner's ``c`` in the scaling runs (``r = 1`` there: RFD0-SON,
+#: ``alpha = 1``, Ada-FD ``learning_rate = 0.5, delta = 1``).
+SCALING_SECOND_ORDER = {"oja_son": 1.0, "fd_son": 1.0, "rfd_son": 0.0, "rp_son": 1.0, "ada_fd": 0.5}
+
+
+def _budgeted(examples, size: int, dim: int, budget: float):
+    """``runner.chunked(examples, size, dim)``, stopping before a chunk once ``budget`` seconds
+    of wall time have passed since the first (which always runs)."""
+    from sketchopt.stream import runner
+
+    start = time.perf_counter()
+    for i, chunk in enumerate(runner.chunked(examples, size, dim)):
+        if i and time.perf_counter() - start > budget:
+            return
+        yield chunk
+
+
+def _head(examples, n: int):
+    from sketchopt.stream.examples import SparseExamples
+
+    return SparseExamples(*(np.asarray(a)[:n] for a in examples))
+
+
+def _second_order_pass(name: str, examples, dim: int, cfg, seed: int) -> tuple[float, int, int]:
+    """``(seconds per example, examples measured, compactions)`` of the fastest of
+    ``scaling_so_repeats`` budgeted passes (one when the budget cut the first); ``name`` is a
+    second-order learner or ``"ada_diag"``, the reference run on the same chunks."""
+    from sketchopt.stream import runner
+
+    if name == "ada_diag":
+        learner_of = functools.partial(sketchopt_make("ada_diag", 1.0)[0], **SCALING_HYPER[name])
+    else:
+        learner_of = functools.partial(second_order_make(name, 1.0)[0], SCALING_SECOND_ORDER[name])
+    best = (math.inf, 0, 0)
+    for _ in range(cfg["scaling_so_repeats"]):
+        learner = learner_of()
+        chunks = _budgeted(examples, cfg["scaling_so_chunk"], dim, cfg["scaling_so_budget"])
+        r = runner.run_stream(learner, chunks, dim, state=_fresh_state(learner, dim, seed))
+        compactions = int(getattr(r.state, "compactions", 0))
+        best = min(best, (r.seconds / r.examples, r.examples, compactions))
+        if r.examples < examples.size:  # cut by the budget: a repeat would not change the picture
+            break
+    return best
+
+
 def scaling(cfg, seed, pyvw) -> dict:
-    """Seconds per example against ``d`` at ``s = 100``."""
+    """Seconds per example against ``d`` at ``s = 100``: the first-order learners and VW on
+    ``scaling_examples`` examples in chunks of up to 1000; the sparse second-order learners
+    (``m = 10``), ADA-DIAG again as their reference and VW's ``--OjaNewton`` on up to
+    ``scaling_so_examples`` of the same examples, in chunks of ``scaling_so_chunk``, each pass
+    stopped after ``scaling_so_budget`` seconds (an ``O(m d)`` compaction every few examples
+    makes a pass at ``d = 2**24`` take minutes otherwise)."""
     from sketchopt.stream import runner
 
     rng = np.random.default_rng([seed, 24])
@@ -576,8 +798,15 @@ def scaling(cfg, seed, pyvw) -> dict:
     size = _chunk_size(n)
     names = cfg["scaling_learners"]
     vw_names = ["vw_default", "vw_ftrl"] if pyvw is not None else []
-    times: dict[str, list[float]] = {k: [] for k in [*names, *vw_names]}
-    jobs = [(bits, k) for bits in cfg["scaling_bits"] for k in [*names, *vw_names]]
+    so_names = list(cfg["scaling_second_order"])
+    so_vw = ["vw_oja_newton"] if pyvw is not None else []
+    so_jobs = ["ada_diag_reference", *so_names, *so_vw]
+    times: dict[str, list[float]] = {k: [] for k in [*names, *vw_names, *so_names, *so_vw]}
+    so_n = min(n, cfg["scaling_so_examples"])
+    counts: dict[str, list[int]] = {k: [] for k in so_jobs}
+    compactions: dict[str, list[int]] = {k: [] for k in so_names}
+    reference: list[float] = []
+    jobs = [(bits, k) for bits in cfg["scaling_bits"] for k in [*names, *vw_names, *so_jobs]]
     data = {}
     for bits, name in common.progress(jobs, desc="vw: cost against d"):
         dim = 2**bits
@@ -585,9 +814,23 @@ def scaling(cfg, seed, pyvw) -> dict:
             data.clear()
             data[bits] = random_examples(rng, n, dim)
         examples, lines = data[bits]
+        if name in so_jobs and name != "vw_oja_newton":
+            key = "ada_diag" if name == "ada_diag_reference" else name
+            per, count, comps = _second_order_pass(key, _head(examples, so_n), dim, cfg, seed)
+            counts[name].append(count)
+            if name == "ada_diag_reference":
+                reference.append(per)
+            else:
+                compactions[name].append(comps)
+                times[name].append(per)
+            continue
         best = math.inf
         for _ in range(cfg["scaling_repeats"]):  # the fastest pass: the others were disturbed
-            if name.startswith("vw_"):
+            if name == "vw_oja_newton":  # (cheap: scaling_repeats, not scaling_so_repeats)
+                args = f"-b {bits} {_vw_oja_args('random', 1.0)}"
+                r = vw_pass(pyvw, args, lines[:so_n], [], examples.labels[:so_n], [])
+                best = min(best, r["seconds"] / so_n)
+            elif name.startswith("vw_"):
                 extra = "" if name == "vw_default" else f"--ftrl --ftrl_beta {FTRL_BETA:g}"
                 r = vw_pass(pyvw, f"-b {bits} {extra}", lines, [], examples.labels, [])
                 best = min(best, r["seconds"] / n)
@@ -596,8 +839,11 @@ def scaling(cfg, seed, pyvw) -> dict:
                 learner = make(**SCALING_HYPER[name])
                 r = runner.run_stream(learner, runner.chunked(examples, size, dim), dim)
                 best = min(best, r.seconds / r.examples)
+        if name == "vw_oja_newton":
+            counts[name].append(so_n)
         times[name].append(best)
     bits = cfg["scaling_bits"]
+    ratio = {k: [t / a for t, a in zip(times[k], reference, strict=True)] for k in so_names}
     return {
         "dims": [2**b for b in bits],
         "bits": bits,
@@ -607,7 +853,26 @@ def scaling(cfg, seed, pyvw) -> dict:
         "hyper": {k: SCALING_HYPER[k] for k in names},
         "seconds_per_example": times,
         "ratio_max_min": {k: float(max(v) / min(v)) for k, v in times.items()},
-        "target_ratio": 1.5,
+        "target_ratio": FLAT_TARGET,
+        "second_order": {
+            "learners": so_names,
+            "sketch_size": SKETCH_SIZE,
+            "hyper": {
+                k: {**second_order_make(k, 1.0)[2], "c": SCALING_SECOND_ORDER[k]} for k in so_names
+            },
+            "vw_oja_newton_args": _vw_oja_args("random", 1.0) if so_vw else None,
+            "max_examples": so_n,
+            "chunk": cfg["scaling_so_chunk"],
+            "budget_seconds": cfg["scaling_so_budget"],
+            "repeats": cfg["scaling_so_repeats"],
+            "examples_measured": counts,
+            "compactions": compactions,
+            "ada_diag_seconds_per_example": reference,
+            "ada_diag_hyper": SCALING_HYPER["ada_diag"],
+            "ratio_to_ada_diag": ratio,
+            "max_ratio_to_ada_diag": {k: float(max(v)) for k, v in ratio.items()},
+            "target_ratio_to_ada_diag": ADA_DIAG_TARGET,
+        },
     }
 
 
@@ -649,6 +914,140 @@ def grid_cost(cfg, seed) -> dict:
 
 
 # ------------------------------------------------------------------------------------------------
+# The issue's targets for the sparse second-order learners.
+
+
+def _met(ok: bool | None) -> str:
+    return "n/a" if ok is None else "**met**" if ok else "**not met**"
+
+
+def _times(ratio: float) -> str:
+    return f"{ratio:.2f}x" if ratio < 100 else f"{ratio:,.0f}x"
+
+
+def _row_of(algorithms, name: str, stream: str) -> dict | None:
+    entry = algorithms.get(name)
+    r = None if entry is None else entry["streams"].get(stream)
+    return None if r is None or "skipped" in r or "failed" in r else r
+
+
+def _targets(scale, algorithms, stream_names: list[str], size: str) -> tuple[dict, str]:
+    """The four targets: flat time per example in ``d``; FD-SON's and Ada-FD's time per example
+    against ADA-DIAG's; Oja-SON's examples per second against VW ``--OjaNewton``'s on the sparse
+    streams; the best second-order learner's errors against VW ``--OjaNewton``'s best on every
+    stream. Returns the JSON part and the markdown table."""
+    second = scale["second_order"]
+    bits = scale["bits"]
+    span = f"d = 2^{bits[0]}..2^{bits[-1]}" + (" (quick sizes)" if size == "quick" else "")
+    rows = []
+
+    flat = {k: scale["ratio_max_min"][k] for k in second["learners"]}
+    flat_ok = all(v <= FLAT_TARGET for v in flat.values()) if flat else None
+    rows.append([
+        f"time per example flat in d within {FLAT_TARGET:g}x (max/min, {span}, s = {NNZ}, "
+        f"m = {SKETCH_SIZE})",
+        ", ".join(f"{LABELS[k]} {_times(v)}" for k, v in flat.items()), _met(flat_ok),
+    ])  # fmt: skip
+
+    versus = {k: second["ratio_to_ada_diag"][k] for k in ("fd_son", "ada_fd") if k in flat}
+    worst = {k: float(max(v)) for k, v in versus.items()}
+    versus_ok = all(v <= ADA_DIAG_TARGET for v in worst.values()) if worst else None
+    rows.append([
+        f"FD-SON and Ada-FD at most {ADA_DIAG_TARGET:g}x ADA-DIAG's time per example (m = "
+        f"{SKETCH_SIZE}, s = {NNZ}, same process and chunks; worst over {span})",
+        ", ".join(
+            f"{LABELS[k]} {_times(worst[k])} (" + ", ".join(_times(x) for x in v) + ")"
+            for k, v in versus.items()
+        ), _met(versus_ok),
+    ])  # fmt: skip
+
+    speed, speed_text = {}, []
+    for stream in [s for s in SPARSE_STREAMS if s in stream_names]:
+        ours, theirs = (
+            _row_of(algorithms, "oja_son", stream),
+            _row_of(algorithms, "vw_oja_newton", stream),
+        )
+        if ours is None or theirs is None:
+            speed[stream] = None
+            speed_text.append(f"{stream} n/a")
+            continue
+        ratio = ours["examples_per_second"] / theirs["examples_per_second"]
+        speed[stream] = {
+            "oja_son": ours["examples_per_second"],
+            "vw_oja_newton": theirs["examples_per_second"],
+            "ratio": ratio,
+        }
+        speed_text.append(
+            f"{stream} {_times(ratio)} ({ours['examples_per_second']:,.0f} vs "
+            f"{theirs['examples_per_second']:,.0f}/s)"
+        )
+    known = [v for v in speed.values() if v is not None]
+    speed_ok = (
+        None if len(known) < len(speed) or not known else all(v["ratio"] >= 1.0 for v in known)
+    )
+    rows.append([
+        "Oja-SON's examples/s at least VW --OjaNewton's on the sparse streams (chosen "
+        "configurations)", "; ".join(speed_text), _met(speed_ok),
+    ])  # fmt: skip
+
+    errors, error_text = {}, []
+    for stream in stream_names:
+        candidates = [
+            (r["progressive_error"], r["progressive_loss"], name, r)
+            for name in SECOND_ORDER
+            if (r := _row_of(algorithms, name, stream)) is not None
+        ]
+        theirs = _row_of(algorithms, "vw_oja_newton", stream)
+        if not candidates or theirs is None:
+            errors[stream] = None
+            error_text.append(f"{stream} n/a")
+            continue
+        best = min(candidates, key=lambda c: _score_values(c[0], c[1]))
+        name, ours = best[2], best[3]
+        ok = (ours["progressive_error"] <= theirs["progressive_error"]) and (
+            ours["test_error"] <= theirs["test_error"]
+        )
+        errors[stream] = {
+            "best": name,
+            "progressive_error": ours["progressive_error"],
+            "test_error": ours["test_error"],
+            "vw_progressive_error": theirs["progressive_error"],
+            "vw_test_error": theirs["test_error"],
+            "met": ok,
+        }
+        error_text.append(
+            f"{stream} {LABELS[name]} {100 * ours['progressive_error']:.2f} / "
+            f"{100 * ours['test_error']:.2f} % vs {100 * theirs['progressive_error']:.2f} / "
+            f"{100 * theirs['test_error']:.2f} %{'' if ok else ' (not met)'}"
+        )
+    known = [v for v in errors.values() if v is not None]
+    errors_ok = None if len(known) < len(errors) or not known else all(v["met"] for v in known)
+    rows.append([
+        "best second-order learner's progressive and test error at most VW --OjaNewton's best, "
+        "every stream (ours vs VW, progressive / test)", "; ".join(error_text), _met(errors_ok),
+    ])  # fmt: skip
+
+    targets = {
+        "flat_in_d": {
+            "dims": scale["dims"], "ratio_max_min": flat, "target": FLAT_TARGET, "met": flat_ok,
+        },
+        "fd_son_ada_fd_vs_ada_diag": {
+            "dims": scale["dims"], "ratio_by_d": versus, "max_ratio": worst,
+            "target": ADA_DIAG_TARGET, "met": versus_ok,
+        },
+        "oja_son_vs_vw_examples_per_second": {
+            "streams": speed, "target": 1.0, "met": speed_ok,
+        },
+        "second_order_vs_vw_oja_newton_errors": {"streams": errors, "met": errors_ok},
+    }  # fmt: skip
+    return targets, common.markdown_table(["target", "measured", "met"], rows)
+
+
+def _score_values(err: float, loss: float) -> tuple[float, float]:
+    return (err if math.isfinite(err) else math.inf, loss if math.isfinite(loss) else math.inf)
+
+
+# ------------------------------------------------------------------------------------------------
 # The experiment.
 
 
@@ -668,12 +1067,22 @@ def run(*, quick: bool, full: bool, seed: int, out: pathlib.Path) -> dict:
         streams[name] = builders[name](cfg[name], seed)
 
     vw_names = list(_vw_configs(cfg, "mnist")) if pyvw is not None else []
-    jobs = [(s, k) for s in streams for k in [*vw_names, *cfg["learners"][s]]]
+    jobs = [
+        (s, k) for s in streams for k in [*vw_names, *cfg["learners"][s], *cfg["second_order"][s]]
+    ]
     results: dict[str, dict] = {}
     for stream_name, name in common.progress(jobs, desc="vw: streams x learners"):
         stream = streams[stream_name]
         if name in vw_names:
             entry = run_vw(pyvw, name, _vw_configs(cfg, stream_name)[name][1], stream)
+        elif name in SECOND_ORDER:
+            key = "ada_fd_lr" if name == "ada_fd" else "son_alpha"
+            try:
+                entry = run_second_order(name, stream, _grid(cfg, stream_name, key), seed)
+            except Exception:  # noqa: BLE001 - recorded and reported; the others go on
+                error = traceback.format_exc()
+                print(f"[vw] {name} failed on {stream_name}:\n{error}", file=sys.stderr)
+                entry = {"failed": error}
         else:
             rates = {"ada_diag": "rates", "nag": "rates", "ftrl": "ftrl_alpha"}.get(
                 name, "relative"
@@ -696,7 +1105,7 @@ def run(*, quick: bool, full: bool, seed: int, out: pathlib.Path) -> dict:
         else:
             swept = _vw_configs(cfg, "mnist")[name][0]
             algorithms[name] = {"tool": "vw", "swept": swept, **results[name]}
-    for name in LEARNERS:
+    for name in [*LEARNERS, *SECOND_ORDER]:
         if name in results:
             algorithms[name] = {"tool": "sketchopt", **results[name]}
 
@@ -707,7 +1116,7 @@ def run(*, quick: bool, full: bool, seed: int, out: pathlib.Path) -> dict:
             if entry is None:
                 continue
             r = entry["streams"].get(stream_name)
-            if r is None or "skipped" in r:
+            if r is None or "skipped" in r or "failed" in r:
                 continue
             row = {
                 "tool": entry["tool"],
@@ -717,31 +1126,65 @@ def run(*, quick: bool, full: bool, seed: int, out: pathlib.Path) -> dict:
                 "examples_per_second": r["examples_per_second"],
                 "chosen": r["chosen"],
             }
+            if "compactions" in r:
+                row["compactions"] = r["compactions"]
             stream_rows[stream_name].append(row)
             rows.append([
                 stream_name, entry["tool"], LABELS[name], common.hyper_str(r["chosen"]),
                 f"{r['progressive_error']:.4f}", f"{r['test_error']:.4f}",
-                f"{r['examples_per_second']:,.0f}",
+                f"{r['examples_per_second']:,.0f}", str(r.get("compactions", "-")),
             ])  # fmt: skip
     table = common.markdown_table(
-        ["stream", "tool", "learner", "chosen", "progressive error", "test error", "examples/s"],
+        ["stream", "tool", "learner", "chosen", "progressive error", "test error", "examples/s",
+         "compactions"],
         rows,
-    )
+    )  # fmt: skip
+    failed = [
+        f"{name} on {stream_name}"
+        for name, entry in algorithms.items()
+        if entry is not None
+        for stream_name, r in entry["streams"].items()
+        if "failed" in r
+    ]
+    targets, targets_table = _targets(scale, algorithms, list(streams), size)
     speed_rows = [
         [LABELS[k]] + [f"{1e6 * t:.2f}" for t in v] + [f"{scale['ratio_max_min'][k]:.2f}"]
         for k, v in scale["seconds_per_example"].items()
     ]
+    second = scale["second_order"]
+    reference = second["ada_diag_seconds_per_example"]
+    speed_rows.append(
+        ["ADA-DIAG (second-order runs' chunks)"]
+        + [f"{1e6 * t:.2f}" for t in reference]
+        + [f"{max(reference) / min(reference):.2f}"]
+    )
     speed = common.markdown_table(
         ["learner", *[f"us/ex d=2^{b}" for b in scale["bits"]], "max/min"], speed_rows
     )
+    measured = ", ".join(
+        f"{LABELS[k]} {'/'.join(str(c) for c in v)}"
+        for k, v in second["examples_measured"].items()
+        if k != "ada_diag_reference"
+    )
+    compacted = ", ".join(
+        f"{LABELS[k]} {'/'.join(map(str, v))}" for k, v in second["compactions"].items()
+    )
     table = "\n\n".join([
         table, f"*{NOTE}*",
-        f"Cost per example against d (s = {NNZ}, {scale['examples']} examples per d):",
+        f"Cost per example against d (s = {NNZ}, {scale['examples']} examples per d; the "
+        f"second-order learners (m = {SKETCH_SIZE}), VW --OjaNewton and ADA-DIAG as their "
+        f"reference on up to {second['max_examples']} of them in chunks of {second['chunk']}, "
+        f"each pass stopped after {second['budget_seconds']:g} s; examples measured per d: "
+        f"{measured}; compactions: {compacted}):",
         speed,
         f"ADA-DIAG grid of {cost['points']} configurations in one vmapped pass at "
         f"d = 2^{cost['bits']}: {cost['grid_seconds']:.3g} s against {cost['single_seconds']:.3g} "
         f"s for one configuration alone: **{cost['ratio']:.2f}x** (target <= 5x).",
+        "Targets (sparse second-order learners):",
+        targets_table,
     ])  # fmt: skip
+    if failed:
+        table += "\n\n**Failed (traceback in the JSON):** " + ", ".join(failed)
     if pyvw is None:
         table += f"\n\n*{VW_MISSING}; only sketchopt is reported.*"
 
@@ -764,6 +1207,7 @@ def run(*, quick: bool, full: bool, seed: int, out: pathlib.Path) -> dict:
         "streams": stream_rows,
         "scaling": scale,
         "grid_cost": cost,
+        "targets": targets,
     }
     fig = _plot(scale, stream_rows)
     summary = common.finish_run(NAME, out, payload, fig, table)
@@ -781,6 +1225,11 @@ COLORS = {
     "vw_default": "black",
     "vw_ftrl": "tab:brown",
     "vw_oja_newton": "tab:gray",
+    "oja_son": "tab:olive",
+    "fd_son": "tab:pink",
+    "rfd_son": "darkgoldenrod",
+    "rp_son": "teal",
+    "ada_fd": "darkred",
 }
 
 

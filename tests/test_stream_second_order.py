@@ -346,3 +346,14 @@ def test_float32_drift_stays_small(name):
     result = runner.run_stream(learner, runner.chunked(stream, 2000, dim), dim)
     sketch_err, gram_err = drift(learner, result.state)
     assert sketch_err < 1e-3 and gram_err < 1e-3, (sketch_err, gram_err)
+
+
+def test_float32_state_under_x64():
+    """A float32 state keeps float32 when ``jax_enable_x64`` is on (no NumPy scalar promotes)."""
+    stream, _, _ = sparse_stream(n=20, seed=12, dtype=np.float32)
+    with jax.enable_x64(True):
+        for name in so2.SECOND_ORDER:
+            learner = ln.make_learner(name, sketch_size=3)
+            result = runner.run_stream(learner, runner.chunked(stream, 16, DIM), DIM)
+            assert result.state.table.dtype == jnp.float32, name
+            assert int(result.state.nonfinite_count) == 0, name

@@ -2,7 +2,10 @@
 same streams. Well-formed JSON and PNG, the rows every stream must have, and claims that hold at
 this size: VW's progressive loss as we compute it from the predictions ``learn`` leaves on the
 examples is VW's own (so the predictions are progressive), FTRL-Proximal with the same ``alpha``
-and ``beta`` errs alike in both tools on digits, and digits is learned. Speed is not asserted.
+and ``beta`` errs alike in both tools on digits, and digits is learned; every sparse
+second-order learner runs on every stream (no failure, no skipped example) with a grid of the
+size of VW ``--OjaNewton``'s, and the scaling and the issue's four targets are recorded. Speed is
+not asserted.
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ from experiments import common  # noqa: E402
 pytestmark = pytest.mark.slow
 
 STREAMS = ("mnist", "mnist_cross", "text", "digits")
+SECOND_ORDER = ("oja_son", "fd_son", "rfd_son", "rp_son", "ada_fd")
 
 
 def _numbers(obj):
@@ -118,3 +122,61 @@ def test_without_vowpalwabbit_the_message(monkeypatch, capsys):
     monkeypatch.setitem(sys.modules, "vowpalwabbit", None)  # import raises ImportError
     assert vw._pyvw() is None
     assert "vowpalwabbit is not installed: pip install '.[bench]'" in capsys.readouterr().out
+
+
+def test_second_order_rows_on_every_stream(result):
+    _, _, payload = result
+    algorithms = payload["algorithms"]
+    for stream in STREAMS:
+        theirs = algorithms["vw_oja_newton"]["streams"][stream]
+        assert "skipped" not in theirs, theirs
+        for name in SECOND_ORDER:
+            r = algorithms[name]["streams"][stream]
+            assert "failed" not in r, (name, stream, r.get("failed"))
+            assert len(r["grid"]) == len(theirs["grid"]), (name, stream)  # equal grid sizes
+            assert r["nonfinite_count"] == 0, (name, stream)
+            assert r["compactions"] >= 0 and r["examples_per_second"] > 0
+    for stream, rows in payload["streams"].items():
+        by_name = {row["learner"]: row for row in rows}
+        assert {*SECOND_ORDER, "vw_oja_newton"} <= set(by_name), stream
+        for name in SECOND_ORDER:
+            assert by_name[name]["tool"] == "sketchopt"
+            assert (
+                by_name[name]["compactions"] == algorithms[name]["streams"][stream]["compactions"]
+            )
+    # the second-order learners learn the control stream
+    digits = [algorithms[k]["streams"]["digits"]["progressive_error"] for k in SECOND_ORDER]
+    assert min(digits) < 0.22
+
+
+def test_second_order_scaling_and_targets_recorded(result):
+    _, summary, payload = result
+    scaling = payload["scaling"]
+    second = scaling["second_order"]
+    assert second["sketch_size"] == 10
+    for name in (*SECOND_ORDER, "vw_oja_newton"):
+        times = scaling["seconds_per_example"][name]
+        assert len(times) == 2 and all(t > 0 for t in times), name
+        assert all(n > 0 for n in second["examples_measured"][name]), name
+    assert len(second["ada_diag_seconds_per_example"]) == 2
+    assert set(second["ratio_to_ada_diag"]) == set(SECOND_ORDER)
+    assert second["compactions"]["rp_son"] == [0, 0]  # RP-SON never compacts
+    targets = payload["targets"]
+    assert set(targets) == {
+        "flat_in_d",
+        "fd_son_ada_fd_vs_ada_diag",
+        "oja_son_vs_vw_examples_per_second",
+        "second_order_vs_vw_oja_newton_errors",
+    }
+    for target in targets.values():
+        assert isinstance(target["met"], bool)
+    assert set(targets["oja_son_vs_vw_examples_per_second"]["streams"]) == {
+        "mnist", "mnist_cross", "text"
+    }  # fmt: skip
+    errors = targets["second_order_vs_vw_oja_newton_errors"]["streams"]
+    assert set(errors) == set(STREAMS)
+    for stream, row in errors.items():
+        assert row["best"] in SECOND_ORDER
+        best = payload["algorithms"][row["best"]]["streams"][stream]
+        assert row["progressive_error"] == best["progressive_error"]
+    assert "Targets" in summary["table"]

@@ -287,6 +287,8 @@ def run_stream(
     validation; ``state``/``start``/``curve`` continue an earlier run (see the module
     docstring); ``progress`` shows a ``tqdm`` bar (``total`` examples, when known)."""
     state = learner.init(dim, dtype, key) if state is None else state
+    # init runs asynchronously (Oja-SON's is a QR of d x m): it must not land in the timed pass
+    state = jax.block_until_ready(state)
     start = Progress.zeros(learner.grid) if start is None else start
     curve = [] if curve is None else curve
     bar = _bar(progress, total)

@@ -521,8 +521,9 @@ def _rank_two(hm, r, q):
     downdate's denominator stayed safely positive."""
     nq, nr = jnp.linalg.norm(q), jnp.linalg.norm(r)
     c = jnp.sqrt(jnp.where((nq > 0) & (nr > 0), nq / jnp.where(nr > 0, nr, 1), 1))
-    a = (q / c + c * r) * np.sqrt(0.5)
-    b = (q / c - c * r) * np.sqrt(0.5)
+    half = jnp.sqrt(jnp.asarray(0.5, hm.dtype))  # (a NumPy scalar would promote under x64)
+    a = (q / c + c * r) * half
+    b = (q / c - c * r) * half
     ha = hm @ a
     hm = hm - jnp.outer(ha, ha / (1 + a @ ha))
     hb = hm @ b
