@@ -619,17 +619,17 @@ def second_order_make(name: str, scale: float):
             **son, "alpha": f"c r, r = {scale:.4g}", "oja_learning_rate": "1/t"}  # fmt: skip
     if name == "fd_son":
         return (lambda c: second_order.fd_son(c * scale, m)), "alpha_over_r", {
-            **son, "alpha": f"c r, r = {scale:.4g}", "spare_rows": 4}  # fmt: skip
+            **son, "alpha": f"c r, r = {scale:.4g}", "spare_rows": m}  # fmt: skip
     if name == "rfd_son":
         return (lambda c: second_order.rfd_son(m, alpha0=c * scale)), "alpha0_over_r", {
-            **son, "eta": "1/t", "alpha0": f"c r, r = {scale:.4g}", "spare_rows": 4}  # fmt: skip
+            **son, "eta": "1/t", "alpha0": f"c r, r = {scale:.4g}", "spare_rows": m}  # fmt: skip
     if name == "rp_son":
         return (lambda c: second_order.rp_son(c * scale, m)), "alpha_over_r", {
             **son, "alpha": f"c r, r = {scale:.4g}"}  # fmt: skip
     if name == "ada_fd":
         return (lambda c: second_order.ada_fd(c, m, root)), "learning_rate", {
             "sketch_size": m, "learning_rate": "c", "delta": f"sqrt(r) = {root:.4g}",
-            "rule": "mirror_descent", "robust": False, "spare_rows": 4}  # fmt: skip
+            "rule": "mirror_descent", "robust": False, "spare_rows": m}  # fmt: skip
     raise ValueError(name)
 
 

@@ -4,6 +4,7 @@ projection), their grids, flat layout, bad-input policy, resume and float32 drif
 
 from __future__ import annotations
 
+import functools
 import json
 
 import jax
@@ -58,6 +59,24 @@ def cases():
         "oja_son_dense_steps": (  # every step through the dense path (compaction)
             lambda: so2.oja_son(5.0, 4, bound=2.0, max_growth=1.0),
             lambda: so.oja_son(5.0, 4, key=key),
+            2.0,
+            False,
+        ),
+        "oja_son_rescaled": (  # SON sec. 5.2, diagonal rescaling
+            lambda: so2.oja_son(5.0, 4, bound=2.0, diagonal_rescaling=True),
+            lambda: so.oja_son(5.0, 4, key=key, diagonal_rescaling=True),
+            2.0,
+            False,
+        ),
+        "fd_son_rescaled": (
+            lambda: so2.fd_son(2.0, 4, diagonal_rescaling=True),
+            lambda: so.fd_son(2.0, 4, diagonal_rescaling=True),
+            np.inf,
+            False,
+        ),
+        "rp_son_rescaled": (
+            lambda: so2.rp_son(2.0, 4, bound=2.0, diagonal_rescaling=True),
+            lambda: so.rp_son(2.0, 4, key, diagonal_rescaling=True),
             2.0,
             False,
         ),
@@ -357,3 +376,22 @@ def test_float32_state_under_x64():
             result = runner.run_stream(learner, runner.chunked(stream, 16, DIM), DIM)
             assert result.state.table.dtype == jnp.float32, name
             assert int(result.state.nonfinite_count) == 0, name
+
+
+@pytest.mark.parametrize("name", ["oja_son", "fd_son"])
+def test_rescaled_grid_and_flat_layout(name):
+    """Diagonal rescaling keeps ``D`` per configuration in a grid, and reads the flat layout's
+    segments as the padded layout."""
+    stream, _, _ = sparse_stream(n=120, seed=13, dtype=np.float32)
+    make = functools.partial(ln.make_learner, name, diagonal_rescaling=True)
+    chunks = functools.partial(runner.chunked, stream, 64, DIM)
+    grid = runner.run_grid(make, {"alpha": np.array([0.5, 4.0])}, chunks(), DIM, seeds=(2,))
+    for j, alpha in enumerate([0.5, 4.0]):
+        alone = runner.run_stream(make(alpha=alpha), chunks(), DIM, key=jax.random.PRNGKey(2))
+        np.testing.assert_allclose(
+            grid.progress.loss_sum[j], alone.progress.loss_sum, rtol=2e-5, atol=1e-5
+        )
+    learner = make(alpha=1.0)
+    padded = runner.run_stream(learner, chunks(), DIM)
+    flat = runner.run_stream(learner, chunks(flat=True, width=4), DIM)
+    np.testing.assert_allclose(flat.progress.loss_sum, padded.progress.loss_sum, rtol=1e-5)

@@ -28,7 +28,8 @@ Decisions (no VW flag has the same meaning everywhere):
   constant (default: each learner's schedule, ``1/sqrt(t)``, ``1/t`` for ``rfd_son``) and
   ADA-FD's ``eta``; ``--bound`` is SON's ``C`` of the bounded-prediction projection (default:
   none); ``--delta`` is ADA-FD's ``delta`` (default 1, the step outside the sketch is
-  ``eta / delta``), ``--rule`` and ``--robust`` pick its update and sketch; ``--seed`` draws
+  ``eta / delta``), ``--rule`` and ``--robust`` pick its update and sketch;
+  ``--diagonal-rescaling`` is SON's sec. 5.2 for the SON learners; ``--seed`` draws
   Oja-SON's initial directions and RP-SON's projections. ``--l1``/``--l2`` do not apply to them.
 """
 
@@ -124,6 +125,11 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--robust", action="store_true", help="ada_fd with the RFD sketch")
     parser.add_argument(
+        "--diagonal-rescaling",
+        action="store_true",
+        help="SON's diagonal rescaling, sec. 5.2 (oja_son, fd_son, rfd_son, rp_son)",
+    )
+    parser.add_argument(
         "--seed", type=int, default=0, help="oja_son's and rp_son's random state (default 0)"
     )
     parser.add_argument("--beta", type=float, default=1.0, help="FTRL-Proximal's beta (default: 1)")
@@ -199,6 +205,7 @@ def _second_order_hyperparameters(args) -> dict[str, Any]:
     if args.learning_rate is not None:
         options["eta"] = args.learning_rate
     options["bound"] = args.bound
+    options["diagonal_rescaling"] = args.diagonal_rescaling
     if name == "rfd_son":
         return options | {"alpha0": 0.0 if args.alpha is None else args.alpha}
     return options | {"alpha": 1.0 if args.alpha is None else args.alpha}

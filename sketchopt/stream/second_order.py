@@ -91,6 +91,7 @@ __all__ = [
 ]
 
 _HI = jax.lax.Precision.HIGHEST
+_DIAGONAL_INIT = 0.1  # D_1 = 0.1 I (SON sec. 5.2, footnote 6), as sketchopt.son
 
 
 class SketchedState(NamedTuple):
@@ -596,22 +597,33 @@ def _rp_spec(m, *, eta, curvature):
 # The learner around a spec.
 
 
-def _learner(name, loss, spec: _Spec, hyper: dict, grid: tuple[int, ...]) -> LinearLearner:
+def _learner(
+    name, loss, spec: _Spec, hyper: dict, grid: tuple[int, ...], rescaled: bool = False
+) -> LinearLearner:
+    """The :class:`LinearLearner` of ``spec``. With ``rescaled`` (SON sec. 5.2, diagonal
+    rescaling) the spec runs in the coordinates ``z = D^{1/2} w``: the table gains a column
+    ``ds = D^{1/2}`` (``D_1 = 0.1 I``), the spec sees the example ``x / ds``, and after each step
+    ``D += g^2`` on the example's coordinates, each of them re-expressed (``u_i`` scales by
+    ``ds_new / ds_old``): ``O(s (R + k))``, as the dense ``diagonal_rescaling``."""
     if loss not in LOSSES:
         raise ValueError(f"unknown loss {loss!r}; use one of {sorted(LOSSES)}")
     loss_fn = LOSSES[loss]
     derivative = jax.grad(loss_fn)
     rows = spec.rows
     batched = bool(grid)
+    width = rows + len(spec.columns) + int(rescaled)
+    ds_col = width - 1  # (rescaled only)
 
     def h_of(dtype):
         return {k: jnp.asarray(v, dtype) for k, v in hyper.items()}
 
     def init_one(dim, dtype, key, h):
         z, small = spec.init(dim, dtype, key, h)
-        table = jnp.zeros((dim, rows + len(spec.columns)), dtype)
+        table = jnp.zeros((dim, width), dtype)
         if z is not None:
             table = table.at[:, :rows].set(z.T)
+        if rescaled:
+            table = table.at[:, ds_col].set(np.sqrt(_DIAGONAL_INIT))
         # three arrays (not one thrice: a donated state may not hold a buffer twice)
         return SketchedState(table, small, *(jnp.zeros((), jnp.int32) for _ in range(3)))
 
@@ -632,7 +644,10 @@ def _learner(name, loss, spec: _Spec, hyper: dict, grid: tuple[int, ...]) -> Lin
         ok = jnp.all((indices >= 0) & (indices <= dim) & jnp.isfinite(values))
         idx = jnp.where(ok, indices, dim)
         vals = jnp.where(ok, values, 0).astype(table.dtype)
-        got = table.at[idx].get(mode="fill", fill_value=0)  # (s, R + k)
+        got = table.at[idx].get(mode="fill", fill_value=0)  # (s, width)
+        if rescaled:  # the example in the coordinates z = D^{1/2} w
+            ds = got[:, ds_col]
+            vals = jnp.where(ds > 0, vals / jnp.where(ds > 0, ds, 1), 0)
         sums = jnp.matmul(vals, got, precision=_HI)
         out = {"zx": sums[:rows], "xx": jnp.dot(vals, vals)}
         out |= {f"x_{c}": sums[rows + i] for i, c in enumerate(spec.columns)}
@@ -657,7 +672,9 @@ def _learner(name, loss, spec: _Spec, hyper: dict, grid: tuple[int, ...]) -> Lin
             t=jnp.where(learn, state.t + 1, state.t),
             nonfinite_count=state.nonfinite_count + (active & ~ok).astype(jnp.int32),
         )
-        return new, coef, p, need & learn, aux
+        if rescaled:
+            coef = jnp.concatenate([coef, jnp.zeros((1,), coef.dtype)])  # (ds: not additive)
+        return new, coef, p, need & learn, aux, jnp.where(learn, slope, 0)
 
     def compact_where(state, h, need, aux, x):
         table, small = spec.compact(state.table, state.small, h, aux, x)
@@ -672,27 +689,55 @@ def _learner(name, loss, spec: _Spec, hyper: dict, grid: tuple[int, ...]) -> Lin
         table, small = spec.compact(state.table, state.small, h, aux, x)
         return state._replace(table=table, small=small, compactions=state.compactions + 1)
 
-    def settle(state, need, h, aux, dense_x):
+    def settle(state, need, h, aux, xarg, make_x):
         """The compaction, where needed: one ``cond`` for the whole grid (module docstring).
-        ``dense_x()`` builds the example as a dense vector, inside the rare branch only."""
+        ``make_x(xarg)`` builds the example (as the spec saw it) as a dense vector, inside the
+        rare branch only; ``xarg`` is per configuration in a grid."""
         if not batched:
-            return jax.lax.cond(need, lambda s: compact_one(s, h, aux, dense_x), lambda s: s, state)
+            return jax.lax.cond(
+                need, lambda s: compact_one(s, h, aux, lambda: make_x(xarg)), lambda s: s, state
+            )
 
         def run(s):
-            return jax.vmap(lambda st, hh, n, a: compact_where(st, hh, n, a, dense_x))(
-                s, h, need, aux
-            )
+            return jax.vmap(
+                lambda st, hh, n, a, xa: compact_where(st, hh, n, a, lambda: make_x(xa))
+            )(s, h, need, aux, xarg)
 
         return jax.lax.cond(jnp.any(need), run, lambda s: s, state)
 
     def scatter(table, idx, vals, coef):
-        """``table[idx] += vals coef^T``: ``x`` times one ``(R + k)``-vector per configuration."""
+        """``table[idx] += vals coef^T``: ``x`` times one ``(R + k)``-vector per configuration
+        (``vals`` too is per configuration in a grid: ``x / ds`` when rescaled)."""
         if batched:
-            return jax.vmap(lambda tb, cf: scatter_one(tb, idx, vals, cf))(table, coef)
+            return jax.vmap(lambda tb, vs, cf: scatter_one(tb, idx, vs, cf))(table, vals, coef)
         return scatter_one(table, idx, vals, coef)
 
     def scatter_one(table, idx, vals, coef):
         return table.at[idx].add(vals[:, None] * coef[None, :].astype(table.dtype), mode="drop")
+
+    def rescale_one(table, small, idx, xt, slope):
+        """``D += g^2`` on the example's coordinates (``g = slope x``, ``x = ds xt``), each
+        ``u_i = wbar_i + Z_i . b`` re-expressed: ``u_i <- u_i ds_new / ds_old``."""
+        got = table.at[idx].get(mode="fill", fill_value=0)
+        ds = got[:, ds_col]
+        ds_new = jnp.hypot(ds, slope * xt * ds)
+        ratio = jnp.where(ds > 0, ds_new / jnp.where(ds > 0, ds, 1), 1)
+        zb = jnp.matmul(got[:, :rows], small["b"], precision=_HI)
+        w = got[:, rows]
+        w_new = ratio * (w + zb) - zb
+        table = table.at[idx, rows].set(w_new, mode="drop")
+        return table.at[idx, ds_col].set(ds_new, mode="drop")
+
+    def rescale(state, idx, xt, slope):
+        if not rescaled:
+            return state
+        if batched:
+            table = jax.vmap(lambda tb, sm, xs, sl: rescale_one(tb, sm, idx, xs, sl))(
+                state.table, state.small, xt, slope
+            )
+        else:
+            table = rescale_one(state.table, state.small, idx, xt, slope)
+        return state._replace(table=table)
 
     def small_work(state, sums, ok, label, active, h):
         if batched:
@@ -705,17 +750,17 @@ def _learner(name, loss, spec: _Spec, hyper: dict, grid: tuple[int, ...]) -> Lin
         h = h_of(state.table.dtype)
         if batched:
             idx, vals, sums, ok = jax.vmap(lambda tb: read(tb, x))(state.table)
-            idx, vals = idx[0], vals[0]  # the same example for every configuration
+            idx = idx[0]  # the same coordinates for every configuration
         else:
             idx, vals, sums, ok = read(state.table, x)
-        new, coef, p, need, aux = small_work(state, sums, ok, label, active, h)
+        new, coef, p, need, aux, slope = small_work(state, sums, ok, label, active, h)
         new = new._replace(table=scatter(new.table, idx, vals, coef))
 
-        def dense_x():
+        def dense_x(v):  # (the example as the spec saw it: x / ds when rescaled)
             dim = state.table.shape[-2]
-            return jnp.zeros((dim,), vals.dtype).at[idx].add(vals, mode="drop")
+            return jnp.zeros((dim,), v.dtype).at[idx].add(v, mode="drop")
 
-        return settle(new, need, h, aux, dense_x), p
+        return rescale(settle(new, need, h, aux, vals, dense_x), idx, vals, slope), p
 
     def step_flat(state, indices, values, start, stop, label, active=True, *, width: int):
         """:func:`step` on one example of a flat chunk: read in segments of ``width`` (the sums
@@ -741,24 +786,45 @@ def _learner(name, loss, spec: _Spec, hyper: dict, grid: tuple[int, ...]) -> Lin
             return jax.lax.fori_loop(0, count, body, (zero, jnp.bool_(True)))
 
         sums, ok = jax.vmap(read_all)(state.table) if batched else read_all(state.table)
-        new, coef, p, need, aux = small_work(state, sums, ok, label, active, h)
+        new, coef, p, need, aux, slope = small_work(state, sums, ok, label, active, h)
+
+        def seg_read(table, j):
+            """Segment ``j`` as ``read`` sees it in one configuration's (pre-step) ``table``
+            (``x / ds`` when rescaled; a bad example's out-of-range indices are dropped: it
+            learns nothing, ``coef = 0``)."""
+            _, xt, _, _ = read(table, segment(j))
+            seg = segment(j)
+            idx = jnp.where((seg.indices >= 0) & (seg.indices <= dim), seg.indices, dim)
+            return idx, xt
+
+        def seg_vals(j):  # (idx, x / ds per configuration)
+            if batched:
+                idx, xt = jax.vmap(lambda tb: seg_read(tb, j))(state.table)
+                return idx[0], xt
+            return seg_read(state.table, j)
 
         def write(j, table):
-            seg = segment(j)
-            # a bad example learns nothing (coef = 0): its out-of-range indices are dropped
-            idx = jnp.where((seg.indices >= 0) & (seg.indices <= dim), seg.indices, dim)
-            return scatter(table, idx, seg.values.astype(table.dtype), coef)
+            idx, xt = seg_vals(j)
+            return scatter(table, idx, xt, coef)
 
         new = new._replace(table=jax.lax.fori_loop(0, count, write, new.table))
 
-        def dense_x():
+        def dense_x(table):  # one configuration's pre-step table
             def add(j, acc):
-                seg = segment(j)
-                return acc.at[seg.indices].add(seg.values.astype(acc.dtype), mode="drop")
+                idx, xt = seg_read(table, j)
+                return acc.at[idx].add(xt.astype(acc.dtype), mode="drop")
 
-            return jax.lax.fori_loop(0, count, add, jnp.zeros((dim,), state.table.dtype))
+            return jax.lax.fori_loop(0, count, add, jnp.zeros((dim,), table.dtype))
 
-        return settle(new, need, h, aux, dense_x), p
+        new = settle(new, need, h, aux, state.table, dense_x)
+        if rescaled:
+
+            def scale(j, st):
+                idx, xt = seg_vals(j)
+                return rescale(st, idx, xt, slope)
+
+            new = jax.lax.fori_loop(0, count, scale, new)
+        return new, p
 
     def predict(state, x):
         h = h_of(state.table.dtype)
@@ -774,13 +840,17 @@ def _learner(name, loss, spec: _Spec, hyper: dict, grid: tuple[int, ...]) -> Lin
     def update(state, x, label):
         return step(state, x, label)[0]
 
+    def weights_one(table, small, h):
+        u = spec.weights(table, small, h)
+        return u / table[:, ds_col] if rescaled else u  # w = D^{-1/2} u
+
     def weights(state):
         h = h_of(state.table.dtype)
         if batched:
-            return jax.vmap(spec.weights)(state.table, state.small, h).T
-        return spec.weights(state.table, state.small, h)
+            return jax.vmap(weights_one)(state.table, state.small, h).T
+        return weights_one(state.table, state.small, h)
 
-    columns = tuple(f"z{i}" for i in range(rows)) + spec.columns
+    columns = tuple(f"z{i}" for i in range(rows)) + spec.columns + (("ds",) if rescaled else ())
     return LinearLearner(
         name, loss, init, predict, update, step, weights, columns, grid, (columns,), step_flat
     )
@@ -827,6 +897,10 @@ def _son_checks(alpha_name, alpha, eta, curvature, bound, sketch_size):
         )
 
 
+def _flag(diagonal_rescaling) -> bool:
+    return _validation.flag("diagonal_rescaling", diagonal_rescaling)
+
+
 def _inverse_sqrt_time(count):
     return 1.0 / jnp.sqrt(jnp.asarray(count) + 1.0)
 
@@ -851,6 +925,7 @@ def fd_son(
     eta=None,
     curvature=0.0,
     bound=float("inf"),
+    diagonal_rescaling: bool = False,
     spare_rows: int | None = None,
     max_growth: float | None = None,
     loss: str = "logistic",
@@ -860,7 +935,8 @@ def fd_son(
     ``|w . x| <= bound`` (:func:`sketchopt.project_bounded_prediction`; ``inf``: none), in the
     ``F Z`` form of the module docstring. ``spare_rows`` stored rows beyond ``sketch_size`` take
     gradients the sketch keeps whole (default ``sketch_size``); ``max_growth`` (default ``1e3`` in
-    float32, ``1e6`` in float64) bounds the factors' round-off amplification before a compaction."""
+    float32, ``1e6`` in float64) bounds the factors' round-off amplification before a compaction;
+    ``diagonal_rescaling`` is SON sec. 5.2 (:func:`sketchopt.fd_son`'s, ``D_1 = 0.1 I``)."""
     _son_checks("alpha", alpha, eta, curvature, bound, sketch_size)
     grid = _grid(alpha, bound)
     eta = _inverse_sqrt_time if eta is None else eta
@@ -868,7 +944,8 @@ def fd_son(
         "son", "md", int(sketch_size), _spare(spare_rows, sketch_size), eta=eta,
         curvature=curvature, robust=False, max_growth=max_growth,
     )  # fmt: skip
-    return _learner("fd_son", loss, spec, _hyper(grid, alpha=alpha, bound=bound), grid)
+    hyper = _hyper(grid, alpha=alpha, bound=bound)
+    return _learner("fd_son", loss, spec, hyper, grid, _flag(diagonal_rescaling))
 
 
 def rfd_son(
@@ -878,6 +955,7 @@ def rfd_son(
     eta=None,
     curvature=0.0,
     bound=float("inf"),
+    diagonal_rescaling: bool = False,
     spare_rows: int | None = None,
     max_growth: float | None = None,
     loss: str = "logistic",
@@ -894,7 +972,7 @@ def rfd_son(
         curvature=curvature, robust=True, max_growth=max_growth,
     )  # fmt: skip
     hyper = _hyper(grid, alpha=0.0, alpha0=alpha0, bound=bound)
-    return _learner("rfd_son", loss, spec, hyper, grid)
+    return _learner("rfd_son", loss, spec, hyper, grid, _flag(diagonal_rescaling))
 
 
 def oja_son(
@@ -905,6 +983,7 @@ def oja_son(
     curvature=0.0,
     oja_learning_rate=None,
     bound=float("inf"),
+    diagonal_rescaling: bool = False,
     max_growth: float | None = None,
     loss: str = "logistic",
 ) -> LinearLearner:
@@ -927,7 +1006,8 @@ def oja_son(
     spec = _oja_spec(
         int(sketch_size), eta=eta, curvature=curvature, gamma=gamma, max_growth=max_growth
     )
-    return _learner("oja_son", loss, spec, _hyper(grid, alpha=alpha, bound=bound), grid)
+    hyper = _hyper(grid, alpha=alpha, bound=bound)
+    return _learner("oja_son", loss, spec, hyper, grid, _flag(diagonal_rescaling))
 
 
 def rp_son(
@@ -937,6 +1017,7 @@ def rp_son(
     eta=None,
     curvature=0.0,
     bound=float("inf"),
+    diagonal_rescaling: bool = False,
     loss: str = "logistic",
 ) -> LinearLearner:
     """Sparse RP-SON (SON sec. 3): equals :func:`sketchopt.rp_son` with the ``key`` given to
@@ -947,7 +1028,8 @@ def rp_son(
     grid = _grid(alpha, bound)
     eta = _inverse_sqrt_time if eta is None else eta
     spec = _rp_spec(int(sketch_size), eta=eta, curvature=curvature)
-    return _learner("rp_son", loss, spec, _hyper(grid, alpha=alpha, bound=bound), grid)
+    hyper = _hyper(grid, alpha=alpha, bound=bound)
+    return _learner("rp_son", loss, spec, hyper, grid, _flag(diagonal_rescaling))
 
 
 #: ``rule`` names of :func:`ada_fd`.
