@@ -90,6 +90,10 @@ def test_errors_are_clear(files, capsys, tmp_path):
     assert "do not apply to oja_son" in capsys.readouterr().err
     assert run_cli(files / "a.svm", "--learner", "fd_son", "--alpha", "0", "--bound", "1") == 2
     assert "bound" in capsys.readouterr().err
+    assert run_cli(files / "a.svm", "--learner", "ada_fd", "--alpha", "2") == 2
+    assert "--alpha do(es) not apply to ada_fd" in capsys.readouterr().err
+    assert run_cli(files / "a.svm", "--learner", "rp_son", "--robust") == 2
+    assert "--robust do(es) not apply to rp_son" in capsys.readouterr().err
     assert run_cli(files / "a.svm", "--learner", "fobos", "--l2", "0.1") == 2
     assert "--l2 applies to ftrl only" in capsys.readouterr().err
     bad = tmp_path / "bad.svm"

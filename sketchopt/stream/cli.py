@@ -196,6 +196,14 @@ def _second_order_hyperparameters(args) -> dict[str, Any]:
     if args.l1 or args.l2:
         raise ValueError(f"--l1/--l2 do not apply to {name}")
     options: dict[str, Any] = {"sketch_size": args.sketch_size}
+    son_only = {"--alpha": args.alpha is not None, "--bound": math.isfinite(args.bound),
+                "--diagonal-rescaling": args.diagonal_rescaling}  # fmt: skip
+    ada_fd_only = {"--delta": args.delta is not None, "--robust": args.robust,
+                   "--rule": args.rule != "mirror_descent"}  # fmt: skip
+    other = son_only if name == "ada_fd" else ada_fd_only
+    wrong = [flag for flag, given in other.items() if given]
+    if wrong:
+        raise ValueError(f"{', '.join(wrong)} do(es) not apply to {name}")
     if name == "ada_fd":
         lr = DEFAULT_LEARNING_RATE[name] if args.learning_rate is None else args.learning_rate
         delta = 1.0 if args.delta is None else args.delta

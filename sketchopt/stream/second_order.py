@@ -50,6 +50,10 @@ numerical checks behind them and the cost of every branch are written out in
   when ``Z`` changes, ``p += Z g`` when ``gbar`` does) and writes ``w = -eta_t f0 gbar + Z^T beta``
   with ``beta = -eta_t F^T (c * F p)`` recomputed each step, so nothing is folded at a compaction.
 
+**Diagonal rescaling** (SON sec. 5.2, ``diagonal_rescaling=True`` of the SON learners): the
+learner runs in ``z = D^{1/2} w`` with the example ``x / D^{1/2}``; ``D`` grows by ``g^2`` on the
+example's coordinates only, whose stored ``u_i`` are re-expressed in the new coordinates.
+
 Each learner equals its dense counterpart in :mod:`sketchopt` (``fd_son``, ``rfd_son``,
 ``oja_son``, ``rp_son``, ``ada_fd``, ``ada_fd_dual_averaging``, fed the dense gradients, with
 :func:`sketchopt.project_bounded_prediction` for ``bound``) in float64 to round-off:
