@@ -245,12 +245,15 @@ def assert_identical(a, b):
         np.testing.assert_array_equal(np.asarray(u), np.asarray(v))
 
 
-@pytest.mark.parametrize("name", list(so2.SECOND_ORDER))
+@pytest.mark.parametrize("name", [*so2.SECOND_ORDER, "oja_son_rescaled"])
 def test_bad_examples_are_skipped_and_counted(name):
     """NaN values, an index past d, a negative index, a NaN label: state bit-identical, counted;
     an inactive (padding) step leaves it too, uncounted."""
     stream, _, _ = sparse_stream(n=30, seed=3, dtype=np.float32)
-    learner = ln.make_learner(name)
+    if name.endswith("_rescaled"):
+        learner = ln.make_learner(name.removesuffix("_rescaled"), diagonal_rescaling=True)
+    else:
+        learner = ln.make_learner(name)
     state = learner.init(DIM)
     step = jax.jit(learner.step)
     for i in range(30):

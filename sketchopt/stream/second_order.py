@@ -728,7 +728,7 @@ def _learner(
         ratio = jnp.where(ds > 0, ds_new / jnp.where(ds > 0, ds, 1), 1)
         zb = jnp.matmul(got[:, :rows], small["b"], precision=_HI)
         w = got[:, rows]
-        w_new = ratio * (w + zb) - zb
+        w_new = w + (ratio - 1) * (w + zb)  # (ratio = 1, a step not learned: w to the bit)
         table = table.at[idx, rows].set(w_new, mode="drop")
         return table.at[idx, ds_col].set(ds_new, mode="drop")
 
