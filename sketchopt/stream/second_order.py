@@ -793,38 +793,43 @@ def _learner(
         new, coef, p, need, aux, slope = small_work(state, sums, ok, label, active, h)
 
         def seg_read(table, j):
-            """Segment ``j`` as ``read`` sees it in one configuration's (pre-step) ``table``
-            (``x / ds`` when rescaled; a bad example's out-of-range indices are dropped: it
-            learns nothing, ``coef = 0``)."""
-            _, xt, _, _ = read(table, segment(j))
+            """Segment ``j`` as the spec saw it, from one configuration's current ``table``
+            (``x / ds`` when rescaled: ``ds`` of a segment's coordinates changes only in its own
+            rescale, the segments' coordinates being distinct). Never the pre-step table: read
+            after the scatter it would make XLA copy the whole table. A bad example's
+            out-of-range indices and non-finite values are dropped (it learns nothing)."""
             seg = segment(j)
             idx = jnp.where((seg.indices >= 0) & (seg.indices <= dim), seg.indices, dim)
-            return idx, xt
+            vals = jnp.where(jnp.isfinite(seg.values), seg.values, 0).astype(table.dtype)
+            if rescaled:
+                ds = table.at[idx, ds_col].get(mode="fill", fill_value=0)
+                vals = jnp.where(ds > 0, vals / jnp.where(ds > 0, ds, 1), 0)
+            return idx, vals
 
-        def seg_vals(j):  # (idx, x / ds per configuration)
+        def seg_vals(table, j):  # (idx, x / ds per configuration)
             if batched:
-                idx, xt = jax.vmap(lambda tb: seg_read(tb, j))(state.table)
+                idx, xt = jax.vmap(lambda tb: seg_read(tb, j))(table)
                 return idx[0], xt
-            return seg_read(state.table, j)
+            return seg_read(table, j)
 
         def write(j, table):
-            idx, xt = seg_vals(j)
+            idx, xt = seg_vals(table, j)
             return scatter(table, idx, xt, coef)
 
         new = new._replace(table=jax.lax.fori_loop(0, count, write, new.table))
 
-        def dense_x(table):  # one configuration's pre-step table
+        def dense_x(table):  # one configuration's table (ds as before the step)
             def add(j, acc):
                 idx, xt = seg_read(table, j)
                 return acc.at[idx].add(xt.astype(acc.dtype), mode="drop")
 
             return jax.lax.fori_loop(0, count, add, jnp.zeros((dim,), table.dtype))
 
-        new = settle(new, need, h, aux, state.table, dense_x)
+        new = settle(new, need, h, aux, new.table, dense_x)
         if rescaled:
 
             def scale(j, st):
-                idx, xt = seg_vals(j)
+                idx, xt = seg_vals(st.table, j)
                 return rescale(st, idx, xt, slope)
 
             new = jax.lax.fori_loop(0, count, scale, new)
