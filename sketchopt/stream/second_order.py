@@ -355,28 +355,34 @@ def _fd_spec(kind, rule, m, spare, *, eta, curvature, robust, max_growth):
         return new, coef, compact, ()
 
     def compact(table, small, h, aux, x):
+        """``Z <- [F Z]_{live}`` and, under mirror descent, ``wbar += Z^T b``: one product of
+        the table with a small ``(width x width)`` matrix (one pass over ``d``), then the
+        kept rows' Gram matrix."""
         del h, aux, x
         f = small["F"]
-        z = table[:, :rows]  # Z^T
-        b_t = jnp.matmul(z, f.T, precision=_HI)  # B^T (d, m); its last column is 0
+        dtype = f.dtype
+        width = table.shape[1]
         live = small["lam"][: m - 1] > 0
-        kept = jnp.where(live, b_t[:, : m - 1], 0)
-        z_new = jnp.concatenate([kept, jnp.zeros((z.shape[0], rows - m + 1), z.dtype)], 1)
-        eye = jnp.diag(jnp.concatenate([live, jnp.zeros((1,), bool)]).astype(f.dtype))
+        mix = jnp.eye(width, dtype=dtype).at[:rows, :rows].set(0)
+        mix = mix.at[:rows, : m - 1].set(jnp.where(live, f.T[:, : m - 1], 0))
+        if not dual:
+            mix = mix.at[:rows, rows].set(small["b"])  # the fold: wbar += Z^T b
+        table = jnp.matmul(table, mix, precision=_HI)
+        kept = table[:, : m - 1]
+        gram = jnp.matmul(kept.T, kept, precision=_HI)
+        eye = jnp.diag(jnp.concatenate([live, jnp.zeros((1,), bool)]).astype(dtype))
         f_new = jnp.zeros_like(f).at[:, :m].set(eye)
         new = dict(
             small,
             F=f_new,
-            K=jnp.matmul(z_new.T, z_new, precision=_HI),
+            K=jnp.zeros_like(small["K"]).at[: m - 1, : m - 1].set(gram),
             free=jnp.concatenate([~live, jnp.ones((rows - m + 1,), bool)]),
         )
-        rest = table[:, rows:]
         if dual:  # B (hence B^T gam) is unchanged; p = Z gbar becomes B gbar = F p
             new["p"] = jnp.matmul(f_new.T, jnp.matmul(f, small["p"], precision=_HI))
-        else:  # fold: wbar += Z^T b
-            rest = rest.at[:, 0].add(jnp.matmul(z, small["b"], precision=_HI))
+        else:
             new["b"] = jnp.zeros_like(small["b"])
-        return jnp.concatenate([z_new, rest], 1), new
+        return table, new
 
     def weights(table, small, h):
         del h
