@@ -185,3 +185,38 @@ def zero_round_off_eigenvalues(mu, n):
     mu_max``, round-off of a rank-deficient matrix, set to exactly 0."""
     top = jnp.max(mu, axis=-1, keepdims=True, initial=0)
     return jnp.where(mu > top * n * jnp.finfo(mu.dtype).eps, mu, 0)
+
+
+def inverse_sqrt_time(count):
+    """``eta_t = 1/sqrt(t)`` with ``t = count + 1`` (SON, general convex losses)."""
+    return 1.0 / jnp.sqrt(jnp.asarray(count) + 1.0)  # the default float (float64 under x64)
+
+
+def inverse_time(count):
+    """``eta_t = 1/t`` with ``t = count + 1`` (RFD paper, RFD-SON)."""
+    return 1.0 / (jnp.asarray(count) + 1.0)
+
+
+def rank_two_inverse_update(h, r, q):
+    """``(M + r q^T + q r^T)^{-1}`` from ``h = M^{-1}`` by two rank-one Sherman-Morrison steps
+    (RP-SON's update of ``H_t``, SON sec. 3).
+
+    ``r q^T + q r^T = a a^T - b b^T`` with ``a, b = (q/c +- c r)/sqrt(2)``, ``c^2 = |q|/|r|``
+    (balanced so that neither term is much larger than the update). Returns the new inverse and
+    whether the second (downdating) denominator stayed safely positive. Computed in ``h``'s
+    dtype (no NumPy scalar promotes it under x64).
+    """
+    dtype = h.dtype
+    nq = jnp.sqrt(jnp.sum(jnp.square(q)))
+    nr = jnp.sqrt(jnp.sum(jnp.square(r)))
+    c = jnp.sqrt(jnp.where((nq > 0) & (nr > 0), nq / jnp.where(nr > 0, nr, 1), 1))
+    half = jnp.asarray(np.sqrt(0.5), dtype)
+    a = (q / c + c * r) * half
+    b = (q / c - c * r) * half
+    ha = h @ a
+    h = h - jnp.outer(ha, ha / (1 + a @ ha))
+    hb = h @ b
+    den = 1 - b @ hb
+    safe = den > jnp.sqrt(jnp.finfo(dtype).eps)
+    h = h + jnp.outer(hb, hb / jnp.where(safe, den, 1))
+    return 0.5 * (h + h.T), safe

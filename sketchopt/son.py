@@ -219,16 +219,6 @@ def _check_son_options(eta, default_eta, curvature, diagonal_rescaling):
     return eta, _validation.flag("diagonal_rescaling", diagonal_rescaling)
 
 
-def _inverse_sqrt_time(count):
-    """``eta_t = 1/sqrt(t)`` with ``t = count + 1`` (SON, general convex losses)."""
-    return 1.0 / jnp.sqrt(jnp.asarray(count) + 1.0)  # the default float (float64 under x64)
-
-
-def _inverse_time(count):
-    """``eta_t = 1/t`` with ``t = count + 1`` (RFD paper, RFD-SON)."""
-    return 1.0 / (jnp.asarray(count) + 1.0)
-
-
 # ----------------------------------------------------------------------------------------------
 # A^+ y for A = alpha I + V^T diag(lam) V + alpha_sketch I (FD, RFD, Oja).
 
@@ -477,7 +467,7 @@ def newton_metric(
     """
     _validation.ridge("alpha", alpha)
     eta, diagonal_rescaling = _check_son_options(
-        eta, _inverse_sqrt_time, curvature, diagonal_rescaling
+        eta, _numerics.inverse_sqrt_time, curvature, diagonal_rescaling
     )
     metric = _sketched_newton_metric(
         lambda i: sketch, alpha, eta=eta, curvature=curvature, diagonal_rescaling=diagonal_rescaling
@@ -577,7 +567,7 @@ def fd_son(
     _validation.ridge("alpha", alpha)
     tau = _validation.size("sketch_size", sketch_size)
     eta, diagonal_rescaling = _check_son_options(
-        eta, _inverse_sqrt_time, curvature, diagonal_rescaling
+        eta, _numerics.inverse_sqrt_time, curvature, diagonal_rescaling
     )
     fast = _validation.flag("fast", fast)
     sketch = _sketches.frequent_directions(tau, fast=fast)
@@ -635,7 +625,9 @@ def rfd_son(
     """
     tau = _validation.size("sketch_size", sketch_size)
     _validation.ridge("alpha0", alpha0)
-    eta, diagonal_rescaling = _check_son_options(eta, _inverse_time, curvature, diagonal_rescaling)
+    eta, diagonal_rescaling = _check_son_options(
+        eta, _numerics.inverse_time, curvature, diagonal_rescaling
+    )
     fast = _validation.flag("fast", fast)
     # alpha0 is set in init (not passed to the sketch) so that it may be traced (vmap over it).
     sketch = _sketches.robust_frequent_directions(tau, fast=fast)
@@ -694,7 +686,7 @@ def oja_son(
     _validation.ridge("alpha", alpha)
     m = _validation.size("sketch_size", sketch_size)
     eta, diagonal_rescaling = _check_son_options(
-        eta, _inverse_sqrt_time, curvature, diagonal_rescaling
+        eta, _numerics.inverse_sqrt_time, curvature, diagonal_rescaling
     )
     key = jax.random.PRNGKey(0) if key is None else key
     _sketches.oja(m, learning_rate=oja_learning_rate, key=key)  # validates the learning rate
@@ -737,28 +729,6 @@ def _rp_inverse(gram, alpha_s):
     mu, u = jnp.linalg.eigh(0.5 * (gram + gram.T))
     mu = jnp.maximum(mu, 0)
     return (u / (alpha_s + mu)) @ u.T
-
-
-def _rank_two_update(h, r, q):
-    """``(M + r q^T + q r^T)^{-1}`` from ``h = M^{-1}`` by two rank-one Sherman-Morrison steps.
-
-    ``r q^T + q r^T = a a^T - b b^T`` with ``a, b = (q/c +- c r)/sqrt(2)``, ``c^2 = |q|/|r|``
-    (balanced so that neither term is much larger than the update). Returns the new inverse and
-    whether the second (downdating) denominator stayed safely positive.
-    """
-    dtype = h.dtype
-    nq = jnp.sqrt(jnp.sum(jnp.square(q)))
-    nr = jnp.sqrt(jnp.sum(jnp.square(r)))
-    c = jnp.sqrt(jnp.where((nq > 0) & (nr > 0), nq / jnp.where(nr > 0, nr, 1), 1))
-    a = (q / c + c * r) * np.sqrt(0.5)
-    b = (q / c - c * r) * np.sqrt(0.5)
-    ha = h @ a
-    h = h - jnp.outer(ha, ha / (1 + a @ ha))
-    hb = h @ b
-    den = 1 - b @ hb
-    safe = den > jnp.sqrt(jnp.finfo(dtype).eps)
-    h = h + jnp.outer(hb, hb / jnp.where(safe, den, 1))
-    return 0.5 * (h + h.T), safe
 
 
 def _rp_paper_regime(ls: RandomProjectionNewtonState):
@@ -830,7 +800,7 @@ def _rp_absorb(sketch, alpha, ls, gz, ghat, c, valid):
     h_ok = jnp.all(jnp.isfinite(h))
     h = jnp.where(h_ok, h, 0)
     alpha_s, _ = _rp_ridge(a, e1, dtype)
-    h_new, safe = _rank_two_update(h, r, q)
+    h_new, safe = _numerics.rank_two_inverse_update(h, r, q)
     h_new = jnp.where(sq > 0, h_new, h)
     refresh = (
         ~h_ok
@@ -904,7 +874,7 @@ def rp_son(
     m = _validation.size("sketch_size", sketch_size)
     key = _validation.prng_key("key", key)
     eta, diagonal_rescaling = _check_son_options(
-        eta, _inverse_sqrt_time, curvature, diagonal_rescaling
+        eta, _numerics.inverse_sqrt_time, curvature, diagonal_rescaling
     )
     sketch0 = _sketches.random_projection(m, key)
 
@@ -1032,7 +1002,7 @@ def ons(
     """
     _validation.ridge("alpha", alpha, positive=True, why="ONS keeps A_t^{-1} from A_0 = alpha I")
     eta, diagonal_rescaling = _check_son_options(
-        eta, _inverse_sqrt_time, curvature, diagonal_rescaling
+        eta, _numerics.inverse_sqrt_time, curvature, diagonal_rescaling
     )
 
     def init_leaf(i, dim, dtype):

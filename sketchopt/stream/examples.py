@@ -25,6 +25,7 @@ from __future__ import annotations
 from typing import NamedTuple
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 
 __all__ = [
@@ -33,6 +34,7 @@ __all__ = [
     "SparseExamples",
     "SparseVector",
     "check_labels",
+    "flat_segment",
     "from_csr",
     "from_dense",
     "hash_indices",
@@ -228,3 +230,16 @@ def to_flat(examples: SparseExamples, dim: int, width: int | None = None) -> Fla
         np.asarray(examples.mask),
         int(width),
     )
+
+
+def flat_segment(indices, values, start, stop, j, width: int, dim: int) -> SparseVector:
+    """Segment ``j`` (``width`` entries from ``start + j * width``) of one example of a flat
+    chunk (:class:`FlatExamples`: its non-zeros are ``indices[start:stop]``), the entries past
+    ``stop`` as padding (index ``dim``, value 0): what a learner's ``step_flat`` reads and
+    writes at a time. ``jax.lax.dynamic_slice`` clamps a segment that would run past the
+    chunk's end, whose padding tail makes that safe."""
+    begin = start + j * width
+    live = begin + jnp.arange(width) < stop
+    idx = jax.lax.dynamic_slice(indices, (begin,), (width,))
+    val = jax.lax.dynamic_slice(values, (begin,), (width,))
+    return SparseVector(jnp.where(live, idx, dim), jnp.where(live, val, 0))

@@ -55,7 +55,7 @@ import optax
 from sketchopt import _validation
 from sketchopt._numerics import state_dtype
 from sketchopt.regularizers import soft_threshold
-from sketchopt.stream.examples import CLASSIFICATION_LOSSES, SparseVector
+from sketchopt.stream.examples import CLASSIFICATION_LOSSES, SparseVector, flat_segment
 
 __all__ = [
     "LEARNERS",
@@ -64,11 +64,13 @@ __all__ = [
     "SECOND_ORDER_NAMES",
     "LinearState",
     "ada_diag",
+    "check_each",
     "class_label",
     "column",
     "error",
     "fobos",
     "ftrl",
+    "grid_shape",
     "loss_value",
     "make_learner",
     "nag",
@@ -197,7 +199,7 @@ class _Rule(NamedTuple):
     sums: tuple[str, ...] = ()  # columns of project summed over the example (advance: "<n>_sum")
 
 
-def _grid_shape(*hyperparameters) -> tuple[int, ...]:
+def grid_shape(*hyperparameters) -> tuple[int, ...]:
     """``()`` for scalar hyperparameters, ``(G,)`` when some are arrays of ``G`` values (a grid
     of configurations, :func:`sketchopt.stream.runner.run_grid`)."""
     shapes = [np.shape(h) for h in hyperparameters if not callable(h)]
@@ -310,11 +312,7 @@ def _linear(name: str, loss: str, rule: _Rule, grid: tuple[int, ...] = ()) -> Li
         count = jnp.maximum((stop - start + width - 1) // width, 1)  # an empty example: 1
 
         def segment(j):
-            begin = start + j * width
-            live = begin + jnp.arange(width) < stop
-            idx = jax.lax.dynamic_slice(indices, (begin,), (width,))
-            val = jax.lax.dynamic_slice(values, (begin,), (width,))
-            return SparseVector(jnp.where(live, idx, dim), jnp.where(live, val, 0))
+            return flat_segment(indices, values, start, stop, j, width, dim)
 
         def read(j, carry):
             p, ok, sums = carry
@@ -360,7 +358,7 @@ def _eta(learning_rate, t, dtype):
 _RATE = "the steps scale by it"
 
 
-def _check(check, name, value, **options):
+def check_each(check, name, value, **options):
     """``check`` (a :mod:`sketchopt._validation` function, as the dense learners use) on a
     hyperparameter, or on each value of a 1-D grid of them; schedules and traced values pass."""
     if callable(value) or _validation.is_traced(value):
@@ -380,9 +378,9 @@ def ada_diag(
     Coordinates: ``w``, ``s`` and ``mark`` (``E`` at the coordinate's last step); scalar ``E``,
     the sum of the learning rates so far (module docstring).
     """
-    _check(_validation.step_size, "learning_rate", learning_rate, positive=True, why=_RATE)
-    _check(_validation.ridge, "delta", delta)
-    _check(_validation.strength, "l1", l1)
+    check_each(_validation.step_size, "learning_rate", learning_rate, positive=True, why=_RATE)
+    check_each(_validation.ridge, "delta", delta)
+    check_each(_validation.strength, "l1", l1)
 
     def shrink(scalars, cols):
         h = delta + cols["s"]
@@ -402,7 +400,7 @@ def ada_diag(
         return {"w": w, "s": s, "mark": jnp.broadcast_to(total, w.shape)}, {"E": total}
 
     rule = _Rule(("w", "s", "mark"), {"E": 0.0}, current, advance)
-    return _linear("ada_diag", loss, rule, _grid_shape(learning_rate, delta, l1))
+    return _linear("ada_diag", loss, rule, grid_shape(learning_rate, delta, l1))
 
 
 def truncated_gradient(
@@ -419,9 +417,9 @@ def truncated_gradient(
     arguments. The skipped truncations of an absent coordinate are its lazy truncation
     (module docstring): coordinates ``w``, ``mark``; scalar ``C``, the shrinkage so far.
     """
-    _check(_validation.step_size, "learning_rate", learning_rate, positive=True, why=_RATE)
-    _check(_validation.strength, "gravity", gravity)
-    _check(_validation.strength, "theta", theta, allow_inf=True)
+    check_each(_validation.step_size, "learning_rate", learning_rate, positive=True, why=_RATE)
+    check_each(_validation.strength, "gravity", gravity)
+    check_each(_validation.strength, "theta", theta, allow_inf=True)
     if int(period) != period or period < 1:
         raise ValueError(f"period must be an integer >= 1, got {period}")
     return _truncating("truncated_gradient", learning_rate, gravity, theta, int(period), loss)
@@ -431,8 +429,8 @@ def fobos(learning_rate=0.1, l1: float = 0.0, *, loss: str = "logistic") -> Line
     """Sparse FOBOS-L1 (Duchi & Singer 2009; slides Alg. 4): ``w <- st(w - eta_t g, eta_t l1)``;
     equals ``sketchopt.fobos_l1(learning_rate, l1)``: :func:`truncated_gradient` with
     ``gravity = l1``, ``theta = inf``, ``period = 1``."""
-    _check(_validation.step_size, "learning_rate", learning_rate, positive=True, why=_RATE)
-    _check(_validation.strength, "l1", l1)
+    check_each(_validation.step_size, "learning_rate", learning_rate, positive=True, why=_RATE)
+    check_each(_validation.strength, "l1", l1)
     return _truncating("fobos", learning_rate, l1, float("inf"), 1, loss)
 
 
@@ -451,15 +449,17 @@ def _truncating(name, learning_rate, gravity, theta, period, loss) -> LinearLear
         return {"w": w, "mark": jnp.broadcast_to(total, w.shape)}, {"C": total}
 
     rule = _Rule(("w", "mark"), {"C": 0.0}, current, advance)
-    return _linear(name, loss, rule, _grid_shape(learning_rate, gravity, theta))
+    return _linear(name, loss, rule, grid_shape(learning_rate, gravity, theta))
 
 
 def rda(learning_rate=1.0, l1: float = 0.0, *, loss: str = "logistic") -> LinearLearner:
     """Sparse L1-RDA (Xiao 2010; slides Alg. 5) with ``gamma = learning_rate``:
     ``w_{t+1} = -(sqrt(t) / gamma) st(G_t / t, l1)`` from the gradient sum ``G`` (coordinate
     ``gsum``); equals ``sketchopt.rda_l1(gamma, l1)``."""
-    _check(_validation.step_size, "learning_rate (gamma)", learning_rate, positive=True, why=_RATE)
-    _check(_validation.strength, "l1", l1)
+    check_each(
+        _validation.step_size, "learning_rate (gamma)", learning_rate, positive=True, why=_RATE
+    )
+    check_each(_validation.strength, "l1", l1)
     gamma = learning_rate
 
     def current(scalars, cols, t):
@@ -473,7 +473,7 @@ def rda(learning_rate=1.0, l1: float = 0.0, *, loss: str = "logistic") -> Linear
         del w, t
         return {"gsum": cols["gsum"] + g}, scalars
 
-    return _linear("rda", loss, _Rule(("gsum",), {}, current, advance), _grid_shape(gamma, l1))
+    return _linear("rda", loss, _Rule(("gsum",), {}, current, advance), grid_shape(gamma, l1))
 
 
 def ftrl(
@@ -486,10 +486,12 @@ def ftrl(
     ``sketchopt.ftrl_proximal(alpha, beta, l1, l2)``."""
     if callable(learning_rate):
         raise ValueError("sparse FTRL-Proximal takes a constant alpha (learning_rate)")
-    _check(_validation.step_size, "learning_rate (alpha)", learning_rate, positive=True, why=_RATE)
-    _check(_validation.strength, "beta", beta)
-    _check(_validation.strength, "l1", l1)
-    _check(_validation.strength, "l2", l2)
+    check_each(
+        _validation.step_size, "learning_rate (alpha)", learning_rate, positive=True, why=_RATE
+    )
+    check_each(_validation.strength, "beta", beta)
+    check_each(_validation.strength, "l1", l1)
+    check_each(_validation.strength, "l2", l2)
     alpha = learning_rate
 
     def weights(z, sqrt_n):
@@ -507,7 +509,7 @@ def ftrl(
         return {"z": cols["z"] + g - sigma * w, "sqrt_n": sqrt_n}, scalars
 
     rule = _Rule(("z", "sqrt_n"), {}, current, advance)
-    return _linear("ftrl", loss, rule, _grid_shape(alpha, beta, l1, l2))
+    return _linear("ftrl", loss, rule, grid_shape(alpha, beta, l1, l2))
 
 
 def nag(learning_rate=0.5, *, loss: str = "logistic") -> LinearLearner:
@@ -524,7 +526,7 @@ def nag(learning_rate=0.5, *, loss: str = "logistic") -> LinearLearner:
 
     Coordinates ``w``, ``s``, ``sqrt_g`` (``sqrt(G)``); scalar ``N``.
     """
-    _check(_validation.step_size, "learning_rate", learning_rate, positive=True, why=_RATE)
+    check_each(_validation.step_size, "learning_rate", learning_rate, positive=True, why=_RATE)
 
     def safe_div(a, b):
         return jnp.where(b > 0, a / jnp.where(b > 0, b, 1), 0)
@@ -548,7 +550,7 @@ def nag(learning_rate=0.5, *, loss: str = "logistic") -> LinearLearner:
         return {"w": w, "s": cols["s"], "sqrt_g": sqrt_g}, {"N": n}
 
     rule = _Rule(("w", "s", "sqrt_g"), {"N": 0.0}, current, advance, project, ("ratio",))
-    return _linear("nag", loss, rule, _grid_shape(learning_rate))
+    return _linear("nag", loss, rule, grid_shape(learning_rate))
 
 
 #: The learners by the CLI's ``--learner`` names.

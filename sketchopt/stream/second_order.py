@@ -80,9 +80,22 @@ from jax.scipy.linalg import solve_triangular
 
 from sketchopt import _arrowhead, _validation
 from sketchopt import sketches as _sketches
-from sketchopt._numerics import eigh_desc, state_dtype, zero_round_off_eigenvalues
-from sketchopt.stream.examples import SparseVector
-from sketchopt.stream.learners import LOSSES, LinearLearner, class_label
+from sketchopt._numerics import (
+    eigh_desc,
+    inverse_sqrt_time,
+    inverse_time,
+    rank_two_inverse_update,
+    state_dtype,
+    zero_round_off_eigenvalues,
+)
+from sketchopt.stream.examples import flat_segment
+from sketchopt.stream.learners import (
+    LOSSES,
+    LinearLearner,
+    check_each,
+    class_label,
+    grid_shape,
+)
 
 __all__ = [
     "SECOND_ORDER",
@@ -526,24 +539,6 @@ def _oja_spec(m, *, eta, curvature, gamma, max_growth):
 # RP-SON.
 
 
-def _rank_two(hm, r, q):
-    """``(M + r q^T + q r^T)^{-1}`` from ``hm = M^{-1}``: two Sherman-Morrison steps on
-    ``r q^T + q r^T = a a^T - b b^T`` (balanced ``a, b``, as the dense RP-SON). Also whether the
-    downdate's denominator stayed safely positive."""
-    nq, nr = jnp.linalg.norm(q), jnp.linalg.norm(r)
-    c = jnp.sqrt(jnp.where((nq > 0) & (nr > 0), nq / jnp.where(nr > 0, nr, 1), 1))
-    half = jnp.sqrt(jnp.asarray(0.5, hm.dtype))  # (a NumPy scalar would promote under x64)
-    a = (q / c + c * r) * half
-    b = (q / c - c * r) * half
-    ha = hm @ a
-    hm = hm - jnp.outer(ha, ha / (1 + a @ ha))
-    hb = hm @ b
-    den = 1 - b @ hb
-    safe = den > jnp.sqrt(jnp.finfo(hm.dtype).eps)
-    hm = hm + jnp.outer(hb, hb / jnp.where(safe, den, 1))
-    return 0.5 * (hm + hm.T), safe
-
-
 def _rp_spec(m, *, eta, curvature):
     def init(dim, dtype, key, h):
         key = jax.random.PRNGKey(0) if key is None else key
@@ -578,7 +573,7 @@ def _rp_spec(m, *, eta, curvature):
         zg, gg = gh * s["zx"], jnp.square(gh) * s["xx"]
         q = zg + 0.5 * gg * r  # S S^T += r q^T + q r^T (SON sec. 3)
         k = k + jnp.outer(r, q) + jnp.outer(q, r)
-        h_new, safe = _rank_two(hm, r, q)
+        h_new, safe = rank_two_inverse_update(hm, r, q)
         refresh = ~safe | ~jnp.all(jnp.isfinite(h_new)) | ((t + 1) % m == 0)
 
         def rebuild():
@@ -780,11 +775,7 @@ def _learner(
         h = h_of(state.table.dtype)
 
         def segment(j):
-            begin = start + j * width
-            live = begin + jnp.arange(width) < stop
-            idx = jax.lax.dynamic_slice(indices, (begin,), (width,))
-            val = jax.lax.dynamic_slice(values, (begin,), (width,))
-            return SparseVector(jnp.where(live, idx, dim), jnp.where(live, val, 0))
+            return flat_segment(indices, values, start, stop, j, width, dim)
 
         def read_all(table):
             def body(j, carry):
@@ -875,23 +866,6 @@ def _learner(
 # The learners.
 
 
-def _each(check, name, value, **options):
-    """``check`` (a :mod:`sketchopt._validation` function) on a hyperparameter or on each value of
-    a 1-D grid of them; schedules and traced values pass."""
-    if callable(value) or _validation.is_traced(value):
-        return
-    for v in np.ravel(np.asarray(value)):
-        check(name, v.item(), **options)
-
-
-def _grid(*values) -> tuple[int, ...]:
-    shapes = [np.shape(v) for v in values if not callable(v)]
-    shape = np.broadcast_shapes(*shapes) if shapes else ()
-    if len(shape) > 1:
-        raise ValueError(f"hyperparameters must be scalars or 1-D grids, got shape {shape}")
-    return tuple(shape)
-
-
 def _hyper(grid, **values) -> dict:
     """The numeric hyperparameters, broadcast to the grid (float64 NumPy; cast at use)."""
     return {k: np.broadcast_to(np.asarray(v, np.float64), grid) for k, v in values.items()}
@@ -900,10 +874,10 @@ def _hyper(grid, **values) -> dict:
 def _son_checks(alpha_name, alpha, eta, curvature, bound, sketch_size):
     _validation.size("sketch_size", sketch_size)
     if eta is not None:
-        _each(_validation.step_size, "eta", eta)
-    _each(_validation.step_size, "curvature", curvature)
-    _each(_validation.strength, "bound", bound, allow_inf=True)
-    _each(_validation.ridge, alpha_name, alpha)
+        check_each(_validation.step_size, "eta", eta)
+    check_each(_validation.step_size, "curvature", curvature)
+    check_each(_validation.strength, "bound", bound, allow_inf=True)
+    check_each(_validation.ridge, alpha_name, alpha)
     finite = np.isfinite(np.asarray(bound, np.float64))
     if np.any(finite & (np.asarray(alpha, np.float64) <= 0)):
         raise ValueError(
@@ -914,14 +888,6 @@ def _son_checks(alpha_name, alpha, eta, curvature, bound, sketch_size):
 
 def _flag(diagonal_rescaling) -> bool:
     return _validation.flag("diagonal_rescaling", diagonal_rescaling)
-
-
-def _inverse_sqrt_time(count):
-    return 1.0 / jnp.sqrt(jnp.asarray(count) + 1.0)
-
-
-def _inverse_time(count):
-    return 1.0 / (jnp.asarray(count) + 1.0)
 
 
 def _spare(spare_rows, sketch_size) -> int:
@@ -953,8 +919,8 @@ def fd_son(
     float32, ``1e6`` in float64) bounds the factors' round-off amplification before a compaction;
     ``diagonal_rescaling`` is SON sec. 5.2 (:func:`sketchopt.fd_son`'s, ``D_1 = 0.1 I``)."""
     _son_checks("alpha", alpha, eta, curvature, bound, sketch_size)
-    grid = _grid(alpha, bound)
-    eta = _inverse_sqrt_time if eta is None else eta
+    grid = grid_shape(alpha, bound)
+    eta = inverse_sqrt_time if eta is None else eta
     spec = _fd_spec(
         "son", "md", int(sketch_size), _spare(spare_rows, sketch_size), eta=eta,
         curvature=curvature, robust=False, max_growth=max_growth,
@@ -980,8 +946,8 @@ def rfd_son(
     a scalar, so it enters only ``f0`` and the coefficients. Options as :func:`fd_son`; a finite
     ``bound`` needs ``alpha0 > 0``."""
     _son_checks("alpha0", alpha0, eta, curvature, bound, sketch_size)
-    grid = _grid(alpha0, bound)
-    eta = _inverse_time if eta is None else eta
+    grid = grid_shape(alpha0, bound)
+    eta = inverse_time if eta is None else eta
     spec = _fd_spec(
         "son", "md", int(sketch_size), _spare(spare_rows, sketch_size), eta=eta,
         curvature=curvature, robust=True, max_growth=max_growth,
@@ -1010,8 +976,8 @@ def oja_son(
     _son_checks("alpha", alpha, eta, curvature, bound, sketch_size)
     if oja_learning_rate is not None and not callable(oja_learning_rate):
         _validation.fraction("oja_learning_rate", oja_learning_rate, low_open=True)
-    grid = _grid(alpha, bound)
-    eta = _inverse_sqrt_time if eta is None else eta
+    grid = grid_shape(alpha, bound)
+    eta = inverse_sqrt_time if eta is None else eta
 
     def gamma(t):
         if oja_learning_rate is None:
@@ -1039,9 +1005,10 @@ def rp_son(
     ``init`` (default ``PRNGKey(0)``: the same ``r_t``), ``O(m s + m^2)`` per example and no
     compaction ever (``S`` changes by ``r_t ghat^T`` only)."""
     _son_checks("alpha", alpha, eta, curvature, bound, sketch_size)
-    _each(_validation.ridge, "alpha", alpha, positive=True, why="RP-SON keeps (alpha I + SS^T)^-1")
-    grid = _grid(alpha, bound)
-    eta = _inverse_sqrt_time if eta is None else eta
+    why = "RP-SON keeps (alpha I + SS^T)^-1"
+    check_each(_validation.ridge, "alpha", alpha, positive=True, why=why)
+    grid = grid_shape(alpha, bound)
+    eta = inverse_sqrt_time if eta is None else eta
     spec = _rp_spec(int(sketch_size), eta=eta, curvature=curvature)
     hyper = _hyper(grid, alpha=alpha, bound=bound)
     return _learner("rp_son", loss, spec, hyper, grid, _flag(diagonal_rescaling))
@@ -1068,13 +1035,13 @@ def ada_fd(
     the RFD sketch (RFD paper Alg. 2). ``delta`` is also ``1/`` the step outside the sketch, so
     on sparse data with ``m << d`` it wants to be of the gradients' scale (default 1).
     Options as :func:`fd_son`."""
-    _each(_validation.step_size, "learning_rate", learning_rate, positive=True)
-    _each(_validation.ridge, "delta", delta, positive=True)
+    check_each(_validation.step_size, "learning_rate", learning_rate, positive=True)
+    check_each(_validation.ridge, "delta", delta, positive=True)
     _validation.size("sketch_size", sketch_size)
     if rule not in RULES:
         raise ValueError(f"rule must be one of {RULES}, got {rule!r}")
     robust = _validation.flag("robust", robust)
-    grid = _grid(learning_rate, delta)
+    grid = grid_shape(learning_rate, delta)
     spec = _fd_spec(
         "ada_fd", "md" if rule == RULES[0] else "da", int(sketch_size),
         _spare(spare_rows, sketch_size), eta=learning_rate, curvature=0.0, robust=robust,
