@@ -398,3 +398,16 @@ def test_rescaled_grid_and_flat_layout(name):
     padded = runner.run_stream(learner, chunks(), DIM)
     flat = runner.run_stream(learner, chunks(flat=True, width=4), DIM)
     np.testing.assert_allclose(flat.progress.loss_sum, padded.progress.loss_sum, rtol=1e-5)
+
+
+@pytest.mark.parametrize("name", ["oja_son", "fd_son"])
+def test_eager_calls_compile_once(name):
+    """Called outside jit, a learner's step (whose compaction is a ``cond``) compiles once."""
+    stream, _, _ = sparse_stream(n=6, seed=14, dtype=np.float32)
+    learner = ln.make_learner(name, sketch_size=3)
+    state = learner.init(DIM)
+    for i in range(6):
+        x = ex.SparseVector(stream.indices[i], stream.values[i])
+        state = learner.update(state, x, float(stream.labels[i]))
+        learner.predict(state, x)
+    assert learner.update._cache_size() == 1 and learner.predict._cache_size() == 1

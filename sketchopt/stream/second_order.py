@@ -857,6 +857,10 @@ def _learner(
         return weights_one(state.table, state.small, h)
 
     columns = tuple(f"z{i}" for i in range(rows)) + spec.columns + (("ds",) if rescaled else ())
+    # Compiled once per learner: called outside jit, the conds and loops above would otherwise
+    # be traced and compiled again at every call (their branches are fresh closures).
+    step, update, predict, weights = map(jax.jit, (step, update, predict, weights))
+    step_flat = jax.jit(step_flat, static_argnames="width")
     return LinearLearner(
         name, loss, init, predict, update, step, weights, columns, grid, (columns,), step_flat
     )
