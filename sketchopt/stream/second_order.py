@@ -915,7 +915,8 @@ def fd_son(
     max_growth: float | None = None,
     loss: str = "logistic",
 ) -> LinearLearner:
-    """Sparse FD-SON: equals :func:`sketchopt.fd_son` (``alpha``, ``sketch_size`` rows including
+    """Sparse FD-SON (SON Alg. 1 with the FD sketch of Alg. 2, in the sparse form of sec. 4):
+    equals :func:`sketchopt.fd_son` (``alpha``, ``sketch_size`` rows including
     the slot, ``eta`` default ``1/sqrt(t)``, ``curvature``) with SON's projection onto
     ``|w . x| <= bound`` (:func:`sketchopt.project_bounded_prediction`; ``inf``: none), in the
     ``F Z`` form of the module docstring. ``spare_rows`` stored rows beyond ``sketch_size`` take
