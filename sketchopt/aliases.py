@@ -9,6 +9,8 @@ axes"):
 * the AdaGrad baselines (Duchi et al.): :func:`ada_full`, :func:`ada_diag` and their dual
   averaging and ``scale_by_*`` forms;
 * the random-projection baselines (Krummenacher et al. 2016): :func:`radagrad`, :func:`ada_lr`;
+* network layers: :func:`kron_fd`, Shampoo's Kronecker-factored metric with FD/RFD sketches
+  (:func:`sketchopt.metrics.kron_sketched`);
 * :func:`inject_hyperparams`, ``optax.inject_hyperparams`` for factories with integer sizes.
 
 (Formerly half of ``sketchopt.transforms``; RADAGRAD/ADA-LR were in ``sketchopt.baselines``. Both
@@ -39,6 +41,7 @@ __all__ = [
     "ada_full_dual_averaging",
     "ada_lr",
     "inject_hyperparams",
+    "kron_fd",
     "radagrad",
     "s_adagrad",
     "scale_by_ada_diag",
@@ -506,3 +509,52 @@ def inject_hyperparams(
         return factory(*args, **kwargs)
 
     return wrapped
+
+
+@_leafwise.compiled
+def kron_fd(
+    learning_rate: ScalarOrSchedule,
+    sketch_size: int,
+    *,
+    delta: float = 1e-6,
+    robust: bool = True,
+    **options: Any,
+) -> optax.GradientTransformationExtraArgs:
+    """Sketched Shampoo for network layers: ``-eta (L_t + delta I)^{-1/4} G_t (R_t + delta
+    I)^{-1/4}`` per matrix-shaped leaf, ``L_t`` and ``R_t`` RFD (``robust``) or FD sketches of
+    ``sum G G^T`` and ``sum G^T G`` with ``sketch_size`` rows each.
+
+    Composite mirror descent on :func:`sketchopt.metrics.kron_sketched`; with both sketches
+    exact (``sketch_size >= max(m, n)``) and no ``decay`` it is full-matrix Shampoo with epsilon
+    ``delta``. Conv kernels ``(kh, kw, cin, cout)`` are ``(kh*kw*cin) x cout``; vectors and
+    scalars take the diagonal step (``factoring``). Momentum is left to Optax:
+    ``optax.chain(sketchopt.kron_fd(...), optax.trace(0.9))`` averages the preconditioned steps.
+
+    Args:
+      learning_rate: ``eta``, a float or an Optax schedule.
+      sketch_size: ``k >= 1`` rows per side.
+      delta: the epsilon inside each root (``>= 0``).
+      robust: RFD's ridge (default) or plain FD.
+      **options: the keyword options of :func:`sketchopt.metrics.kron_sketched`: ``decay``,
+        ``update_every``, ``refresh_every``, ``start_step``, ``graft`` (``graft_decay``,
+        ``graft_eps``), ``exponents``, ``block_size``, ``relative_delta``, ``factoring``; each
+        off by default.
+
+    Returns:
+      An ``optax.GradientTransformationExtraArgs``.
+
+    References:
+      Gupta, Koren & Singer (2018), "Shampoo", ICML, Alg. 1; Feinberg et al. (2023), "Sketchy",
+      NeurIPS; Luo et al. (2019), "Robust Frequent Directions", JMLR 20, Alg. 2.
+
+    Examples:
+      >>> import jax.numpy as jnp, sketchopt as so
+      >>> tx = so.kron_fd(0.1, sketch_size=8, delta=0.0)
+      >>> params = {"w": jnp.zeros((3, 2)), "b": jnp.zeros(2)}
+      >>> grads = {"w": jnp.array([[4.0, 0], [0, 0], [0, 0]]), "b": jnp.array([3.0, -4.0])}
+      >>> updates, state = tx.update(grads, tx.init(params))
+      >>> updates["w"][0, 0], updates["b"]  # 16^-1/4 4 16^-1/4 = 1; g / |g| per coordinate
+      (Array(-0.1, dtype=float32), Array([-0.1,  0.1], dtype=float32))
+    """
+    metric = _metrics.kron_sketched(sketch_size, delta, robust=robust, **options)
+    return mirror_descent(learning_rate, metric)

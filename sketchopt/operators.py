@@ -13,7 +13,9 @@ one method of it, :meth:`Operator.solve` (``H_t^{-1} y``); the proximal steps of
 
 A third, :class:`SubspaceOperator`, is ADA-LR's ``H^{-1} = V diag(1 / w) V^T`` (no step off the
 sketched subspace): it has ``solve`` only, so ADA-LR takes no regularizer (the rules say so when
-they are built, see :func:`supports_regularizers`).
+they are built, see :func:`supports_regularizers`). A fourth, :class:`KroneckerOperator`, is a
+Kronecker-factored metric's ``H^{-1} y = vec(L^{-p} Y R^{-q})`` (Shampoo's form,
+:func:`sketchopt.metrics.kron_sketched`), ``solve`` only as well.
 
 Writing a metric of one's own: return any object with ``solve(y) -> H^{-1} y`` (the
 :class:`Operator` protocol) from its ``update`` and ``operator``; return a
@@ -23,14 +25,16 @@ All vectors are flat ``(d,)`` arrays.
 
 from __future__ import annotations
 
-from typing import NamedTuple, Protocol, runtime_checkable
+from typing import Any, NamedTuple, Protocol, runtime_checkable
 
 import jax.numpy as jnp
 
 from sketchopt import _numerics, _partitioning
+from sketchopt import kron as _kron
 
 __all__ = [
     "DiagonalOperator",
+    "KroneckerOperator",
     "LowRankOperator",
     "Operator",
     "SubspaceOperator",
@@ -232,6 +236,21 @@ class SubspaceOperator(NamedTuple):
     def solve(self, y):
         coef = _partitioning.contract_d(self.vt, y) / self.weights
         return jnp.matmul(coef, self.vt, precision=_numerics.HIGHEST)
+
+
+class KroneckerOperator(NamedTuple):
+    """``H^{-1} y = vec(L Y R)`` for ``Y = y`` reshaped to ``m x n`` (C order), with ``L`` and
+    ``R`` the inverse roots of a Kronecker-factored metric's two sides
+    (:class:`sketchopt.kron.InverseRoot`, ``tail I + basis^T diag(coef) basis``): ``O(k m n)``.
+    Shampoo's ``L_t^{-1/4} G R_t^{-1/4}``; ``solve`` only (no regularizer)."""
+
+    left: Any  # kron.InverseRoot over the m rows
+    right: Any  # kron.InverseRoot over the n columns
+
+    def solve(self, y):
+        m, n = self.left.basis.shape[-1], self.right.basis.shape[-1]
+        mat = _kron.apply_left(self.left, jnp.reshape(y, (m, n)))
+        return jnp.reshape(_kron.apply_right(self.right, mat), y.shape)
 
 
 def supports_regularizers(op) -> bool:

@@ -454,22 +454,30 @@ def dual_averaging(
     """
     learning_rate = _check_learning_rate(learning_rate)
     _check_regularizable(metric, regularizer)
-    if metric.hyper is not None or metric.accepts is not None or metric.seeded:
+    if metric.accepts is not None or metric.seeded:
         raise ValueError(
-            f"dual_averaging does not take the {metric.name!r} metric: its per-step values "
-            "(hyper), refusals (accepts) or per-leaf seeds are read by mirror descent only "
-            "(metric_rule); use sketchopt.mirror_descent"
+            f"dual_averaging does not take the {metric.name!r} metric: its refusals (accepts) "
+            "or per-leaf seeds are read by mirror descent only (metric_rule); use "
+            "sketchopt.mirror_descent"
         )
 
     def init(spec, param):
         anchor = jnp.ravel(param).astype(spec.dtype)
         return (metric.init(spec.shape, spec.dtype), jnp.zeros_like(anchor), anchor)
 
+    def hyper(count):
+        metric_hyper = None if metric.hyper is None else metric.hyper(count)
+        return _leafwise.at_step(learning_rate, count), metric_hyper
+
     def step(ctx, g, values, x, valid):
         ms, gsum, x1 = values
-        ms, op, _ = metric.update(ms, g, valid)
+        eta, metric_hyper = ctx.hyper
+        if metric.hyper is None:
+            ms, op, _ = metric.update(ms, g, valid)
+        else:  # values that follow the step count (kron_sketched's schedules)
+            ms, op, _ = metric.update(ms, g, valid, hyper=metric_hyper)
         gsum = jnp.where(valid, gsum + g, gsum)
-        eta = jnp.asarray(ctx.hyper, g.dtype)
+        eta = jnp.asarray(eta, g.dtype)
         z = x1 - eta * op.solve(gsum)
         if regularizer is None:
             x_new = z
@@ -482,7 +490,7 @@ def dual_averaging(
         ("metric_state", "grad_sum", "anchor"),
         init,
         step,
-        hyper=functools.partial(_leafwise.at_step, learning_rate),
+        hyper=hyper,
         needs_params="dual_averaging",
         paddable=metric.paddable and regularizer is None,
     )

@@ -68,6 +68,7 @@ def _transforms():
             so.ada_full(0.3, 0.3), so.ada_diag(0.1, 1e-3)
         ),
         "s_adagrad": lambda: so.s_adagrad(0.3, 6, 0.3),
+        "kron_fd": lambda: so.kron_fd(0.03, 6, delta=1e-4),  # every layer factored
         "ada_fd_conv_ada_diag_rest": lambda: conv_partition(
             so.ada_fd(0.3, 6, 0.3), so.ada_diag(0.1, 1e-3)
         ),

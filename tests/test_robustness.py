@@ -75,6 +75,9 @@ FACTORIES = {
     "fobos_l1": lambda tau: so.fobos_l1(0.1, 1e-2),
     "rda_l1": lambda tau: so.rda_l1(1.0, 1e-2),
     "ftrl_proximal": lambda tau: so.ftrl_proximal(0.1, 1.0, 1e-2, 1e-2),
+    # the factored metric with its cached inverse roots and the Adam graft (its default, a root
+    # per step and no graft, is tests/test_kron.py's)
+    "kron_fd": lambda tau: so.kron_fd(0.1, tau, delta=0.1, refresh_every=2, graft="adam"),
 }
 # Families whose state depends on sketch_size (the others ignore it). ada_fd_dual_averaging keeps
 # ada_fd's metric; its rule never sees the sketch size.
@@ -89,6 +92,7 @@ SKETCHED = [
     "rp_son",
     "radagrad",
     "ada_lr",
+    "kron_fd",
 ]
 NAMES = list(FACTORIES)
 

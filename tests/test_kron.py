@@ -1,0 +1,283 @@
+"""The Kronecker-factored sketched metric (``sketchopt.metrics.kron_sketched``, ``kron_fd``)
+against float64 references written from the papers: full-matrix Shampoo (Gupta et al. 2018,
+Alg. 1) while both sketches are exact, the FD / RFD error bounds of each factor with a small
+sketch, the options (decay, update and refresh periods, start step, grafting) and bad input."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import sketchopt as so
+from sketchopt import kron, metrics
+
+
+def _mpow(a, power, eps):
+    """``(a + eps I)^{-power}`` of a symmetric PSD matrix in float64 (0 on a zero eigenvalue when
+    ``eps = 0``: the pseudo-inverse)."""
+    lam, u = np.linalg.eigh(a)
+    lam = np.clip(lam, 0, None) + eps
+    inv = np.where(lam > 1e-12 * max(lam.max(), 1e-300), lam, np.inf) ** -power
+    return (u * inv) @ u.T
+
+
+def _diag_step(g, v, graft, count, beta, eps, delta):
+    """The diagonal method's direction and its new root statistic (float64)."""
+    if graft in ("rmsprop", "adam"):
+        v = np.sqrt(beta * v**2 + (1 - beta) * g**2)
+        root = v / np.sqrt(1 - beta ** (count + 1)) if graft == "adam" else v
+        return g / (root + eps), v
+    v = np.sqrt(v**2 + g**2)
+    if graft == "adagrad":
+        return g / (v + eps), v
+    return g / np.sqrt(v**2 + delta), v
+
+
+def shampoo(
+    grads,
+    lr,
+    delta,
+    *,
+    exponents=(0.25, 0.25),
+    decay=None,
+    update_every=1,
+    refresh_every=1,
+    start_step=0,
+    graft=None,
+    graft_decay=0.999,
+    graft_eps=1e-8,
+):
+    """Full-matrix Shampoo's steps (Gupta et al. Alg. 1) with the options of ``kron_sketched``."""
+    m, n = grads[0].shape
+    left, right, v = np.zeros((m, m)), np.zeros((n, n)), np.zeros((m, n))
+    steps = []
+    for t, g in enumerate(grads):
+        g = np.asarray(g, np.float64)
+        if t % update_every == 0:
+            if decay is not None:
+                left, right = decay * left, decay * right
+            left, right = left + g @ g.T, right + g.T @ g
+        if t % refresh_every == 0:
+            lroot = _mpow(left, exponents[0], delta)
+            rroot = _mpow(right, exponents[1], delta)
+        direction = lroot @ g @ rroot
+        diag, v = _diag_step(g, v, graft, t, graft_decay, graft_eps, delta)
+        if graft is not None:
+            nk = np.linalg.norm(direction)
+            direction = direction * (np.linalg.norm(diag) / nk if nk > 0 else 0.0)
+        if t < start_step:
+            direction = diag
+        steps.append(-lr * direction)
+    return steps
+
+
+def _run(tx, grads, params=None):
+    params = jnp.zeros(grads[0].shape, grads[0].dtype) if params is None else params
+    state = tx.init(params)
+    update = jax.jit(tx.update)
+    out = []
+    for g in grads:
+        u, state = update(g, state, params)
+        out.append(np.asarray(u))
+    return out, state
+
+
+def _grads(shape, steps, seed, dtype=jnp.float64, rank=None):
+    rng = np.random.default_rng(seed)
+    m, n = shape[0], int(np.prod(shape[1:]))
+    out = []
+    for _ in range(steps):
+        if rank is None:
+            g = rng.standard_normal((m, n))
+        else:
+            g = rng.standard_normal((m, rank)) @ rng.standard_normal((rank, n))
+        out.append(jnp.asarray(g.reshape(shape), dtype))
+    return out
+
+
+def _close(actual, expected, rtol=1e-9):
+    for a, e in zip(actual, expected, strict=True):
+        np.testing.assert_allclose(a.reshape(e.shape), e, rtol=rtol, atol=rtol * np.abs(e).max())
+
+
+@pytest.mark.parametrize("shape", [(5, 3), (3, 7), (6, 6)])
+@pytest.mark.parametrize("robust", [True, False])
+def test_exact_sketches_are_full_matrix_shampoo(shape, robust):
+    """``sketch_size >= max(m, n)``: nothing is ever shrunk (RFD's ridge stays 0) and each step
+    equals Shampoo's ``-eta (L + delta I)^{-1/4} G (R + delta I)^{-1/4}`` in float64, also with
+    blocks smaller than the gradient's columns (block FD on an exact sketch is exact)."""
+    with jax.enable_x64(True):
+        grads = _grads(shape, 6, seed=sum(shape))
+        expected = shampoo(grads, 0.3, 1e-3)
+        for block in (None, 2):
+            tx = so.kron_fd(0.3, max(shape), delta=1e-3, robust=robust, block_size=block)
+            actual, _ = _run(tx, grads)
+            _close(actual, expected)
+
+
+def test_general_exponents_pseudo_inverse_and_a_conv_kernel():
+    """Root exponents ``(p, q)``, ``delta = 0`` on a rank-deficient stream (the pseudo-inverse on
+    each side's range), and a conv kernel ``(kh, kw, cin, cout)`` seen as ``(kh*kw*cin) x cout``."""
+    with jax.enable_x64(True):
+        grads = _grads((6, 5), 4, seed=1, rank=2)
+        expected = shampoo(grads, 1.0, 0.0, exponents=(0.5, 0.1))
+        tx = so.mirror_descent(1.0, metrics.kron_sketched(8, 0.0, exponents=(0.5, 0.1)))
+        _close(_run(tx, grads)[0], expected, rtol=1e-7)
+        conv = [g.reshape(2, 3, 1, 5) for g in _grads((6, 5), 4, seed=2)]
+        expected = shampoo([np.asarray(g).reshape(6, 5) for g in conv], 0.1, 1e-2)
+        _close(_run(so.kron_fd(0.1, 6, delta=1e-2), conv)[0], expected)
+
+
+@pytest.mark.parametrize(
+    "options",
+    [
+        {"decay": 0.9},
+        {"update_every": 3},
+        {"refresh_every": 2},
+        {"update_every": 2, "refresh_every": 3, "decay": 0.5},
+        {"start_step": 3},
+        {"graft": "adagrad"},
+        {"graft": "rmsprop", "graft_decay": 0.9},
+        {"graft": "adam", "graft_decay": 0.99, "start_step": 2},
+    ],
+    ids=lambda o: ",".join(f"{k}={v}" for k, v in o.items()),
+)
+def test_options_against_shampoo_with_the_same_options(options):
+    with jax.enable_x64(True):
+        grads = _grads((4, 3), 8, seed=3)
+        expected = shampoo(grads, 0.2, 1e-2, **options)
+        actual, _ = _run(so.kron_fd(0.2, 4, delta=1e-2, **options), grads)
+        _close(actual, expected)
+
+
+def test_dual_averaging_with_the_factored_metric():
+    """``x_{t+1} = x_1 - eta H_t^{-1} sum_s g_s`` with ``H_t^{-1}`` Shampoo's two roots."""
+    with jax.enable_x64(True):
+        grads = _grads((4, 5), 5, seed=4)
+        x1 = jnp.asarray(np.random.default_rng(5).standard_normal((4, 5)))
+        tx = so.dual_averaging(0.5, metrics.kron_sketched(5, 1e-2))
+        state, x = tx.init(x1), x1
+        update = jax.jit(tx.update)
+        left, right, gsum = np.zeros((4, 4)), np.zeros((5, 5)), np.zeros((4, 5))
+        for g in grads:
+            u, state = update(g, state, x)
+            x = x + u
+            g = np.asarray(g)
+            left, right, gsum = left + g @ g.T, right + g.T @ g, gsum + g
+            want = np.asarray(x1) - 0.5 * _mpow(left, 0.25, 1e-2) @ gsum @ _mpow(right, 0.25, 1e-2)
+            np.testing.assert_allclose(np.asarray(x), want, rtol=1e-9, atol=1e-12)
+
+
+@pytest.mark.parametrize("robust", [False, True])
+@pytest.mark.parametrize("block_size", [1, 3, 8])
+def test_a_small_sketch_obeys_the_fd_bounds(robust, block_size):
+    """Each factor is a block-FD sketch of its stream of columns: ``0 <= L - B^T B <= Delta I``
+    with ``Delta <= (|A|_F^2 - |B|_F^2) / (k + 1)`` (Liberty 2013; Ghashami et al. 2016), and for
+    RFD ``Delta = 2 alpha`` so that ``|L - B^T B - alpha I| <= Delta / 2`` (RFD paper Thm. 3)."""
+    with jax.enable_x64(True):
+        k, dim = 3, 12
+        state = kron.factor_init(k, dim, jnp.float64)
+        rng = np.random.default_rng(6)
+        total = np.zeros((dim, dim))
+        spectrum = 0.7 ** np.arange(dim)
+        absorb = jax.jit(lambda s, v: kron.absorb(s, v, block_size=block_size, robust=robust))
+        for _ in range(10):
+            cols = rng.standard_normal((5, dim)) * spectrum
+            state = absorb(state, jnp.asarray(cols))
+            total += cols.T @ cols
+        scale = 4.0 ** int(state.exp)
+        rows = np.asarray(state.rows) * np.sqrt(scale)
+        alpha = float(state.alpha) * scale
+        err = np.linalg.eigvalsh(total - rows.T @ rows)
+        budget = (np.trace(total) - np.sum(rows**2)) / (k + 1)
+        assert err.min() >= -1e-9 * np.abs(err).max()
+        assert err.max() <= budget * (1 + 1e-9)
+        assert err.max() > 0  # the sketch did shrink: the bound was tested
+        if robust:
+            assert err.max() <= 2 * alpha * (1 + 1e-9) and 2 * alpha <= budget * (1 + 1e-9)
+        else:
+            assert alpha == 0
+        # the stored rows are orthogonal (the inverse roots read them as an eigenbasis)
+        gram = rows @ rows.T
+        np.testing.assert_allclose(gram - np.diag(np.diag(gram)), 0, atol=1e-9 * gram.max())
+
+
+def test_vectors_fall_back_to_the_diagonal_and_long_sides_too():
+    with jax.enable_x64(True):
+        g = jnp.asarray([3.0, -4.0, 0.0])
+        u, _ = _run(so.kron_fd(1.0, 4, delta=0.0), [g, 2 * g])
+        np.testing.assert_allclose(u[0], -np.sign(g))
+        np.testing.assert_allclose(u[1], -2 * g / np.sqrt(5) / np.abs(np.where(g, g, 1)))
+        assert kron.default_factoring((3,)) is None
+        assert kron.default_factoring((1, 7)) is None
+        assert kron.default_factoring((10, kron.MAX_SIDE + 1)) is None
+        assert kron.default_factoring((3, 3, 8, 16)) == (72, 16)
+        params = {"e": jnp.zeros((kron.MAX_SIDE + 1, 2))}
+        leaf = so.per_leaf_states(so.kron_fd(1.0, 4).init(params).metric_state, params)["e"]
+        assert leaf.left is None and leaf.diag.shape == (2 * (kron.MAX_SIDE + 1),)
+
+
+def test_nonfinite_gradients_are_skipped_and_huge_or_tiny_ones_are_scale_free():
+    tx = so.kron_fd(1.0, 3, delta=0.0)
+    params = {"w": jnp.zeros((5, 4)), "b": jnp.zeros(4)}
+    rng = np.random.default_rng(7)
+    grads = {"w": jnp.asarray(rng.standard_normal((5, 4)), jnp.float32), "b": jnp.ones(4)}
+    update = jax.jit(tx.update)
+    state = tx.init(params)
+    _, state = update(grads, state)
+    bad = {**grads, "w": grads["w"].at[1, 2].set(jnp.nan)}
+    u, new = update(bad, state)
+    assert not np.any(u["w"]) and np.all(np.isfinite(u["b"]))
+    before = so.per_leaf_states(state.metric_state, params)
+    after = so.per_leaf_states(new.metric_state, params)
+    same = jax.tree.map(lambda a, b: bool(jnp.array_equal(a, b)), after["w"], before["w"])
+    assert all(jax.tree.leaves(same))  # the skipped leaf's state is bit-identical
+    assert not jnp.array_equal(after["b"].diag, before["b"].diag)  # the other leaf went on
+    assert int(new.nonfinite_count) == int(state.nonfinite_count) + 1
+    # Shampoo's step is invariant to a common scale of the gradients (delta = 0): float32
+    # gradients of 1e30 and 1e-30 give the steps of the unscaled ones.
+    seq = [jnp.asarray(rng.standard_normal((5, 4)), jnp.float32) for _ in range(5)]
+    ref, _ = _run(tx, seq)
+    for scale in (1e30, 1e-30):
+        out, st = _run(tx, [g * scale for g in seq])
+        for a, b in zip(out, ref, strict=True):
+            np.testing.assert_allclose(a, b, rtol=2e-4, atol=2e-5)
+        assert all(bool(jnp.all(jnp.isfinite(x))) for x in jax.tree.leaves(st))
+
+
+def test_bf16_params_keep_a_float32_state_and_hyperparameters_vmap():
+    params = jnp.zeros((6, 4), jnp.bfloat16)
+    g = jnp.asarray(np.random.default_rng(8).standard_normal((6, 4)), jnp.bfloat16)
+    tx = so.kron_fd(0.1, 2)
+    state = tx.init(params)
+    u, state = tx.update(g, state)
+    assert u.dtype == jnp.bfloat16
+    assert {x.dtype for x in jax.tree.leaves(state) if jnp.issubdtype(x.dtype, jnp.floating)} == {
+        jnp.dtype(jnp.float32)
+    }
+    g32 = g.astype(jnp.float32)
+    state = so.kron_fd(0.1, 2).init(g32)
+    deltas = jnp.asarray([1e-6, 1e-2, 1.0])
+    batched = jax.vmap(lambda d: so.kron_fd(0.1, 2, delta=d).update(g32, state)[0])(deltas)
+    for i, d in enumerate([1e-6, 1e-2, 1.0]):
+        single = so.kron_fd(0.1, 2, delta=d).update(g32, state)[0]
+        np.testing.assert_allclose(batched[i], single, rtol=1e-5, atol=1e-7)
+
+
+def test_bad_arguments_are_named():
+    with pytest.raises(ValueError, match="sketch_size"):
+        so.kron_fd(0.1, 0)
+    with pytest.raises(ValueError, match="graft"):
+        so.kron_fd(0.1, 2, graft="sgd")
+    with pytest.raises(ValueError, match="exponents"):
+        metrics.kron_sketched(2, exponents=(0.25, 0.0))
+    with pytest.raises(ValueError, match="decay"):
+        so.kron_fd(0.1, 2, decay=1.5)
+    with pytest.raises(ValueError, match="update_every"):
+        so.kron_fd(0.1, 2, update_every=0)
+    with pytest.raises(TypeError):
+        so.kron_fd(0.1, 2, no_such_option=1)
+    with pytest.raises(ValueError, match="factoring"):
+        metrics.kron_sketched(2, factoring=lambda shape: (2, 2)).init((3, 3))
