@@ -88,12 +88,14 @@ GROUP_AXIS = "sketchopt_leaves"
 
 class LeafSpec(NamedTuple):
     """Static facts about one leaf: its position in the flattened tree, its shape, the dtype its
-    state is kept in (at least float32) and the parameter's own dtype."""
+    state is kept in (at least float32), the parameter's own dtype and its key path in the
+    parameter tree (``jax.tree_util.keystr``)."""
 
     index: int
     shape: tuple[int, ...]
     dtype: np.dtype
     param_dtype: np.dtype
+    path: str = ""
 
     @property
     def size(self) -> int:
@@ -122,20 +124,26 @@ class Layout:
 
     def leaf(self, i: int) -> LeafSpec:
         param_dtype = jnp.dtype(self.dtypes[i])
-        return LeafSpec(i, self.shapes[i], _numerics.state_dtype(param_dtype), param_dtype)
+        dtype = _numerics.state_dtype(param_dtype)
+        return LeafSpec(i, self.shapes[i], dtype, param_dtype, self.paths[i])
 
     @staticmethod
-    def of(tree: Any) -> Layout:
-        """The grouping of a parameter tree's leaves (arrays, tracers, ``ShapeDtypeStruct``\\ s)."""
+    def of(tree: Any, group_key: Callable[[str, tuple[int, ...]], Any] | None = None) -> Layout:
+        """The grouping of a parameter tree's leaves (arrays, tracers, ``ShapeDtypeStruct``\\ s).
+
+        ``group_key(path, shape)``, when given, also separates leaves of one shape (a rule whose
+        per-leaf state depends on the path: :attr:`LeafRule.group_key`).
+        """
         with_paths = jax.tree_util.tree_flatten_with_path(tree)[0]
         paths = tuple(jax.tree_util.keystr(path) for path, _ in with_paths)
         shapes, dtypes, keys = [], [], []
-        for _, leaf in with_paths:
+        for path, leaf in zip(paths, (leaf for _, leaf in with_paths), strict=True):
             shape = tuple(int(s) for s in np.shape(leaf))
             dtype = jnp.dtype(_dtype_of(leaf)).name
             shapes.append(shape)
             dtypes.append(dtype)
-            keys.append((shape, dtype, _explicit_spec(leaf)))
+            extra = None if group_key is None else group_key(path, shape)
+            keys.append((shape, dtype, _explicit_spec(leaf), extra))
         order: dict[Any, list[int]] = {}
         for i, key in enumerate(keys):
             order.setdefault(key, []).append(i)
@@ -321,6 +329,9 @@ class LeafRule(NamedTuple):
         others unchanged. The driver then steps all small leaves as one padded group
         (:data:`SMALL_LEAF`); ``ctx.shape`` is the padded ``(width,)`` there, so a rule whose
         step reads the shape is not paddable.
+      group_key: ``None``, or ``group_key(path, shape) -> hashable`` for a rule whose per-leaf
+        state depends on the leaf's path (``LeafSpec.path``) and not only on its shape: leaves
+        of one shape with different keys form different groups.
     """
 
     fields: tuple[str, ...]
@@ -329,6 +340,7 @@ class LeafRule(NamedTuple):
     hyper: Callable[[jax.Array], Any] = lambda count: None
     needs_params: str | None = None
     paddable: bool = False
+    group_key: Callable[[str, tuple[int, ...]], Any] | None = None
 
 
 def at_step(hyperparam, count, dtype=None):
@@ -571,7 +583,7 @@ def leafwise(rule: LeafRule, state_class: type) -> optax.GradientTransformationE
 
     def init_fn(params):
         leaves = jax.tree.leaves(params)
-        layout = Layout.of(params)
+        layout = Layout.of(params, rule.group_key)
         per_leaf_values = [rule.init(layout.leaf(i), p) for i, p in enumerate(leaves)]
         columns = []
         for f in range(len(fields)):

@@ -76,25 +76,37 @@ MAX_SIDE = 8192
 
 
 class Factoring(NamedTuple):
-    """How a leaf is seen as a matrix: its flattened ``(rows, cols)`` (C order)."""
+    """How a leaf is seen as a matrix: ``rows x cols`` after flattening in C order, or, with
+    ``layers > 0``, a stack of ``layers`` such matrices along a leading axis."""
 
     rows: int
     cols: int
+    layers: int = 0
 
 
-def default_factoring(shape: tuple[int, ...], max_side: int = MAX_SIDE) -> Factoring | None:
+def default_factoring(
+    path: str,
+    shape: tuple[int, ...],
+    *,
+    stacked: tuple[str, ...] = (),
+    max_side: int = MAX_SIDE,
+) -> Factoring | None:
     """The default rule: a leaf of two or more axes is ``prod(shape[:-1]) x shape[-1]`` (a dense
     kernel ``(in, out)`` as it is; a conv kernel ``(kh, kw, cin, cout)`` as ``(kh*kw*cin) x cout``;
     a ``DenseGeneral`` kernel as all input axes by the output axis); vectors, scalars, leaves with a
     side of length 1 or a side longer than ``max_side`` are not factored (``None``: the caller's
-    fallback, the diagonal)."""
+    fallback, the diagonal). A leaf whose ``path`` starts with one of ``stacked`` has a leading
+    layer axis: its other axes are factored so, one matrix per layer."""
     shape = tuple(int(s) for s in shape)
+    layers = 0
+    if any(path.startswith(prefix) for prefix in stacked) and len(shape) >= 1:
+        layers, shape = shape[0], shape[1:]
     if len(shape) < 2:
         return None
     rows, cols = math.prod(shape[:-1]), shape[-1]
     if min(rows, cols) <= 1 or max(rows, cols) > max_side:
         return None
-    return Factoring(rows, cols)
+    return Factoring(rows, cols, layers)
 
 
 class FactorState(NamedTuple):

@@ -25,6 +25,7 @@ sketch already includes ``g_t``).
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from typing import Any, NamedTuple
 
@@ -102,6 +103,10 @@ class Metric(NamedTuple):
         every finite ``g`` (SON, whose to-sketch vector ``sqrt(eta_t + sigma_t) g`` can
         overflow): where it is false the rules skip the leaf like a non-finite gradient (zero
         update, state bit-identical, counted) and call ``update`` with ``valid`` false.
+      path_key: ``None``, or ``path_key(path, shape) -> hashable`` for a metric whose state
+        depends on the leaf's key path (``jax.tree_util.keystr``) and not only on its shape
+        (:func:`kron_sketched`'s per-path factoring): ``init`` then also takes ``path=`` and
+        leaves of one shape with different keys are grouped apart.
 
     Examples:
       >>> import jax.numpy as jnp, sketchopt as so
@@ -120,6 +125,7 @@ class Metric(NamedTuple):
     hyper: Callable[[jax.Array], Any] | None = None
     seeded: bool = False
     accepts: Callable[..., jax.Array] | None = None
+    path_key: Callable[[str, tuple[int, ...]], Any] | None = None
 
     __eq__ = _validation.value_eq
     __hash__ = _validation.value_hash
@@ -659,7 +665,8 @@ def kron_sketched(
     graft_eps: float = 1e-8,
     block_size: int | None = None,
     relative_delta: bool = False,
-    factoring: Callable[[tuple[int, ...]], Any] = _kron.default_factoring,
+    stacked: str | tuple[str, ...] = (),
+    factoring: Callable[[str, tuple[int, ...]], Any] | None = None,
 ) -> Metric:
     r"""Shampoo's Kronecker-factored metric with each factor kept as an FD/RFD sketch.
 
@@ -703,8 +710,14 @@ def kron_sketched(
       block_size: how many of ``G``'s columns (rows) enter a sketch per small ``eigh``
         (default ``k``; :mod:`sketchopt.kron`).
       relative_delta: ``delta`` is relative to each side's largest eigenvalue.
-      factoring: ``factoring(shape) -> (m, n) | None``, how a leaf is seen as a matrix
-        (:func:`sketchopt.kron.default_factoring`: ``prod(shape[:-1]) x shape[-1]``).
+      stacked: key-path prefixes (``jax.tree_util.keystr`` form, e.g. ``"['layers']"``) whose
+        leaves carry a leading layer axis (scanned layers): each layer gets its own pair of
+        sketches, stepped by one ``vmap``, not one sketch across layers.
+      factoring: ``factoring(path, shape) -> Factoring(rows, cols, layers) | None``, how a leaf
+        is seen as a matrix (or a stack of ``layers`` matrices); ``None`` for the diagonal
+        fallback. Default :func:`sketchopt.kron.default_factoring` (with ``stacked``):
+        ``prod(shape[:-1]) x shape[-1]``. Override it per leaf by a callable that reads the
+        path, e.g. ``lambda path, shape: None if "embed" in path else default(path, shape)``.
 
     Returns:
       A :class:`Metric` (``"kron_fd"`` or ``"kron_rfd"``) with a :class:`KronMetricState`;
@@ -745,19 +758,36 @@ def kron_sketched(
         decay = _validation.fraction("decay", decay, low_open=True)
     relative_delta = _validation.flag("relative_delta", relative_delta)
     needs_diag = graft is not None or start_step > 0
+    stacked = (stacked,) if isinstance(stacked, str) else tuple(stacked)
+    if factoring is None:
+        factoring = functools.partial(_kron.default_factoring, stacked=stacked)
+    elif stacked:
+        raise ValueError("give stacked to the default factoring only (a factoring decides itself)")
 
-    def init(shape, dtype=jnp.float32):
+    def factored_as(path, shape):
+        shape = (shape,) if isinstance(shape, int) else tuple(int(x) for x in shape)
+        out = factoring(path, shape)
+        if out is not None and max(out.layers, 1) * out.rows * out.cols != flat_size(shape):
+            raise ValueError(f"factoring({path!r}, {shape}) = {out}: not {shape}'s size")
+        return out
+
+    def init(shape, dtype=jnp.float32, *, path=""):
         dtype = state_dtype(dtype)
-        shape = (shape,) if isinstance(shape, int) else tuple(shape)
-        factored = factoring(shape)
+        factored = factored_as(path, shape)
         diag = jnp.zeros((flat_size(shape),), dtype)
         if factored is None:
             return KronMetricState(None, None, diag, None)
-        m, n = (int(s) for s in factored)
-        if m * n != flat_size(shape):
-            raise ValueError(f"factoring({shape}) = {factored}: not a matrix of {shape}'s size")
-        left, right = _kron.factor_init(k, m, dtype), _kron.factor_init(k, n, dtype)
-        roots = None if refresh_every == 1 else (root_of(left, p), root_of(right, q))
+
+        def one(_):
+            left = _kron.factor_init(k, factored.rows, dtype)
+            right = _kron.factor_init(k, factored.cols, dtype)
+            roots = None if refresh_every == 1 else (root_of(left, p), root_of(right, q))
+            return left, right, roots
+
+        if factored.layers:  # one sketch per layer of a stacked leaf
+            left, right, roots = jax.vmap(one)(jnp.arange(factored.layers))
+        else:
+            left, right, roots = one(None)
         return KronMetricState(left, right, diag if needs_diag else None, roots)
 
     def root_of(side, power):
@@ -796,6 +826,26 @@ def kron_sketched(
             roots = (root_of(state.left, p), root_of(state.right, q))
         return combine(KroneckerOperator(*roots), state.diag, count)
 
+    def step_one(left, right, roots, mat, valid, count):
+        """One matrix's sketches after ``mat`` and the inverse roots to step with."""
+
+        def absorbed(sides):
+            opts = dict(block_size=block, robust=robust, decay=decay)
+            return _kron.absorb(sides[0], mat.T, **opts), _kron.absorb(sides[1], mat, **opts)
+
+        sides = (left, right)
+        new = jax.lax.cond(count % update_every == 0, absorbed, lambda s: s, sides)
+        left, right = jax.tree.map(lambda a, b: jnp.where(valid, a, b), new, sides)
+        if refresh_every == 1:
+            return left, right, None, (root_of(left, p), root_of(right, q))
+        fresh = jax.lax.cond(
+            count % refresh_every == 0,
+            lambda: (root_of(left, p), root_of(right, q)),
+            lambda: roots,
+        )
+        roots = jax.tree.map(lambda a, b: jnp.where(valid, a, b), fresh, roots)
+        return left, right, roots, roots
+
     def update(state, g, valid=True, *, hyper):
         count = hyper
         diag = state.diag
@@ -803,26 +853,14 @@ def kron_sketched(
             diag = jnp.where(valid, diagonal_update(diag, g, count), diag)
         if state.left is None:
             return state._replace(diag=diag), diagonal_operator(diag, count), None
-        m, n = state.left.rows.shape[1], state.right.rows.shape[1]
-        mat = jnp.reshape(g, (m, n)).astype(state.left.rows.dtype)
-
-        def absorbed(sides):
-            opts = dict(block_size=block, robust=robust, decay=decay)
-            return _kron.absorb(sides[0], mat.T, **opts), _kron.absorb(sides[1], mat, **opts)
-
-        sides = (state.left, state.right)
-        new = jax.lax.cond(count % update_every == 0, absorbed, lambda s: s, sides)
-        left, right = jax.tree.map(lambda a, b: jnp.where(valid, a, b), new, sides)
-        if refresh_every == 1:
-            roots, current = None, (root_of(left, p), root_of(right, q))
-        else:
-            fresh = jax.lax.cond(
-                count % refresh_every == 0,
-                lambda: (root_of(left, p), root_of(right, q)),
-                lambda: state.roots,
-            )
-            roots = jax.tree.map(lambda a, b: jnp.where(valid, a, b), fresh, state.roots)
-            current = roots
+        m, n = state.left.rows.shape[-1], state.right.rows.shape[-1]
+        dtype = state.left.rows.dtype
+        stacked = state.left.rows.ndim == 3
+        mat = jnp.reshape(g, (-1, m, n) if stacked else (m, n)).astype(dtype)
+        step = functools.partial(step_one, valid=valid, count=count)
+        if stacked:
+            step = jax.vmap(step)
+        left, right, roots, current = step(state.left, state.right, state.roots, mat)
         op = combine(KroneckerOperator(*current), diag, count)
         return KronMetricState(left, right, diag, roots), op, None
 
@@ -844,6 +882,8 @@ def kron_sketched(
         graft_eps,
         block,
         relative_delta,
+        stacked,
         factoring,
     )
-    return Metric(init, update, operator, "kron_rfd" if robust else "kron_fd", spec, hyper=hyper)
+    name = "kron_rfd" if robust else "kron_fd"
+    return Metric(init, update, operator, name, spec, hyper=hyper, path_key=factored_as)

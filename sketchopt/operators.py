@@ -27,6 +27,7 @@ from __future__ import annotations
 
 from typing import Any, NamedTuple, Protocol, runtime_checkable
 
+import jax
 import jax.numpy as jnp
 
 from sketchopt import _numerics, _partitioning
@@ -249,8 +250,15 @@ class KroneckerOperator(NamedTuple):
 
     def solve(self, y):
         m, n = self.left.basis.shape[-1], self.right.basis.shape[-1]
-        mat = _kron.apply_left(self.left, jnp.reshape(y, (m, n)))
-        return jnp.reshape(_kron.apply_right(self.right, mat), y.shape)
+
+        def one(left, right, mat):
+            return _kron.apply_right(right, _kron.apply_left(left, mat))
+
+        if self.left.basis.ndim == 3:  # a stack of layers, one pair of roots each
+            out = jax.vmap(one)(self.left, self.right, jnp.reshape(y, (-1, m, n)))
+        else:
+            out = one(self.left, self.right, jnp.reshape(y, (m, n)))
+        return jnp.reshape(out, y.shape)
 
 
 def supports_regularizers(op) -> bool:

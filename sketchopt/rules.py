@@ -297,9 +297,7 @@ def metric_rule(
 
     def init(spec, param):
         del param
-        if metric.seeded:
-            return (metric.init(spec.shape, spec.dtype, spec.index),)
-        return (metric.init(spec.shape, spec.dtype),)
+        return (init_metric(metric, spec),)
 
     def hyper(count):
         metric_hyper = None if metric.hyper is None else metric.hyper(count)
@@ -341,7 +339,17 @@ def metric_rule(
         hyper=hyper,
         needs_params=needs,
         paddable=metric.paddable and regularizer is None,  # a prox may read the leaf's shape
+        group_key=metric.path_key,
     )
+
+
+def init_metric(metric: _metrics.Metric, spec: _leafwise.LeafSpec):
+    """A metric's state for one leaf: ``init(shape, dtype)``, with the leaf's index for a seeded
+    metric and its path for a path-aware one (``Metric.seeded``, ``Metric.path_key``)."""
+    extra = {} if metric.path_key is None else {"path": spec.path}
+    if metric.seeded:
+        return metric.init(spec.shape, spec.dtype, spec.index, **extra)
+    return metric.init(spec.shape, spec.dtype, **extra)
 
 
 @_leafwise.compiled
@@ -463,7 +471,7 @@ def dual_averaging(
 
     def init(spec, param):
         anchor = jnp.ravel(param).astype(spec.dtype)
-        return (metric.init(spec.shape, spec.dtype), jnp.zeros_like(anchor), anchor)
+        return (init_metric(metric, spec), jnp.zeros_like(anchor), anchor)
 
     def hyper(count):
         metric_hyper = None if metric.hyper is None else metric.hyper(count)
@@ -493,5 +501,6 @@ def dual_averaging(
         hyper=hyper,
         needs_params="dual_averaging",
         paddable=metric.paddable and regularizer is None,
+        group_key=metric.path_key,
     )
     return _leafwise.leafwise(rule, DualAveragingState)

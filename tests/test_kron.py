@@ -210,10 +210,15 @@ def test_vectors_fall_back_to_the_diagonal_and_long_sides_too():
         u, _ = _run(so.kron_fd(1.0, 4, delta=0.0), [g, 2 * g])
         np.testing.assert_allclose(u[0], -np.sign(g))
         np.testing.assert_allclose(u[1], -2 * g / np.sqrt(5) / np.abs(np.where(g, g, 1)))
-        assert kron.default_factoring((3,)) is None
-        assert kron.default_factoring((1, 7)) is None
-        assert kron.default_factoring((10, kron.MAX_SIDE + 1)) is None
-        assert kron.default_factoring((3, 3, 8, 16)) == (72, 16)
+        assert kron.default_factoring("['b']", (3,)) is None
+        assert kron.default_factoring("['w']", (1, 7)) is None
+        assert kron.default_factoring("['e']", (10, kron.MAX_SIDE + 1)) is None
+        assert kron.default_factoring("['conv']", (3, 3, 8, 16)) == (72, 16, 0)
+        assert kron.default_factoring("['layers']['w']", (4, 8, 16), stacked=("['layers']",)) == (
+            8,
+            16,
+            4,
+        )
         params = {"e": jnp.zeros((kron.MAX_SIDE + 1, 2))}
         leaf = so.per_leaf_states(so.kron_fd(1.0, 4).init(params).metric_state, params)["e"]
         assert leaf.left is None and leaf.diag.shape == (2 * (kron.MAX_SIDE + 1),)
@@ -280,4 +285,34 @@ def test_bad_arguments_are_named():
     with pytest.raises(TypeError):
         so.kron_fd(0.1, 2, no_such_option=1)
     with pytest.raises(ValueError, match="factoring"):
-        metrics.kron_sketched(2, factoring=lambda shape: (2, 2)).init((3, 3))
+        metrics.kron_sketched(2, factoring=lambda path, shape: kron.Factoring(2, 2)).init((3, 3))
+
+
+def test_stacked_layers_get_one_sketch_each_and_paths_override_the_factoring():
+    """A leaf under a ``stacked`` prefix, ``(L, m, n)``, is ``L`` independent Shampoo layers (each
+    equal to its own float64 reference); the same shape elsewhere is one ``(L*m) x n`` matrix;
+    a ``factoring`` that reads the path sends a chosen leaf to the diagonal."""
+    with jax.enable_x64(True):
+        rng = np.random.default_rng(9)
+        seq = [rng.standard_normal((3, 4, 5)) for _ in range(4)]
+        grads = [{"layers": {"w": jnp.asarray(g)}, "other": jnp.asarray(g)} for g in seq]
+        params = jax.tree.map(jnp.zeros_like, grads[0])
+        tx = so.kron_fd(0.1, 12, delta=1e-2, stacked="['layers']")  # exact: 12 >= every side
+        state, update = tx.init(params), jax.jit(tx.update)
+        per_layer = [shampoo([g[i] for g in seq], 0.1, 1e-2) for i in range(3)]
+        flat = shampoo([g.reshape(12, 5) for g in seq], 0.1, 1e-2)
+        for t, g in enumerate(grads):
+            u, state = update(g, state)
+            for i in range(3):
+                np.testing.assert_allclose(u["layers"]["w"][i], per_layer[i][t], rtol=1e-9)
+            np.testing.assert_allclose(u["other"].reshape(12, 5), flat[t], rtol=1e-9)
+        leaves = so.per_leaf_states(state.metric_state, params)
+        assert leaves["layers"]["w"].left.rows.shape == (3, 4, 4)  # min(k, m) rows per layer
+        assert leaves["other"].left.rows.shape == (12, 12)
+
+        def no_other(path, shape):
+            return None if "other" in path else kron.default_factoring(path, shape)
+
+        tx = so.kron_fd(0.1, 5, delta=1e-2, factoring=no_other)
+        leaves = so.per_leaf_states(tx.init(params).metric_state, params)
+        assert leaves["other"].left is None and leaves["layers"]["w"].left is not None
