@@ -664,6 +664,7 @@ def kron_sketched(
     graft_decay: float = 0.999,
     graft_eps: float = 1e-8,
     block_size: int | None = None,
+    compress: str = "auto",
     relative_delta: bool = False,
     stacked: str | tuple[str, ...] = (),
     factoring: Callable[[str, tuple[int, ...]], Any] | None = None,
@@ -709,6 +710,11 @@ def kron_sketched(
       graft_eps: the graft's ``eps`` (outside the square root, as Optax's Adam).
       block_size: how many of ``G``'s columns (rows) enter a sketch per small ``eigh``
         (default ``k``; :mod:`sketchopt.kron`).
+      compress: how a gradient enters the sketches (:func:`sketchopt.kron.streams`):
+        ``"blocks"`` (exact: all columns and rows, ``ceil(n / block_size)`` small ``eigh`` calls
+        per side), ``"range"`` (a randomized range finder to ``k + 8`` vectors per side, one
+        ``eigh``; RFD's ridge takes half the estimated residual) or ``"auto"`` (exact while a
+        side takes at most :data:`sketchopt.kron.EXACT_BLOCKS` blocks).
       relative_delta: ``delta`` is relative to each side's largest eigenvalue.
       stacked: key-path prefixes (``jax.tree_util.keystr`` form, e.g. ``"['layers']"``) whose
         leaves carry a leading layer axis (scanned layers): each layer gets its own pair of
@@ -754,6 +760,8 @@ def kron_sketched(
     graft_decay = _validation.fraction("graft_decay", graft_decay, low_open=True)
     graft_eps = _validation.ridge("graft_eps", graft_eps)
     block = k if block_size is None else _validation.size("block_size", block_size)
+    if compress not in ("auto", "blocks", "range"):
+        raise ValueError(f"compress must be 'auto', 'blocks' or 'range', got {compress!r}")
     if decay is not None:
         decay = _validation.fraction("decay", decay, low_open=True)
     relative_delta = _validation.flag("relative_delta", relative_delta)
@@ -830,8 +838,15 @@ def kron_sketched(
         """One matrix's sketches after ``mat`` and the inverse roots to step with."""
 
         def absorbed(sides):
+            key = jax.random.fold_in(jax.random.PRNGKey(0), count)
+            streams = _kron.streams(
+                mat, sketch_size=k, block_size=block, compress=compress, key=key
+            )
             opts = dict(block_size=block, robust=robust, decay=decay)
-            return _kron.absorb(sides[0], mat.T, **opts), _kron.absorb(sides[1], mat, **opts)
+            return tuple(
+                _kron.absorb(side, stream, **opts)
+                for side, stream in zip(sides, streams, strict=True)
+            )
 
         sides = (left, right)
         new = jax.lax.cond(count % update_every == 0, absorbed, lambda s: s, sides)
@@ -881,6 +896,7 @@ def kron_sketched(
         graft_decay,
         graft_eps,
         block,
+        compress,
         relative_delta,
         stacked,
         factoring,

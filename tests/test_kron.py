@@ -182,7 +182,11 @@ def test_a_small_sketch_obeys_the_fd_bounds(robust, block_size):
         rng = np.random.default_rng(6)
         total = np.zeros((dim, dim))
         spectrum = 0.7 ** np.arange(dim)
-        absorb = jax.jit(lambda s, v: kron.absorb(s, v, block_size=block_size, robust=robust))
+        absorb = jax.jit(
+            lambda s, v: kron.absorb(
+                s, kron.Stream(v, jnp.int32(0), 0.0), block_size=block_size, robust=robust
+            )
+        )
         for _ in range(10):
             cols = rng.standard_normal((5, dim)) * spectrum
             state = absorb(state, jnp.asarray(cols))
@@ -316,3 +320,41 @@ def test_stacked_layers_get_one_sketch_each_and_paths_override_the_factoring():
         tx = so.kron_fd(0.1, 5, delta=1e-2, factoring=no_other)
         leaves = so.per_leaf_states(tx.init(params).metric_state, params)
         assert leaves["other"].left is None and leaves["layers"]["w"].left is not None
+
+
+@pytest.mark.parametrize("robust", [False, True])
+def test_the_range_finder_compresses_without_changing_what_it_keeps(robust):
+    """``compress="range"``: on gradients of rank below the range finder's ``r = k + 8`` the
+    compression loses nothing (residual ~ 0), so the steps equal those of the exact stream taken
+    as one block; exact sketches make it Shampoo again; on full-rank gradients the sketch stays a
+    lower bound of each statistic (``L - B^T B >= 0``) and RFD's ridge grows by half the
+    estimated residual."""
+    with jax.enable_x64(True):
+        grads = _grads((20, 30), 5, seed=10, rank=3)
+        opts = dict(delta=1e-3, robust=robust)
+        ranged, _ = _run(so.kron_fd(0.1, 4, compress="range", **opts), grads)
+        blocks, _ = _run(so.kron_fd(0.1, 4, compress="blocks", block_size=30, **opts), grads)
+        _close(ranged, blocks, rtol=1e-7)
+        full = _grads((6, 9), 4, seed=11)
+        _close(
+            _run(so.kron_fd(0.1, 9, compress="range", **opts), full)[0], shampoo(full, 0.1, 1e-3)
+        )
+        # full rank, small sketch: a lower bound, and a ridge that saw the residual
+        state = (kron.factor_init(3, 20, jnp.float64), kron.factor_init(3, 30, jnp.float64))
+        total = [np.zeros((20, 20)), np.zeros((30, 30))]
+        for t, g in enumerate(_grads((20, 30), 4, seed=12)):
+            streams = kron.streams(
+                g, sketch_size=3, block_size=3, compress="range", key=jax.random.PRNGKey(t)
+            )
+            assert float(streams[0].residual) > 0 and streams[0].vectors.shape == (11, 20)
+            state = tuple(
+                kron.absorb(side, stream, block_size=3, robust=robust)
+                for side, stream in zip(state, streams, strict=True)
+            )
+            g = np.asarray(g)
+            total = [total[0] + g @ g.T, total[1] + g.T @ g]
+        for side, stat in zip(state, total, strict=True):
+            rows = np.asarray(side.rows) * 2.0 ** int(side.exp)
+            err = np.linalg.eigvalsh(stat - rows.T @ rows)
+            assert err.min() >= -1e-9 * err.max()
+            assert (float(side.alpha) > 0) == robust
