@@ -871,7 +871,9 @@ def kron_sketched(
         m, n = state.left.rows.shape[-1], state.right.rows.shape[-1]
         dtype = state.left.rows.dtype
         stacked = state.left.rows.ndim == 3
-        mat = jnp.reshape(g, (-1, m, n) if stacked else (m, n)).astype(dtype)
+        # Under an explicit-sharding mesh the factors are kept replicated for now: the leaf's
+        # gradient is gathered (sharding each side's rows along its own axis is not done yet).
+        mat = jnp.reshape(replicate(g), (-1, m, n) if stacked else (m, n)).astype(dtype)
         step = functools.partial(step_one, valid=valid, count=count)
         if stacked:
             step = jax.vmap(step)
