@@ -162,10 +162,11 @@ def streams(
 ) -> tuple[Stream, Stream]:
     """The left and right streams of an ``m x n`` gradient ``G`` (module docstring).
 
-    Exact (``compress="blocks"``, or ``"auto"`` while a side's stream has at most
+    Exact (``compress="blocks"``, or ``"auto"`` for a side whose stream has at most
     :data:`EXACT_BLOCKS` blocks): the left stream is ``G``'s ``n`` columns, the right one its
-    ``m`` rows. Compressed (``"range"``, or ``"auto"`` beyond that): a randomized range finder with
-    one power iteration (Halko, Martinsson & Tropp 2011, Alg. 4.3) gives ``Q`` (``m x r``,
+    ``m`` rows. Compressed (``"range"``, or ``"auto"`` for a side beyond that): a randomized
+    range finder with one power iteration (Halko, Martinsson & Tropp 2011, Alg. 4.3) gives ``Q``
+    (``m x r``,
     ``r = min(k + OVERSAMPLING, m, n)``) and ``Q^T G`` (``r x n``), whose rows are the right
     stream (``G^T Q Q^T G <= G^T G``); with ``P`` the orthonormal basis of their span (``n x r``),
     the columns of ``G P`` are the left stream (``G P P^T G^T <= G G^T``). Each residual's
@@ -184,11 +185,12 @@ def streams(
             compress == "auto" and -(-count // max(1, min(block_size, count))) <= EXACT_BLOCKS
         )
 
+    exact_left, exact_right = exact(n), exact(m)  # (the left stream has n vectors)
+    if exact_left and exact_right:
+        return Stream(unit.T, exp, zero), Stream(unit, exp, zero)
+    # r = min(m, n) keeps everything (the range is exact); a side with many short vectors (a
+    # 12 x 10000 leaf's 10000 columns) is then compressed exactly to r of them.
     r = min(sketch_size + OVERSAMPLING, m, n)
-    if exact(n) and exact(m):
-        return Stream(unit.T, exp, zero), Stream(unit, exp, zero)
-    if r == min(m, n):  # the range finder would keep everything: no randomness needed
-        return Stream(unit.T, exp, zero), Stream(unit, exp, zero)
     k_omega, k_left, k_right = jax.random.split(key, 3)
     y = jnp.matmul(unit, jax.random.normal(k_omega, (n, r), dtype), precision=HIGHEST)
     q, _ = jnp.linalg.qr(y)
@@ -227,7 +229,9 @@ def streams(
         n,
         k_left,
     )
-    return Stream(left, exp, res_left), Stream(right, exp, res_right)
+    left_stream = Stream(unit.T, exp, zero) if exact_left else Stream(left, exp, res_left)
+    right_stream = Stream(unit, exp, zero) if exact_right else Stream(right, exp, res_right)
+    return left_stream, right_stream
 
 
 #: ``compress="auto"`` streams a side exactly while it takes at most this many blocks.
