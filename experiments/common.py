@@ -477,7 +477,8 @@ def verdict(holds: bool, *, partly: bool = False) -> str:
 def claims_markdown(
     rows: Sequence[Mapping[str, Any]], *, size_of: Mapping[str, str] | None = None
 ) -> str:
-    """The "Reproductions" table: claim (source) | paper | ours | verdict (reason)."""
+    """The "Reproductions" table: claim (source; id) | paper | ours | verdict (reason); a ``|``
+    inside a cell is escaped."""
     size_of = size_of or {}
     cells = []
     for row in rows:
@@ -486,18 +487,17 @@ def claims_markdown(
         ours = f"{row['ours']} ({size} size)" if size else row["ours"]
         cells.append(
             [
-                f"{row['claim']} ({row['source']}; `{experiment}`)",
-                row["paper"],
-                ours,
-                f"**{row['verdict']}**: {row['reason']}",
+                f"{row['claim']} ({row['source']}; `{row['id']}`)",
+                row["paper"].replace("|", "\\|"),
+                ours.replace("|", "\\|"),
+                f"**{row['verdict']}**: " + row["reason"].replace("|", "\\|"),
             ]
         )
-    return markdown_table(["claim (source; experiment)", "paper", "ours", "verdict"], cells)
+    return markdown_table(["claim (source; id)", "paper", "ours", "verdict"], cells)
 
 
-def reproductions_table(out: pathlib.Path, names: Sequence[str]) -> str | None:
-    """The "Reproductions" table of every ``out/NAME.json`` (in ``names``' order) that has claims;
-    ``None`` when none has."""
+def collect_claims(out: pathlib.Path, names: Sequence[str]) -> tuple[list[dict], dict[str, str]]:
+    """Every claim of every ``out/NAME.json`` (in ``names``' order) and each experiment's size."""
     rows, size_of = [], {}
     for name in names:
         path = out / f"{name}.json"
@@ -507,6 +507,18 @@ def reproductions_table(out: pathlib.Path, names: Sequence[str]) -> str | None:
         if payload.get("claims"):
             rows += payload["claims"]
             size_of[name] = payload.get("size", "?")
+    return rows, size_of
+
+
+def reproductions_table(
+    out: pathlib.Path, names: Sequence[str], only: Sequence[str] | None = None
+) -> str | None:
+    """The "Reproductions" table of the claims in ``out`` (those in ``only``, in its order, when
+    given); ``None`` when there are none."""
+    rows, size_of = collect_claims(out, names)
+    if only is not None:
+        by_id = {row["id"]: row for row in rows}
+        rows = [by_id[i] for i in only if i in by_id]
     return claims_markdown(rows, size_of=size_of) if rows else None
 
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pathlib
 
 import pytest
-from experiment_support import REPO  # noqa: F401  (puts the repository on sys.path)
+from experiment_support import REPO  # (importing it puts the repository on sys.path)
 
 from experiments import common
 from experiments import run as runner
@@ -79,3 +79,17 @@ def test_claims_and_the_reproductions_table(tmp_path):
     assert table in (tmp_path / "reproductions.md").read_text()
     runner.write_summary(tmp_path, {"regret": {"table": "| a |"}}, size="default", seconds=1.0)
     assert table in (tmp_path / "summary.md").read_text()
+
+
+def test_readme_reproductions_table_is_the_headline_table():
+    """The README's "Reproductions" table has one row per headline claim (``run.HEADLINE``, the
+    table ``make run`` writes at the top of ``summary.md``), each with a verdict."""
+    text = (REPO / "README.md").read_text()
+    start = text.index("<!-- reproductions: start -->")
+    end = text.index("<!-- reproductions: end -->")
+    table = text[start:end]
+    rows = [line for line in table.splitlines() if line.startswith("| ") and "`" in line]
+    ids = [row.split("`")[-2] for row in rows]
+    assert ids == list(runner.HEADLINE)
+    for row in rows:
+        assert any(f"**{v}**" in row for v in common.VERDICTS), row
