@@ -51,7 +51,7 @@ def result(tmp_path_factory):
     return out, summary, payload
 
 
-def test_json_and_png_well_formed(result):
+def _json_and_png_well_formed(result):
     out, summary, payload = result
     assert summary["table"].startswith("| ")
     assert (out / "vw.png").stat().st_size > 10_000
@@ -64,7 +64,7 @@ def test_json_and_png_well_formed(result):
         assert payload["algorithms"][name]["streams"].keys() == set(STREAMS)
 
 
-def test_every_stream_has_vw_and_ada_diag_rows(result):
+def _every_stream_has_vw_and_ada_diag_rows(result):
     _, _, payload = result
     assert set(payload["streams"]) == set(STREAMS)
     for stream, rows in payload["streams"].items():
@@ -78,7 +78,7 @@ def test_every_stream_has_vw_and_ada_diag_rows(result):
             assert row["chosen"]
 
 
-def test_scaling_and_grid_cost_recorded(result):
+def _scaling_and_grid_cost_recorded(result):
     _, _, payload = result
     scaling = payload["scaling"]
     assert scaling["dims"] == [2**12, 2**16]
@@ -90,7 +90,7 @@ def test_scaling_and_grid_cost_recorded(result):
     assert cost["points"] == 4 and cost["ratio"] > 0
 
 
-def test_vw_predictions_are_progressive(result):
+def _vw_predictions_are_progressive(result):
     """The mean logistic loss of the predictions read off the examples after ``learn`` is VW's
     own progressive loss: they are the predictions made before each update."""
     _, _, payload = result
@@ -101,7 +101,7 @@ def test_vw_predictions_are_progressive(result):
             ), (name, stream)
 
 
-def test_digits_learned_and_ftrl_agrees_with_vw(result):
+def _digits_learned_and_ftrl_agrees_with_vw(result):
     _, _, payload = result
     algorithms = payload["algorithms"]
     sketchopt = [
@@ -124,7 +124,7 @@ def test_without_vowpalwabbit_the_message(monkeypatch, capsys):
     assert "vowpalwabbit is not installed: pip install '.[bench]'" in capsys.readouterr().out
 
 
-def test_second_order_rows_on_every_stream(result):
+def _second_order_rows_on_every_stream(result):
     _, _, payload = result
     algorithms = payload["algorithms"]
     for stream in STREAMS:
@@ -149,7 +149,7 @@ def test_second_order_rows_on_every_stream(result):
     assert min(digits) < 0.22
 
 
-def test_second_order_scaling_and_targets_recorded(result):
+def _second_order_scaling_and_targets_recorded(result):
     _, summary, payload = result
     scaling = payload["scaling"]
     second = scaling["second_order"]
@@ -180,3 +180,15 @@ def test_second_order_scaling_and_targets_recorded(result):
         best = payload["algorithms"][row["best"]]["streams"][stream]
         assert row["progressive_error"] == best["progressive_error"]
     assert "Targets" in summary["table"]
+
+
+def test_vw_benchmark(result):
+    """Every check above on the one quick run: one test function, because pytest-xdist would run
+    the module-scoped benchmark (70-80 s) again on each worker that gets one of several tests."""
+    _json_and_png_well_formed(result)
+    _every_stream_has_vw_and_ada_diag_rows(result)
+    _scaling_and_grid_cost_recorded(result)
+    _vw_predictions_are_progressive(result)
+    _digits_learned_and_ftrl_agrees_with_vw(result)
+    _second_order_rows_on_every_stream(result)
+    _second_order_scaling_and_targets_recorded(result)
