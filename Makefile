@@ -6,7 +6,8 @@ PYTHON ?= python3
 VENV := .venv
 STAMP := $(VENV)/.installed
 CI_DIR := build/ci
-# --dist loadgroup: a family's tests share one worker, and its compiled step (tests/conftest.py).
+# --dist loadgroup: a family's tests are marked to share one worker (tests/conftest.py; not
+# honoured by pytest-xdist 3.8 here, see the README).
 PYTEST := $(VENV)/bin/python -m pytest -n 2 --dist loadgroup -q
 # The modules the packaging checks run: the sketches and the transforms built on them.
 SMOKE_TESTS := tests/test_sketches.py tests/test_transforms.py
