@@ -767,6 +767,7 @@ def kron_sketched(
     relative_delta = _validation.flag("relative_delta", relative_delta)
     needs_diag = graft is not None or start_step > 0
     stacked = (stacked,) if isinstance(stacked, str) else tuple(stacked)
+    given_factoring = factoring  # the spec keys on it (a fresh partial would never compare equal)
     if factoring is None:
         factoring = functools.partial(_kron.default_factoring, stacked=stacked)
     elif stacked:
@@ -901,7 +902,7 @@ def kron_sketched(
         compress,
         relative_delta,
         stacked,
-        factoring,
+        given_factoring,
     )
     name = "kron_rfd" if robust else "kron_fd"
     return Metric(init, update, operator, name, spec, hyper=hyper, path_key=factored_as)

@@ -275,6 +275,16 @@ def test_bf16_params_keep_a_float32_state_and_hyperparameters_vmap():
         np.testing.assert_allclose(batched[i], single, rtol=1e-5, atol=1e-7)
 
 
+def test_equal_arguments_make_equal_metrics():
+    """A transform rebuilt from equal arguments (``optax.inject_hyperparams`` rebuilds it at every
+    step) finds its compiled update again, which is keyed by the metric's value: equal arguments
+    must make equal (and equally hashed) metrics, with the default factoring and ``stacked`` too."""
+    a = metrics.kron_sketched(3, 1e-3, stacked="['layers']", graft="adam")
+    b = metrics.kron_sketched(3, 1e-3, stacked="['layers']", graft="adam")
+    assert a == b and hash(a) == hash(b)
+    assert a != metrics.kron_sketched(3, 1e-3, stacked="['other']", graft="adam")
+
+
 def test_bad_arguments_are_named():
     with pytest.raises(ValueError, match="sketch_size"):
         so.kron_fd(0.1, 0)
