@@ -68,7 +68,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from sketchopt._numerics import HIGHEST, NO_EXPONENT, eigh_desc, exponent, ldexp
+from sketchopt._numerics import HIGHEST, eigh_desc, exponent, ldexp, rescale_exponent
 
 __all__ = [
     "Factoring",
@@ -263,14 +263,9 @@ def absorb(
     vectors = vectors.astype(dtype)
     top = jnp.max(jnp.abs(vectors), initial=0)
     lam_max = jnp.max(jnp.sum(jnp.square(rows), axis=1), initial=0)
-    e_vec = jnp.where(top > 0, exponent(top) + vec_exp, NO_EXPONENT)
-    e_state = jnp.where(
-        jnp.maximum(lam_max, alpha) > 0,
-        exponent(jnp.sqrt(jnp.maximum(lam_max, alpha))) + exp,
-        NO_EXPONENT,
-    )
-    new_exp = jnp.maximum(e_vec, e_state)
-    new_exp = jnp.where(new_exp == NO_EXPONENT, exp, new_exp).astype(jnp.int32)
+    # The shared rule for a sketch plus a row, in the units of the vectors' own exponent.
+    quadratic = jnp.maximum(lam_max, alpha)
+    new_exp = (rescale_exponent(exp - vec_exp, top, quadratic) + vec_exp).astype(jnp.int32)
     shift = exp - new_exp  # <= 0
     rows, alpha = ldexp(rows, shift), ldexp(alpha, 2 * shift)
     vectors = ldexp(vectors, vec_exp - new_exp)
