@@ -138,7 +138,8 @@ class FactorState(NamedTuple):
 
 
 def factor_init(sketch_size: int, dim: int, dtype) -> FactorState:
-    """An empty factor of ``min(sketch_size, dim)`` rows (``dim`` rows already sketch exactly)."""
+    """An empty factor of ``min(sketch_size, dim)`` rows (``dim`` rows already sketch exactly):
+    FD's ``B = 0`` (Liberty 2013, Alg. 1) and RFD's ``alpha = 0`` (RFD paper Alg. 2)."""
     k = min(int(sketch_size), int(dim))
     return FactorState(jnp.zeros((k, dim), dtype), jnp.zeros((), dtype), jnp.zeros((), jnp.int32))
 
@@ -311,7 +312,8 @@ def inverse_root(
     state: FactorState, power: float, eps: float | jax.Array, *, relative: bool = False
 ) -> InverseRoot:
     """``(B^T B + alpha I + eps I)^{-power}`` of a factor (``eps`` times the largest eigenvalue
-    with ``relative``). With ``eps = 0`` directions of a zero eigenvalue get 0 (pseudo-inverse)."""
+    with ``relative``): Shampoo's ``(L_t + eps I)^{-1/4}`` (Gupta et al. 2018, Alg. 1) on the
+    sketch. With ``eps = 0`` directions of a zero eigenvalue get 0 (pseudo-inverse)."""
     rows, alpha, exp = state
     dtype = rows.dtype
     lam = jnp.sum(jnp.square(rows), axis=1)
@@ -339,12 +341,14 @@ def inverse_root(
 
 
 def apply_left(root: InverseRoot, y: jax.Array) -> jax.Array:
-    """``root @ y`` for ``y`` of shape ``(dim, n)``."""
+    """``root @ y`` for ``y`` of shape ``(dim, n)``: Shampoo's left preconditioning ``L^{-p} G``
+    (Gupta et al. 2018, Alg. 1) in ``O(k dim n)``."""
     proj = jnp.matmul(root.basis, y, precision=HIGHEST)
     return root.tail * y + jnp.matmul(root.basis.T, root.coef[:, None] * proj, precision=HIGHEST)
 
 
 def apply_right(root: InverseRoot, y: jax.Array) -> jax.Array:
-    """``y @ root`` for ``y`` of shape ``(m, dim)``."""
+    """``y @ root`` for ``y`` of shape ``(m, dim)``: Shampoo's right preconditioning
+    ``G R^{-q}`` (Gupta et al. 2018, Alg. 1) in ``O(k m dim)``."""
     proj = jnp.matmul(y, root.basis.T, precision=HIGHEST)
     return root.tail * y + jnp.matmul(proj * root.coef[None, :], root.basis, precision=HIGHEST)

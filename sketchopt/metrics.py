@@ -624,7 +624,9 @@ GRAFTS = ("adagrad", "rmsprop", "adam")
 
 class GraftedOperator(NamedTuple):
     """``H^{-1} y``: the factored direction ``K y`` rescaled to the norm of the diagonal method's
-    ``D y`` (with ``graft``), or ``D y`` itself before the start step (``use_factored`` false)."""
+    ``D y`` (with ``graft``: layer-wise grafting, Agarwal, Anil, Hazan, Koren & Zhang 2020), or
+    ``D y`` itself before the start step (``use_factored`` false; Shampoo's
+    ``start_preconditioning_step``)."""
 
     factored: Any  # KroneckerOperator
     diagonal: Any  # DiagonalOperator
