@@ -352,6 +352,21 @@ def subsample(num: int, points: int = 200) -> np.ndarray:
     return np.unique(np.linspace(0, num - 1, points).round().astype(int))
 
 
+def float_bytes(tree: Any) -> int:
+    """Bytes of the floating-point arrays (or ``ShapeDtypeStruct``\\ s) of a pytree: an
+    optimizer state's size without its integer counters."""
+    import jax
+    import jax.numpy as jnp
+
+    return int(
+        sum(
+            math.prod(x.shape) * jnp.dtype(x.dtype).itemsize
+            for x in jax.tree.leaves(tree)
+            if hasattr(x, "dtype") and jnp.issubdtype(x.dtype, jnp.floating)
+        )
+    )
+
+
 def fmt(x: Any, digits: int = 3) -> str:
     """A number for a table: ``4.21e-03``, ``12.5``, ``97.3``; ``-`` for missing values."""
     if x is None:

@@ -86,7 +86,7 @@ __all__ = [
 
 #: The longest side the default factoring sketches (an embedding table's vocabulary axis is
 #: longer and falls back to the diagonal).
-MAX_SIDE = 8192
+MAX_SIDE = 16384
 
 
 class Factoring(NamedTuple):
@@ -192,8 +192,10 @@ def streams(
     # r = min(m, n) keeps everything (the range is exact); a side with many short vectors (a
     # 12 x 10000 leaf's 10000 columns) is then compressed exactly to r of them.
     r = min(sketch_size + OVERSAMPLING, m, n)
-    k_omega, k_left, k_right = jax.random.split(key, 3)
-    y = jnp.matmul(unit, jax.random.normal(k_omega, (n, r), dtype), precision=HIGHEST)
+    # One draw (a Rademacher test matrix, Halko et al. 2011 sec. 4.6): r columns for the range,
+    # two more to start the residuals' power iterations (independent of the range found).
+    draws = jax.random.rademacher(key, (n, r + 2), dtype)
+    y = jnp.matmul(unit, draws[:, :r], precision=HIGHEST)
     q, _ = jnp.linalg.qr(y)
     y = jnp.matmul(unit, jnp.matmul(unit.T, q, precision=HIGHEST), precision=HIGHEST)
     q, _ = jnp.linalg.qr(y)  # m x r
@@ -201,35 +203,23 @@ def streams(
     p, _ = jnp.linalg.qr(right.T)  # n x r
     left = jnp.matmul(unit, p, precision=HIGHEST).T  # r x m
 
-    def off_q(u):  # (I - Q Q^T) u for an m-vector
-        return u - jnp.matmul(q, jnp.matmul(q.T, u, precision=HIGHEST), precision=HIGHEST)
+    def off(basis, u):  # (I - B B^T) u for the columns of u
+        return u - jnp.matmul(basis, jnp.matmul(basis.T, u, precision=HIGHEST), precision=HIGHEST)
 
-    def off_p(u):  # (I - P P^T) u for an n-vector
-        return u - jnp.matmul(p, jnp.matmul(p.T, u, precision=HIGHEST), precision=HIGHEST)
-
-    def power(apply, apply_t, dim, k):
-        """``|E|_2^2`` estimated by two power iterations on ``E^T E``."""
-        v = jax.random.normal(k, (dim,), dtype)
-        for _ in range(2):
-            v = v / jnp.maximum(jnp.linalg.norm(v), jnp.finfo(dtype).tiny)
-            v = apply_t(apply(v))  # E^T E v
-        norm = jnp.linalg.norm(v)
-        return norm  # v was unit before the last E^T E: |E^T E v| <= |E|_2^2
-
-    # right residual E = (I - Q Q^T) G (m x n): E v, E^T u
-    res_right = power(
-        lambda v: off_q(jnp.matmul(unit, v, precision=HIGHEST)),
-        lambda u: jnp.matmul(unit.T, off_q(u), precision=HIGHEST),
-        n,
-        k_right,
-    )
-    # left residual E = G (I - P P^T) (m x n)
-    res_left = power(
-        lambda v: jnp.matmul(unit, off_p(v), precision=HIGHEST),
-        lambda u: off_p(jnp.matmul(unit.T, u, precision=HIGHEST)),
-        n,
-        k_left,
-    )
+    # Both residuals' spectral norms by two power iterations on E^T E, side by side (one product
+    # with G and one with G^T per iteration): column 0 for the right residual (I - Q Q^T) G, whose
+    # E^T E v = G^T (I - Q Q^T) G v; column 1 for the left one G (I - P P^T), whose E^T E v =
+    # (I - P P^T) G^T G (I - P P^T) v.
+    v = draws[:, r:]
+    for _ in range(2):
+        v = v / jnp.maximum(jnp.linalg.norm(v, axis=0), jnp.finfo(dtype).tiny)
+        v = jnp.stack([v[:, 0], off(p, v[:, 1:])[:, 0]], axis=1)
+        u = jnp.matmul(unit, v, precision=HIGHEST)
+        u = jnp.stack([off(q, u[:, :1])[:, 0], u[:, 1]], axis=1)
+        v = jnp.matmul(unit.T, u, precision=HIGHEST)
+        v = jnp.stack([v[:, 0], off(p, v[:, 1:])[:, 0]], axis=1)
+    # v was unit before the last E^T E: |E^T E v| <= |E|_2^2 for each column
+    res_right, res_left = jnp.linalg.norm(v, axis=0)
     left_stream = Stream(unit.T, exp, zero) if exact_left else Stream(left, exp, res_left)
     right_stream = Stream(unit, exp, zero) if exact_right else Stream(right, exp, res_right)
     return left_stream, right_stream
