@@ -456,7 +456,9 @@ def _cnn_algorithm(name: str, factory, grid: list[float], label: str) -> common.
         def make(h, key):
             return factory(h["eta"])
 
-    return common.Algorithm(name, label, make, {"eta": grid}, mixed=name == "ada_fd")
+    # ADA-DIAG's pair (its fixed delta too) is what the ADA-FD run reads off the conv kernels
+    grid = {"eta": grid, "delta": [DIAG_DELTA]} if name == "ada_diag" else {"eta": grid}
+    return common.Algorithm(name, label, make, grid, mixed=name == "ada_fd")
 
 
 def cnn_part(cfg: Config, *, quick: bool, seed: int) -> tuple[dict, dict]:
@@ -484,7 +486,8 @@ def cnn_part(cfg: Config, *, quick: bool, seed: int) -> tuple[dict, dict]:
             trainer = cnn.Trainer(algorithm, ccfg, data)
             # compiles the step (timed) for the whole protocol; every state is independent of
             # the learning rate, so timing at the grid's middle point is timing at the chosen one
-            timing = trainer.time_step({"eta": grid[len(grid) // 2]}, diag, seed)
+            points = common.grid_points(algorithm.grid)
+            timing = trainer.time_step(points[len(points) // 2], diag, seed)
             chosen, grid_points, scores, runs, _ = cnn.tune_and_train(
                 algorithm, ccfg, data, seeds, seed + SELECTION_SEED, diag, trainer=trainer
             )
@@ -495,7 +498,7 @@ def cnn_part(cfg: Config, *, quick: bool, seed: int) -> tuple[dict, dict]:
             print(f"[networks] cnn: {name} skipped: {skipped[name]}")
             continue
         if name == "ada_diag":
-            diag = {"eta": chosen["eta"], "delta": DIAG_DELTA}
+            diag = dict(chosen)
         finals = [r["final_train_loss"] for r in runs]
         curve = np.mean([r["train_loss"] for r in runs], axis=0)
         results[name] = {

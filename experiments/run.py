@@ -16,11 +16,12 @@ name                what                                                        
 ``sparse_drift``    float32 drift of the sparse second-order learners' ``F Z``       experiments
 ``son_real``        SON paper sec. 5.2 / Fig. 3: real data, sketch and rescaling    experiments
 ``first_order``     slides Table 2, AdaGrad paper Tables 1, 3, 4: sparse learners   experiments
-``networks``        network layers: kron_fd vs Adam, Shampoo, PSGD on a transformer  experiments
+``networks``        network layers: kron_fd vs Adam, Shampoo, PSGD; transformer, CNN  experiments
 ==================  ==============================================================  ============
 
-``networks`` is in progress (issue "Network layers"): it runs by name and is not part of ``all``
-yet (``IN_ALL``).
+``networks`` (issue "Network layers") runs by name only, not in ``all`` (``IN_ALL``): it is the
+library's own benchmark against the network optimizers, not a paper's reproduction, and its
+default size alone takes about 40 minutes on this CPU (the peers' compilation included).
 
 Sizes: ``--quick`` is a reduced size, well under a minute per experiment alone (what the tests
 run); at the default size the experiments take, in CPU seconds on this 2-core machine (0.8.0,
@@ -87,7 +88,7 @@ EXPERIMENTS = (
     "first_order",
     "networks",
 )
-#: What ``all`` (``make run``) runs.
+#: What ``all`` (``make run``) runs: every paper reproduction (``networks`` by name only).
 IN_ALL = tuple(name for name in EXPERIMENTS if name != "networks")
 #: The README's "Reproductions" table: one or two claims per finding of the claims issue (every
 #: claim is in ``OUT/reproductions.md`` below it, and in each ``NAME.json``).

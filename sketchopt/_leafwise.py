@@ -233,11 +233,9 @@ def per_leaf(groups: LeafGroups) -> list:
     return [groups.leaf(i) for i in range(groups.layout.num_leaves)]
 
 
-def _stack(values: Sequence[Any], spec_of_leaf: Callable[[Any], Any] | None):
+def _stack(values: Sequence[Any], layout: Callable[[Any], Any] | None):
     stacked = jax.tree.map(lambda *xs: jnp.stack(xs), *values)
-    if spec_of_leaf is not None:
-        stacked = jax.tree.map(spec_of_leaf, stacked)
-    return stacked
+    return stacked if layout is None else layout(stacked)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -648,14 +646,16 @@ def leafwise(rule: LeafRule, state_class: type) -> optax.GradientTransformationE
 
 
 def _explicit_layout(spec, shape):
-    """Under an explicit mesh, a function resharding a stacked group array like its parameter."""
+    """Under an explicit mesh, a function resharding a group's stacked state value like its
+    parameter (:func:`sketchopt.sharding.group_specs`)."""
     if spec is None or not _partitioning.explicit_mesh():
         return None
     from sketchopt import sharding  # the user-facing layout rules live there
 
-    def reshard(x):
+    def reshard(value):
         mesh = jax.sharding.get_abstract_mesh()
-        return jax.sharding.reshard(x, sharding.stacked_leaf_spec(spec, shape, x, mesh))
+        specs = sharding.group_specs(value, spec, shape, mesh, stacked=1)
+        return jax.tree.map(jax.sharding.reshard, value, specs)
 
     return reshard
 

@@ -68,6 +68,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from sketchopt import _partitioning
 from sketchopt._numerics import HIGHEST, eigh_desc, exponent, ldexp, rescale_exponent
 
 __all__ = [
@@ -81,6 +82,7 @@ __all__ = [
     "default_factoring",
     "factor_init",
     "inverse_root",
+    "match_sides",
     "streams",
 ]
 
@@ -146,12 +148,15 @@ def factor_init(sketch_size: int, dim: int, dtype) -> FactorState:
 
 class Stream(NamedTuple):
     """What one gradient hands a factor: ``vectors * 2**exp`` (``(N, dim)``) whose outer
-    products sum to the gradient's statistic (or, compressed, to a lower bound of it), and
-    ``residual * 4**exp``, an estimate of the spectral norm of what compression left out."""
+    products sum to the gradient's statistic (or, ``compressed``, to a lower bound of it), and
+    ``residual * 4**exp``, an estimate of the spectral norm of what compression left out. A
+    compressed stream (``N = r`` vectors) enters the sketch whole, in one block: the sketch then
+    depends on the vectors' Gram sum only, not on which basis the range finder returned."""
 
     vectors: jax.Array
     exp: jax.Array
     residual: jax.Array
+    compressed: bool = False
 
 
 #: Extra columns of the randomized range finder beyond the sketch size (Halko et al. 2011).
@@ -186,43 +191,132 @@ def streams(
             compress == "auto" and -(-count // max(1, min(block_size, count))) <= EXACT_BLOCKS
         )
 
-    exact_left, exact_right = exact(n), exact(m)  # (the left stream has n vectors)
+    # Under an explicit mesh a side whose stream's *count* axis is split across devices (the
+    # right stream's m rows when G's rows are split) is compressed: its vectors would otherwise
+    # have to meet on one device, block by block.
+    rows_split, cols_split = (axis is not None for axis in _matrix_spec(mat))
+    exact_left = exact(n) and not cols_split  # (the left stream has n vectors)
+    exact_right = exact(m) and not rows_split
     if exact_left and exact_right:
         return Stream(unit.T, exp, zero), Stream(unit, exp, zero)
     # r = min(m, n) keeps everything (the range is exact); a side with many short vectors (a
     # 12 x 10000 leaf's 10000 columns) is then compressed exactly to r of them.
     r = min(sketch_size + OVERSAMPLING, m, n)
+    if cols_split and not rows_split:  # the transposed problem has its rows split
+        right, left, res_right, res_left = _range_split_rows(unit.T, r, key)
+    elif rows_split:
+        left, right, res_left, res_right = _range_split_rows(unit, r, key)
+    else:
+        left, right, res_left, res_right = _range(unit, r, key)
+    left_stream = Stream(unit.T, exp, zero) if exact_left else Stream(left, exp, res_left, True)
+    right_stream = Stream(unit, exp, zero) if exact_right else Stream(right, exp, res_right, True)
+    return left_stream, right_stream
+
+
+def _range(unit, r, key):
+    """The range finder of :func:`streams` on one device (or with automatic sharding): ``Q`` from
+    ``G G^T G Omega``, ``P`` from ``Q^T G``, both by QR. Returns the left stream's vectors
+    ``(G P)^T``, the right one's ``Q^T G`` and the two residuals' squared spectral norms."""
+    n = unit.shape[1]
     # One draw (a Rademacher test matrix, Halko et al. 2011 sec. 4.6): r columns for the range,
     # two more to start the residuals' power iterations (independent of the range found).
-    draws = jax.random.rademacher(key, (n, r + 2), dtype)
-    y = jnp.matmul(unit, draws[:, :r], precision=HIGHEST)
-    q, _ = jnp.linalg.qr(y)
-    y = jnp.matmul(unit, jnp.matmul(unit.T, q, precision=HIGHEST), precision=HIGHEST)
-    q, _ = jnp.linalg.qr(y)  # m x r
-    right = jnp.matmul(q.T, unit, precision=HIGHEST)  # r x n
+    draws = jax.random.rademacher(key, (n, r + 2), unit.dtype)
+    q, _ = jnp.linalg.qr(_dot(unit, draws[:, :r]))
+    q, _ = jnp.linalg.qr(_dot(unit, _dot(unit.T, q)))  # m x r
+    right = _dot(q.T, unit)  # r x n
     p, _ = jnp.linalg.qr(right.T)  # n x r
-    left = jnp.matmul(unit, p, precision=HIGHEST).T  # r x m
+    left = _dot(unit, p).T  # r x m
+    return (left, right, *_residuals(unit, q, p, draws[:, r:]))
+
+
+def _range_split_rows(unit, r, key):
+    """The range finder of :func:`streams` when ``G``'s rows are split across devices (explicit
+    mesh): ``P`` (``n x r``, replicated) from ``G^T G G^T Omega`` by QR, ``Q`` the columns of ``G
+    P`` orthonormalized through their ``r x r`` Gram matrix (twice), so every product contracts
+    the split ``m`` into an ``r``-sized all-reduced result or keeps ``m`` split: no device
+    gathers a sketch-sized array. Returns what :func:`_range` returns."""
+    m, n = unit.shape
+    dtype = unit.dtype
+    k_omega, k_start = jax.random.split(key)
+    omega = jax.random.rademacher(k_omega, (m, r), dtype)
+    omega = jax.sharding.reshard(omega, jax.sharding.PartitionSpec(_matrix_spec(unit)[0], None))
+    p, _ = jnp.linalg.qr(_dot(unit.T, omega))
+    p, _ = jnp.linalg.qr(_dot(unit.T, _dot(unit, p)))  # n x r
+    gp = _dot(unit, p)  # m x r, split along m
+    q = _orthonormalize(_orthonormalize(gp))
+    right = _dot(q.T, unit)  # r x n
+    starts = jax.random.rademacher(k_start, (n, 2), dtype)
+    return (gp.T, right, *_residuals(unit, q, p, starts))
+
+
+def _orthonormalize(a):
+    """An orthonormal basis of ``a``'s columns (``m x r``, ``m`` possibly split) from the
+    eigendecomposition of its ``r x r`` Gram matrix; directions below ``r eps`` of the largest
+    eigenvalue are dropped (zero columns: still ``Q Q^T <= I``). Applied twice, as CholeskyQR2
+    (Fukaya et al. 2014), it is orthonormal to rounding."""
+    mu, v = jnp.linalg.eigh(_dot(a.T, a))
+    floor = a.shape[1] * jnp.finfo(a.dtype).eps * jnp.max(mu, initial=0)
+    keep = mu > floor
+    return _dot(a, v * jnp.where(keep, jax.lax.rsqrt(jnp.where(keep, mu, 1)), 0))
+
+
+def _residuals(unit, q, p, starts):
+    """The squared spectral norms of the right residual ``(I - Q Q^T) G`` and the left one ``G (I
+    - P P^T)``, by two power iterations on ``E^T E`` side by side from the columns of ``starts``
+    (``n x 2``): one product with ``G`` and one with ``G^T`` per iteration."""
 
     def off(basis, u):  # (I - B B^T) u for the columns of u
-        return u - jnp.matmul(basis, jnp.matmul(basis.T, u, precision=HIGHEST), precision=HIGHEST)
+        return u - _dot(basis, _dot(basis.T, u))
 
-    # Both residuals' spectral norms by two power iterations on E^T E, side by side (one product
-    # with G and one with G^T per iteration): column 0 for the right residual (I - Q Q^T) G, whose
-    # E^T E v = G^T (I - Q Q^T) G v; column 1 for the left one G (I - P P^T), whose E^T E v =
-    # (I - P P^T) G^T G (I - P P^T) v.
-    v = draws[:, r:]
+    v = starts
     for _ in range(2):
-        v = v / jnp.maximum(jnp.linalg.norm(v, axis=0), jnp.finfo(dtype).tiny)
-        v = jnp.stack([v[:, 0], off(p, v[:, 1:])[:, 0]], axis=1)
-        u = jnp.matmul(unit, v, precision=HIGHEST)
-        u = jnp.stack([off(q, u[:, :1])[:, 0], u[:, 1]], axis=1)
-        v = jnp.matmul(unit.T, u, precision=HIGHEST)
-        v = jnp.stack([v[:, 0], off(p, v[:, 1:])[:, 0]], axis=1)
-    # v was unit before the last E^T E: |E^T E v| <= |E|_2^2 for each column
-    res_right, res_left = jnp.linalg.norm(v, axis=0)
-    left_stream = Stream(unit.T, exp, zero) if exact_left else Stream(left, exp, res_left)
-    right_stream = Stream(unit, exp, zero) if exact_right else Stream(right, exp, res_right)
-    return left_stream, right_stream
+        v = v / jnp.maximum(jnp.linalg.norm(v, axis=0), jnp.finfo(unit.dtype).tiny)
+        # column 0: E^T E v = G^T (I - Q Q^T) G v; column 1: (I - P P^T) G^T G (I - P P^T) v
+        v = jnp.concatenate([v[:, :1], off(p, v[:, 1:])], axis=1)
+        u = _dot(unit, v)
+        u = jnp.concatenate([off(q, u[:, :1]), u[:, 1:]], axis=1)
+        v = _dot(unit.T, u)
+        v = jnp.concatenate([v[:, :1], off(p, v[:, 1:])], axis=1)
+    res_right, res_left = jnp.linalg.norm(v, axis=0)  # v was unit before the last E^T E
+    return res_left, res_right
+
+
+def match_sides(mat: jax.Array, left: jax.Array, right: jax.Array) -> jax.Array:
+    """``mat`` (``(..., m, n)``) resharded, under an explicit mesh, so that its rows are split like
+    the last axis of ``left`` (a ``(..., k, m)`` factor array) and its columns like that of
+    ``right``: the layout every product of a step expects (a no-op when they agree already, and
+    without an explicit mesh)."""
+    if not _partitioning.explicit_mesh():
+        return mat
+
+    def axis(x):  # the mesh axes of x's last dimension
+        spec = tuple(_partitioning.spec_of(x))
+        return (spec + (None,) * (x.ndim - len(spec)))[-1]
+
+    target = jax.sharding.PartitionSpec(*([None] * (mat.ndim - 2)), axis(left), axis(right))
+    spec = tuple(_partitioning.spec_of(mat))
+    if spec + (None,) * (mat.ndim - len(spec)) == tuple(target):
+        return mat
+    return jax.sharding.reshard(mat, target)
+
+
+def _matrix_spec(mat) -> tuple:
+    """``(rows, cols)`` mesh axes of a matrix's sharding under an explicit mesh (``None`` for an
+    axis not split; both ``None`` otherwise)."""
+    spec = _partitioning.spec_of(mat)
+    if spec is None:
+        return (None, None)
+    spec = tuple(spec) + (None,) * (mat.ndim - len(tuple(spec)))
+    return spec[-2], spec[-1]
+
+
+def _dot(a, b):
+    """``a @ b`` (2-D); under an explicit mesh its result is split like ``a``'s rows and ``b``'s
+    columns, and a split contraction is all-reduced (an ``r``- or ``k``-sized result here)."""
+    if not _partitioning.explicit_mesh():
+        return jnp.matmul(a, b, precision=HIGHEST)
+    out = jax.sharding.PartitionSpec(_matrix_spec(a)[0], _matrix_spec(b)[1])
+    return jnp.matmul(a, b, precision=HIGHEST, out_sharding=out)
 
 
 #: ``compress="auto"`` streams a side exactly while it takes at most this many blocks.
@@ -237,9 +331,9 @@ def absorb(
     robust: bool,
     decay: float | jax.Array | None = None,
 ) -> FactorState:
-    """Absorb a :class:`Stream` into the factor, ``block_size`` vectors at a time (the module
-    docstring: block FD, or RFD with ``robust``, whose ridge also takes half the stream's
-    residual). With ``decay = beta`` the current statistic is first multiplied by ``beta``
+    """Absorb a :class:`Stream` into the factor, ``block_size`` vectors at a time (a compressed
+    stream in one block; the module docstring: block FD, or RFD with ``robust``, whose ridge also
+    takes half the stream's residual). With ``decay = beta`` the current statistic is first multiplied by ``beta``
     (rows by ``sqrt(beta)``, the ridge by ``beta``).
 
     Returns the new state; the caller selects the old one where the input was invalid.
@@ -250,7 +344,7 @@ def absorb(
     if decay is not None:
         beta = jnp.asarray(decay, dtype)
         rows, alpha = rows * jnp.sqrt(beta), alpha * beta
-    vectors, vec_exp, residual = stream
+    vectors, vec_exp, residual, compressed = stream
     vectors = vectors.astype(dtype)
     top = jnp.max(jnp.abs(vectors), initial=0)
     lam_max = jnp.max(jnp.sum(jnp.square(rows), axis=1), initial=0)
@@ -262,24 +356,24 @@ def absorb(
     vectors = ldexp(vectors, vec_exp - new_exp)
     residual = ldexp(jnp.asarray(residual, dtype), 2 * (vec_exp - new_exp))
     count = vectors.shape[0]
-    b = max(1, min(int(block_size), count))
+    b = count if compressed else max(1, min(int(block_size), count))
     blocks = -(-count // b)
     pad = blocks * b - count
     if pad:
-        vectors = jnp.concatenate([vectors, jnp.zeros((pad, dim), dtype)])
+        vectors = jnp.pad(vectors, ((0, pad), (0, 0)))  # (keeps a split dim split)
     vectors = vectors.reshape(blocks, b, dim)
 
     def step(carry, block):
         rows, alpha = carry
         z = jnp.concatenate([rows, block])
-        gram = jnp.matmul(z, z.T, precision=HIGHEST)
+        gram = _dot(z, z.T)
         mu, u = eigh_desc(gram)
         shrink = mu[k]
         keep = mu[:k]
         scale = jnp.where(
             keep > 0, jnp.sqrt(jnp.maximum(keep - shrink, 0) / jnp.where(keep > 0, keep, 1)), 0
         )
-        rows = jnp.matmul((u[:, :k] * scale).T, z, precision=HIGHEST)
+        rows = _dot((u[:, :k] * scale).T, z)
         if robust:
             alpha = alpha + shrink / 2
         return (rows, alpha), None
@@ -333,12 +427,12 @@ def inverse_root(
 def apply_left(root: InverseRoot, y: jax.Array) -> jax.Array:
     """``root @ y`` for ``y`` of shape ``(dim, n)``: Shampoo's left preconditioning ``L^{-p} G``
     (Gupta et al. 2018, Alg. 1) in ``O(k dim n)``."""
-    proj = jnp.matmul(root.basis, y, precision=HIGHEST)
-    return root.tail * y + jnp.matmul(root.basis.T, root.coef[:, None] * proj, precision=HIGHEST)
+    proj = _dot(root.basis, y)
+    return root.tail * y + _dot(root.basis.T, root.coef[:, None] * proj)
 
 
 def apply_right(root: InverseRoot, y: jax.Array) -> jax.Array:
     """``y @ root`` for ``y`` of shape ``(m, dim)``: Shampoo's right preconditioning
     ``G R^{-q}`` (Gupta et al. 2018, Alg. 1) in ``O(k m dim)``."""
-    proj = jnp.matmul(y, root.basis.T, precision=HIGHEST)
-    return root.tail * y + jnp.matmul(proj * root.coef[None, :], root.basis, precision=HIGHEST)
+    proj = _dot(y, root.basis.T)
+    return root.tail * y + _dot(proj * root.coef[None, :], root.basis)

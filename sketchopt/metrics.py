@@ -874,9 +874,10 @@ def kron_sketched(
         m, n = state.left.rows.shape[-1], state.right.rows.shape[-1]
         dtype = state.left.rows.dtype
         stacked = state.left.rows.ndim == 3
-        # Under an explicit-sharding mesh the factors are kept replicated for now: the leaf's
-        # gradient is gathered (sharding each side's rows along its own axis is not done yet).
-        mat = jnp.reshape(replicate(g), (-1, m, n) if stacked else (m, n)).astype(dtype)
+        # Under a mesh each side's sketch is split along its own axis (sharding.group_specs); the
+        # gradient is laid out to match (a no-op for a leaf split along its leading axis).
+        mat = jnp.reshape(g, (-1, m, n) if stacked else (m, n)).astype(dtype)
+        mat = _kron.match_sides(mat, state.left.rows, state.right.rows)
         step = functools.partial(step_one, valid=valid, count=count)
         if stacked:
             step = jax.vmap(step)

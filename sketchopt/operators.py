@@ -254,11 +254,14 @@ class KroneckerOperator(NamedTuple):
         def one(left, right, mat):
             return _kron.apply_right(right, _kron.apply_left(left, mat))
 
-        if self.left.basis.ndim == 3:  # a stack of layers, one pair of roots each
-            out = jax.vmap(one)(self.left, self.right, jnp.reshape(y, (-1, m, n)))
+        mat = jnp.reshape(y, (-1, m, n) if self.left.basis.ndim == 3 else (m, n))
+        # under an explicit mesh: laid out like the two sides' bases, and back
+        mat, layout = _kron.match_sides(mat, self.left.basis, self.right.basis), mat
+        if mat.ndim == 3:  # a stack of layers, one pair of roots each
+            out = jax.vmap(one)(self.left, self.right, mat)
         else:
-            out = one(self.left, self.right, jnp.reshape(y, (m, n)))
-        return jnp.reshape(out, y.shape)
+            out = one(self.left, self.right, mat)
+        return jnp.reshape(_partitioning.like(out, layout), y.shape)
 
 
 def supports_regularizers(op) -> bool:

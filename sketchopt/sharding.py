@@ -26,7 +26,11 @@ anything else                         replicated, ``P()``
 ====================================  ========================================================
 
 It is replicated as well when ``d`` is not divisible by the number of devices along ``axes``,
-or when the parameter is replicated. Typical use::
+or when the parameter is replicated. The Kronecker-factored metric (``kron_fd``) keeps a
+``k x m`` and a ``k x n`` sketch per ``m x n`` leaf instead: each is split along its own side's
+mesh axes (:func:`factor_axes`: the side's leading axis, when it is the side's only split one),
+so a leaf split along its rows has its left sketch split and its right one replicated
+(:func:`group_specs`). Typical use::
 
     from sketchopt import sharding
 
@@ -69,7 +73,15 @@ from jax.sharding import NamedSharding, PartitionSpec
 
 from sketchopt import _leafwise
 
-__all__ = ["abstract_state", "constrain", "flat_axes", "init", "state_sharding"]
+__all__ = [
+    "abstract_state",
+    "constrain",
+    "factor_axes",
+    "flat_axes",
+    "group_specs",
+    "init",
+    "state_sharding",
+]
 
 
 def _axis_names(entry):
@@ -258,12 +270,15 @@ class _StateLayout:
 
         return assign
 
-    def group_assigner(self, members):
-        """One group of a LeafGroups: the members' common layout, or replicated."""
+    def group_shardings(self, members, group):
+        """One group of a LeafGroups: the members' common layout (:func:`group_specs`), or
+        replicated."""
         layouts = {(self.infos[i][0], tuple(self.infos[i][1])) for i in members}
-        if len(layouts) != 1:  # members sharded differently cannot share a stacked layout
-            return self.replicated
-        return self.per_leaf(self.infos[members[0]], stacked=1)
+        leaf_mesh, spec, shape = self.infos[members[0]]
+        if len(layouts) != 1 or leaf_mesh is None:  # members sharded differently: replicated
+            return jax.tree.map(self.replicated, group)
+        specs = group_specs(group, spec, shape, leaf_mesh, stacked=1)
+        return jax.tree.map(lambda _, sp: self.make(sp, leaf_mesh), group, specs)
 
     def leaf_groups(self, node):
         """A :class:`~sketchopt.LeafGroups` of stacked per-group arrays."""
@@ -273,7 +288,7 @@ class _StateLayout:
                 f"params_shardings has {len(self.infos)}"
             )
         groups = [
-            jax.tree.map(self.group_assigner(members), group)
+            self.group_shardings(members, group)
             for members, group in zip(node.layout.groups, node.groups, strict=True)
         ]
         return _leafwise.LeafGroups(tuple(groups), node.layout)
@@ -315,10 +330,67 @@ def _array_spec(spec, shape, x_shape, dtype, mesh, stacked=0) -> PartitionSpec:
     return PartitionSpec()
 
 
-def stacked_leaf_spec(spec, shape, x, mesh) -> PartitionSpec:
-    """The spec of a stacked group array ``x`` (``(k, ...)``) of parameters of ``shape`` and
-    ``spec``: what ``init`` lays out under an explicit mesh."""
-    return _array_spec(tuple(spec), tuple(shape), tuple(x.shape), x.dtype, mesh, stacked=1)
+def factor_axes(spec, shape, rows: int, cols: int, layered: bool, mesh) -> tuple[tuple, tuple]:
+    """The mesh axes of the row side and the column side of a leaf seen as ``rows x cols``
+    matrices (after a leading layer axis when ``layered``): ``()`` for a side kept replicated.
+
+    A side is the product of consecutive axes of the leaf (C order); it is split along the mesh
+    axes of its *first* axis when that is the side's only sharded axis and its length divides
+    evenly (a contiguous split of the flattened side), and replicated otherwise.
+    """
+    spec = tuple(spec) + (None,) * (len(shape) - len(tuple(spec)))
+    lead = 1 if layered else 0
+    dims, entries = tuple(shape[lead:]), spec[lead:]
+    splits = [j for j in range(len(dims) + 1) if math.prod(dims[:j]) == rows]
+    if not splits or rows * cols != math.prod(dims):
+        return (), ()
+    j = splits[-1]
+
+    def side(ents, sizes):
+        axes = _axis_names(ents[0]) if ents else ()
+        if not axes or any(_axis_names(e) for e in ents[1:]):
+            return ()
+        return axes if sizes[0] % math.prod(mesh.shape[a] for a in axes) == 0 else ()
+
+    return side(entries[:j], dims[:j]), side(entries[j:], dims[j:])
+
+
+def group_specs(value, spec, shape, mesh, stacked: int = 0) -> Any:
+    """The ``PartitionSpec`` of every array of one leaf's state ``value`` (``stacked`` leading
+    group axes), for a parameter of ``shape`` and ``spec``.
+
+    The arrays follow :func:`state_sharding`'s rule, except a Kronecker-factored metric's
+    (:class:`sketchopt.metrics.KronMetricState`): each side's sketch rows and inverse-root basis
+    (``k x m`` and ``k x n``) are split along that side's own axes (:func:`factor_axes`), their
+    scalars replicated, so neither side's sketch is ever whole on one device.
+    """
+    from sketchopt.metrics import KronMetricState  # (metrics builds on the driver, as this)
+
+    def default(x):
+        return _array_spec(tuple(spec), tuple(shape), tuple(np.shape(x)), x.dtype, mesh, stacked)
+
+    if not isinstance(value, KronMetricState) or value.left is None:
+        return jax.tree.map(default, value)
+    m, n = value.left.rows.shape[-1], value.right.rows.shape[-1]
+    layered = value.left.rows.ndim - stacked == 3
+    rows_axes, cols_axes = factor_axes(spec, shape, m, n, layered, mesh)
+
+    def along(axes, x):
+        entry = (axes[0] if len(axes) == 1 else axes) if axes else None
+        return PartitionSpec(*([None] * (x.ndim - 1)), entry)
+
+    def factor(f, axes):  # kron.FactorState(rows, alpha, exp)
+        return type(f)(along(axes, f.rows), PartitionSpec(), PartitionSpec())
+
+    def root(r, axes):  # kron.InverseRoot(basis, coef, tail)
+        return type(r)(along(axes, r.basis), PartitionSpec(), PartitionSpec())
+
+    roots = value.roots
+    if roots is not None:
+        roots = (root(roots[0], rows_axes), root(roots[1], cols_axes))
+    diag = None if value.diag is None else default(value.diag)
+    left, right = factor(value.left, rows_axes), factor(value.right, cols_axes)
+    return KronMetricState(left, right, diag, roots)
 
 
 def _shardings_of(params, params_shardings):

@@ -67,7 +67,9 @@ FAMILIES = {
     "ftrl_proximal": ("so.ftrl_proximal(0.1, 1.0, 1e-2, 1e-2)", "none"),
     # the factored metric keeps its two sketches replicated for now (it gathers each leaf's
     # gradient); tested for equality with one device only
-    "kron_fd": ("so.kron_fd(0.1, 4, delta=0.1, refresh_every=2, graft='adam')", "any"),
+    # the Kronecker-factored sketches: w (32 x 8, rows split) has its left sketch split along
+    # its rows, its right one replicated; the right stream is range-compressed across devices
+    "kron_fd": ("so.kron_fd(0.1, 4, delta=0.1, refresh_every=2, graft='adam')", "none"),
 }
 MODES = ["auto", "explicit"]
 # Explicit mode (sharding in types: plain init lays the state out) runs for every family; Auto
@@ -151,6 +153,10 @@ SCRIPT = textwrap.dedent(
                 out["sketch_specs"] = sorted(
                     {str(spec_of(x)) for x in leaves if x.ndim == 3 and x.shape[-1] == 256}
                 )
+                out["factor_specs"] = {  # (1, 4, 32) and (1, 4, 8): kron_fd's two sides
+                    side: sorted({str(spec_of(x)) for x in leaves if x.shape[1:] == (4, size)})
+                    for side, size in (("left", 32), ("right", 8))
+                }
                 out["param_specs"] = {k: spec_of(v) for k, v in got.items()}
                 out["diff"] = max(
                     float(np.max(np.abs(np.asarray(a) - np.asarray(b)), initial=0))
@@ -270,10 +276,12 @@ def test_sharded_matches_single_device(results, subtests, record_property):
                 assert out["diff"] <= LOOSER.get(name, TOLERANCE), out["diff"]
                 assert out["sharding_ok"]
                 assert out["param_specs"] == {"w": ["model", None], "b": ["model"], "s": []}
-                if any(k in name for k in ("fd", "son", "radagrad")) and name not in (
-                    "ons",
-                    "kron_fd",  # (its factors are replicated, above)
-                ):
+                if name == "kron_fd":  # sketch rows and inverse-root bases of each side
+                    assert out["factor_specs"] == {
+                        "left": ["[None, None, 'model']"],
+                        "right": ["[None, None, None]"],
+                    }, out["factor_specs"]
+                elif any(k in name for k in ("fd", "son", "radagrad")) and name != "ons":
                     assert out["sketch_specs"] == ["[None, None, 'model']"], out["sketch_specs"]
                 if mode == "explicit":
                     assert out["plain_init_ok"]
