@@ -333,8 +333,8 @@ def absorb(
 ) -> FactorState:
     """Absorb a :class:`Stream` into the factor, ``block_size`` vectors at a time (a compressed
     stream in one block; the module docstring: block FD, or RFD with ``robust``, whose ridge also
-    takes half the stream's residual). With ``decay = beta`` the current statistic is first multiplied by ``beta``
-    (rows by ``sqrt(beta)``, the ridge by ``beta``).
+    takes half the stream's residual). With ``decay = beta`` the current statistic is first
+    multiplied by ``beta`` (rows by ``sqrt(beta)``, the ridge by ``beta``).
 
     Returns the new state; the caller selects the old one where the input was invalid.
     """
