@@ -403,9 +403,7 @@ class Trainer:
             order = jnp.asarray(rng.permutation(n)[: spe * BATCH_SIZE].reshape(spe, BATCH_SIZE))
             epoch = []
             for i in range(spe):
-                params, opt_state, loss = step(
-                    params, opt_state, hyper_a, diag_a, key, t, order[i]
-                )
+                params, opt_state, loss = step(params, opt_state, hyper_a, diag_a, key, t, order[i])
                 epoch.append(loss)
                 t += 1
                 if bar is not None:
