@@ -49,10 +49,10 @@ and the best peer's; the state and compile-time targets at scale; the step-time 
 transformer.
 
 Sizes: ``quick`` (the test): a width-32, 2-layer transformer for 20 steps, the CNN at 14x14 on
-500 images for one epoch, Adam and one or two sketches per model at the grid's middle point, the
-scale part at 1 layer of width 64 (Adam and kron_fd's defaults); default: width 128, 4 layers,
-context 64, batch 16, 200 steps (100 to select), 2 seeds; the CNN at 28x28, 2 epochs (1 to
-select), 2 seeds; ``full``: width 256, 6 layers, context 128, batch 32, 2000 steps (500 to
+500 images for one epoch, Adam and a sample of the others (``QUICK``) at the grid's middle
+point, the scale part at 1 layer of width 64 (Adam and kron_fd's defaults); default: width 128,
+4 layers, context 64, batch 16, 200 steps (100 to select), 2 seeds; the CNN at 28x28, 2 epochs
+(1 to select), 2 seeds; ``full``: width 256, 6 layers, context 128, batch 32, 2000 steps (500 to
 select), 5 seeds; the CNN 10 epochs, 5 seeds.
 """
 
@@ -119,7 +119,7 @@ def config(size: str) -> Config:
 
 
 #: The learners run at ``--quick`` size (compilation dominates there): per model.
-QUICK = {"transformer": ("adam", "kron_rfd"), "cnn": ("adam", "ada_fd", "kron_fd")}
+QUICK = {"transformer": ("adam", "kron_rfd"), "cnn": ("adam", "ada_diag", "ada_fd", "kron_fd")}
 #: The flattened ADA-FD of the paper runs on the CNN's conv kernels only.
 CNN_ONLY = ("ada_fd",)
 #: ADA-DIAG's ridge, and the CNN's ADA-FD sketch size and ridge (the ``cnn`` experiment's centre).

@@ -45,6 +45,12 @@ def test_networks(networks):
             else:
                 assert r["final_train_loss"]["mean"] < math.log(10) + 0.2, name
         assert results["adam"]["step_time_over_adam"] == 1.0
+    # the paper's ADA-FD runs ADA-DIAG at ADA-DIAG's own chosen pair off the conv kernels
+    cnn_algs = payload["cnn"]["algorithms"]
+    assert cnn_algs["ada_fd"]["ada_diag_off_conv"] == {
+        "eta": cnn_algs["ada_diag"]["chosen"]["learning_rate"],
+        "delta": nw.DIAG_DELTA,
+    }
     # state: the factored sketch keeps its sides, not the gradient's square; Adam 8 bytes/param
     lm = payload["algorithms"]
     assert lm["adam"]["state_bytes_per_param"] == 8.0
