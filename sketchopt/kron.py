@@ -50,6 +50,15 @@ NaN after one non-finite gradient; here a non-finite gradient leaves the state b
 power-of-two ``exp`` chosen from the data (:mod:`sketchopt._numerics`), so gradients of ``1e30``
 or ``1e-30`` neither overflow nor underflow in float32.
 
+**Under a mesh** each side's sketch is split along its own side's mesh axes
+(:func:`sketchopt.sharding.group_specs`). With an explicit mesh every product here names its
+output sharding (``_dot``): a contraction over a split side is all-reduced into an ``r``- or
+``k``-sized result, the rest stays split. A side whose *stream* would cross devices (the right
+stream's ``m`` rows when ``G``'s rows are split) is compressed, with the range found on the
+replicated side by QR and the split basis orthonormalized through its ``r x r`` Gram matrix
+(``_range_split_rows``), so no device gathers a sketch-sized array. A compressed stream enters the
+sketch in one block, so single-device and sharded runs give the same sketch up to rounding.
+
 **Inverse roots.** The rows of a freshly shrunk ``B`` are orthogonal (``B' B'^T`` is diagonal by
 construction), so ``B^T B = V^T diag(lam) V`` with ``V`` the normalized rows and ``lam`` their
 squared norms, and ``(B^T B + alpha I + eps I)^{-p} = tail I + V^T diag(coef) V`` with ``tail =
