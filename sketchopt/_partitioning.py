@@ -34,11 +34,13 @@ def explicit_mesh() -> bool:
     return not mesh.empty and bool(mesh.explicit_axes)
 
 
-def spec_of(x) -> PartitionSpec | None:
-    """The ``PartitionSpec`` in ``x``'s type under an explicit mesh, else ``None``."""
+def spec_of(x) -> tuple | None:
+    """The entries of the ``PartitionSpec`` in ``x``'s type under an explicit mesh, one per axis
+    (``None`` for an axis not split), else ``None``."""
     if not explicit_mesh():
         return None
-    return jax.typeof(x).sharding.spec
+    spec = tuple(jax.typeof(x).sharding.spec)
+    return spec + (None,) * (x.ndim - len(spec))
 
 
 def contract_d(a, b):

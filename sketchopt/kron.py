@@ -298,25 +298,18 @@ def match_sides(mat: jax.Array, left: jax.Array, right: jax.Array) -> jax.Array:
     if not _partitioning.explicit_mesh():
         return mat
 
-    def axis(x):  # the mesh axes of x's last dimension
-        spec = tuple(_partitioning.spec_of(x))
-        return (spec + (None,) * (x.ndim - len(spec)))[-1]
-
-    target = jax.sharding.PartitionSpec(*([None] * (mat.ndim - 2)), axis(left), axis(right))
-    spec = tuple(_partitioning.spec_of(mat))
-    if spec + (None,) * (mat.ndim - len(spec)) == tuple(target):
+    lead = (None,) * (mat.ndim - 2)
+    target = (*lead, _partitioning.spec_of(left)[-1], _partitioning.spec_of(right)[-1])
+    if _partitioning.spec_of(mat) == target:
         return mat
-    return jax.sharding.reshard(mat, target)
+    return jax.sharding.reshard(mat, jax.sharding.PartitionSpec(*target))
 
 
 def _matrix_spec(mat) -> tuple:
     """``(rows, cols)`` mesh axes of a matrix's sharding under an explicit mesh (``None`` for an
     axis not split; both ``None`` otherwise)."""
     spec = _partitioning.spec_of(mat)
-    if spec is None:
-        return (None, None)
-    spec = tuple(spec) + (None,) * (mat.ndim - len(tuple(spec)))
-    return spec[-2], spec[-1]
+    return (None, None) if spec is None else spec[-2:]
 
 
 def _dot(a, b):
