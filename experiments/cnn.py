@@ -352,17 +352,23 @@ class Trainer:
     def steps_per_epoch(self) -> int:
         return len(self.y_train) // BATCH_SIZE
 
-    def time_step(self, hyper, diag, seed: int = 0, steps: int = 10) -> dict:
-        """The training step's compile seconds (lowered and compiled ahead of time; :meth:`train`
-        then reuses that executable), its median wall seconds over ``steps`` steps from a fresh
-        state, and the optimizer state's floating-point bytes per parameter."""
-        hyper_a = {k: jnp.float32(v) for k, v in hyper.items()}
-        diag_a = {k: jnp.float32(v) for k, v in diag.items()}
+    def _start(self, hyper, diag, seed: int):
+        """``(hyper, diag, key)`` as the step's arguments, and the initial parameters (the same
+        for every optimizer) and optimizer state of a run on ``seed``."""
+        as_arrays = lambda m: {k: jnp.float32(v) for k, v in m.items()}
         key = jax.random.key(seed)
         model_key, tx_key, _ = jax.random.split(key, 3)
         params = _init_params(self.cfg.image_size)(model_key)
         opt_state = self.method.make({**hyper, "diag": diag}, tx_key).init(params)
+        # Eager init may hand the same buffer to several leaves; the step donates its state.
         opt_state = jax.tree.map(lambda a: jnp.array(a, copy=True), opt_state)
+        return (as_arrays(hyper), as_arrays(diag), key), params, opt_state
+
+    def time_step(self, hyper, diag, seed: int = 0, steps: int = 10) -> dict:
+        """The training step's compile seconds (lowered and compiled ahead of time; :meth:`train`
+        then reuses that executable), its median wall seconds over ``steps`` steps from a fresh
+        state, and the optimizer state's floating-point bytes per parameter."""
+        (hyper_a, diag_a, key), params, opt_state = self._start(hyper, diag, seed)
         state_bytes = common.float_bytes(opt_state) / sum(x.size for x in jax.tree.leaves(params))
         idx = jnp.arange(BATCH_SIZE)
         args = (hyper_a, diag_a, key)
@@ -384,14 +390,7 @@ class Trainer:
 
     def train(self, hyper, diag, seed: int, epochs: int, bar=None) -> dict:
         """Train from scratch on ``seed``; returns the curves (NumPy) and the final metrics."""
-        as_arrays = lambda m: {k: jnp.float32(v) for k, v in m.items()}
-        hyper_a, diag_a = as_arrays(hyper), as_arrays(diag)
-        key = jax.random.key(seed)
-        model_key, tx_key, _ = jax.random.split(key, 3)
-        params = _init_params(self.cfg.image_size)(model_key)  # the same for every optimizer
-        opt_state = self.method.make({**hyper, "diag": diag}, tx_key).init(params)
-        # Eager init may hand the same buffer to several leaves; the step donates its state.
-        opt_state = jax.tree.map(lambda a: jnp.array(a, copy=True), opt_state)
+        (hyper_a, diag_a, key), params, opt_state = self._start(hyper, diag, seed)
         rng = np.random.default_rng(seed)
         n, spe = len(self.y_train), self.steps_per_epoch()
         step = self._step
