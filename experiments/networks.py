@@ -740,37 +740,43 @@ def claim_rows(payload: dict) -> list[dict]:
     return rows
 
 
+def _learner_row(r: dict, quality: str, *ratios: str) -> list[str]:
+    """One learner's table row: label, rate, final loss, ``quality`` (held-out loss or test
+    accuracy), step time relative to Adam's, ``ratios``, state bytes per parameter, compile s."""
+    return [
+        r["label"],
+        common.fmt(r["chosen"]["learning_rate"], 2),
+        f"{r['final_train_loss']['mean']:.3f}",
+        quality,
+        f"{r['step_time_over_adam']:.2f}x",
+        *ratios,
+        f"{r['state_bytes_per_param']:.2f}",
+        f"{r['compile_seconds']:.1f}",
+    ]
+
+
 def _tables(payload: dict) -> str:
-    header = ["learner", "lr", "final train loss", "step / Adam", "state bytes/param", "compile s"]
+    lm_header = ["learner", "lr", "final train loss", "held-out loss", "step / Adam",
+                 "update / Adam", "state bytes/param", "compile s"]  # fmt: skip
     lm = [
-        [
-            r["label"],
-            common.fmt(r["chosen"]["learning_rate"], 2),
-            f"{r['final_train_loss']['mean']:.3f}",
+        _learner_row(
+            r,
             f"{np.mean(r['held_out_loss']['per_seed']):.3f}",
-            f"{r['step_time_over_adam']:.2f}x",
             f"{r['update_time_over_adam']:.1f}x",
-            f"{r['state_bytes_per_param']:.2f}",
-            f"{r['compile_seconds']:.1f}",
-        ]
+        )
         for r in payload["algorithms"].values()
     ]
-    lm += [[n, "-", f"not run: {why}", "", "", "", "", ""] for n, why in payload["skipped"].items()]
+    cnn_header = [h for h in lm_header if h != "update / Adam"]
+    cnn_header[3] = "test accuracy"
     cnn_rows = [
-        [
-            r["label"],
-            common.fmt(r["chosen"]["learning_rate"], 2),
-            f"{r['final_train_loss']['mean']:.3f}",
-            f"{100 * np.mean(r['test_accuracy']['per_seed']):.1f}%",
-            f"{r['step_time_over_adam']:.2f}x",
-            f"{r['state_bytes_per_param']:.2f}",
-            f"{r['compile_seconds']:.1f}",
-        ]
+        _learner_row(r, f"{100 * np.mean(r['test_accuracy']['per_seed']):.1f}%")
         for r in payload["cnn"]["algorithms"].values()
     ]
-    cnn_rows += [
-        [n, "-", f"not run: {why}", "", "", "", ""] for n, why in payload["cnn"]["skipped"].items()
-    ]
+    for rows, skipped, width in (
+        (lm, payload["skipped"], len(lm_header)),
+        (cnn_rows, payload["cnn"]["skipped"], len(cnn_header)),
+    ):
+        rows += [[n, "-", f"not run: {why}"] + [""] * (width - 3) for n, why in skipped.items()]
     scale = payload["scale"]
     scale_rows = [
         [
@@ -785,13 +791,11 @@ def _tables(payload: dict) -> str:
     m = scale["model"]
     return "\n\n".join(
         [
-            common.markdown_table(
-                header[:3] + ["held-out loss"] + header[3:4] + ["update / Adam"] + header[4:], lm
-            ),  # fmt: skip
+            common.markdown_table(lm_header, lm),
             "(the transformer, stdlib-source bytes, above)\n\n"
             f"CNN (MNIST subset, {payload['cnn']['config']['image_size']}x"
             f"{payload['cnn']['config']['image_size']})",
-            common.markdown_table(header[:3] + ["test accuracy"] + header[3:], cnn_rows),
+            common.markdown_table(cnn_header, cnn_rows),
             f"Scale ({m['layers']} layers, width {m['width']}, {m['leaves']} leaves, "
             f"{m['parameters'] / 1e6:.0f}M parameters, k = {scale['sketch_size']})",
             common.markdown_table(
