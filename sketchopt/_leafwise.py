@@ -17,6 +17,28 @@ the diagonal) the groups of *small* leaves (:data:`SMALL_LEAF`), a network's bia
 many sizes, are stepped as one group zero-padded to the widest of them (:func:`step_plan`); the
 state keeps each group at its own size, so only this small slice of it is copied per step.
 
+**State layout.** A transform's state is a NamedTuple, equal by value and printable like
+Optax's, with the scalars ``count`` and ``nonfinite_count`` and one field per per-leaf value of
+the rule, of two kinds (``LeafRule.param_fields`` says which):
+
+* *parameter-shaped* fields -- values with one entry per coordinate of the leaf (the diagonal
+  metric's accumulator, dual averaging's gradient sum and anchor, FTRL's ``z`` and ``sqrt(n)``,
+  RDA's average) -- are trees with the parameters' structure and shapes (a per-leaf structure
+  such as ``DiagonalMetricState`` holds one such tree per array). ``optax.tree.map_params``
+  reaches them and maps them with a parameter-shaped ``rest`` (partition specs, casts), and
+  under a mesh they are laid out like their parameters. The step stacks a group's leaves for
+  its ``vmap`` and writes them back.
+* every other field -- sketches, Gram matrices, inverses, per-leaf scalars -- is a
+  :class:`LeafGroups` of stacked groups: a *non-parameter* field for ``map_params``
+  (``transform_non_params`` receives the whole container), laid out by
+  :func:`sketchopt.sharding.state_sharding` (each ``(..., d)`` array split like its flattened
+  parameter). Over a tree without leaves it is one empty array (:func:`no_leaves`), the leaf
+  ``map_params``'s placeholder needs.
+
+``init`` takes arrays, tracers and ``jax.ShapeDtypeStruct``\ s (an abstract leaf stands for a
+zero parameter, as in Optax: the state of ``x_1 = 0``); ``jax.eval_shape(tx.init, params)``
+gives the abstract state. :func:`migrate` converts states saved by earlier versions.
+
 **Bad input, one policy.** A leaf update is *skipped* -- its update is zero, its state is left
 bit-identical and the transform's ``nonfinite_count`` grows by one -- when its gradient holds NaN
 or Inf, or when its step produces a non-finite update or a non-finite state array. The gradient is
@@ -39,6 +61,9 @@ schedules, metric objects) keys the cache. Inside an outer ``jit`` the unit is i
 **Sharding.** Under an ``AxisType.Explicit`` mesh ``init`` lays each state array out like its
 parameter (``(..., d)`` arrays sharded along ``d``, see :mod:`sketchopt.sharding`), so plain
 ``tx.init(params)`` -- what ``nnx.Optimizer`` and ``TrainState`` call -- never replicates a sketch.
+A leaf split along any of its axes is flattened to its sketch's layout with an explicit output
+sharding (:func:`sketchopt.sharding.flat_spec`), and its update is shaped back to the leaf's
+own: ``init`` and ``update``, eager or jitted, give states of one sharding type.
 """
 
 from __future__ import annotations
@@ -198,10 +223,18 @@ class LeafGroups:
 
     def __repr__(self):
         sizes = ", ".join(f"{len(g)} x {self.layout.shapes[g[0]]}" for g in self.layout.groups)
-        shapes = jax.tree.map(
-            lambda x: f"{jnp.dtype(x.dtype).name}{list(np.shape(x))}", self.groups
-        )
-        return f"LeafGroups(leaves=[{sizes}], groups={shapes})"
+        return f"LeafGroups(leaves=[{sizes}], groups={jax.tree.map(_describe, self.groups)})"
+
+    # Value semantics, as Optax's NamedTuple states have: two containers are equal when they
+    # were built for the same layout and their groups compare equal (element by element, as a
+    # tuple compares; for arrays that is the same error a NamedTuple state of arrays gives).
+    def __eq__(self, other):
+        if not isinstance(other, LeafGroups):
+            return NotImplemented
+        return self.layout == other.layout and self.groups == other.groups
+
+    def __hash__(self):
+        return hash((self.layout, self.groups))
 
     def __getattr__(self, name):
         if name.startswith("_"):
@@ -226,6 +259,43 @@ class LeafGroups:
                 k = members.index(i)
                 return jax.tree.map(lambda x, k=k: x[k], self.groups[j])
         raise IndexError(f"leaf {i} is not in this state ({self.layout.num_leaves} leaves)")
+
+
+def _describe(x) -> str:
+    """A short description of a state leaf for ``repr``: ``float32[2, 3]`` for an array (or
+    ``ShapeDtypeStruct``), ``repr`` for anything else (``optax.tree.map`` results: dtypes,
+    shardings, ...)."""
+    if hasattr(x, "dtype") and hasattr(x, "shape"):
+        return f"{jnp.dtype(x.dtype).name}{list(np.shape(x))}"
+    return repr(x)
+
+
+#: What a field of stacked groups holds for a parameter tree without leaves: one empty array, a
+#: pytree *leaf*. ``optax.tree.map_params`` calls ``init`` on a leafless placeholder and then
+#: matches the result against the real state as a prefix: a leaf there stands for the whole
+#: ``LeafGroups`` of the real state (handed to ``transform_non_params``), where an empty
+#: ``LeafGroups`` (another pytree node) would not match.
+def no_leaves() -> jax.Array:
+    """The value of a stacked field over a tree without leaves (see above)."""
+    return jnp.zeros((0,), jnp.int32)
+
+
+def pack_leaves(treedef, values):
+    """Per-leaf values (one pytree per leaf of ``treedef``, all of one structure) -> that
+    structure with, in place of each array, a tree of the parameters' structure."""
+    return jax.tree.transpose(treedef, jax.tree.structure(values[0]), treedef.unflatten(values))
+
+
+def unpack_leaves(treedef, packed, outer=None) -> list:
+    """The inverse of :func:`pack_leaves`: one value per leaf of ``treedef``, in leaf order.
+
+    ``outer`` is the per-leaf values' structure when known (then ``packed`` must be exactly
+    ``outer`` of ``treedef``\ s, or this raises); otherwise it is read from ``packed``."""
+    if treedef.num_leaves == 0:
+        return []
+    if outer is None:
+        outer = jax.tree.structure(packed, is_leaf=lambda n: jax.tree.structure(n) == treedef)
+    return treedef.flatten_up_to(jax.tree.transpose(outer, treedef, packed))
 
 
 def per_leaf(groups: LeafGroups) -> list:
@@ -330,6 +400,11 @@ class LeafRule(NamedTuple):
       group_key: ``None``, or ``group_key(path, shape) -> hashable`` for a rule whose per-leaf
         state depends on the leaf's path (``LeafSpec.path``) and not only on its shape: leaves
         of one shape with different keys form different groups.
+      param_fields: the fields (of ``fields``) whose per-leaf value is laid out like the
+        parameter: every array in it has the leaf's ``size`` entries for every leaf (a diagonal
+        accumulator, dual averaging's gradient sum and anchor). ``init`` and ``step`` see them
+        flat, as the other fields; the state stores them as trees with the parameters'
+        structure and shapes (module docstring, "State layout").
     """
 
     fields: tuple[str, ...]
@@ -339,6 +414,7 @@ class LeafRule(NamedTuple):
     needs_params: str | None = None
     paddable: bool = False
     group_key: Callable[[str, tuple[int, ...]], Any] | None = None
+    param_fields: tuple[str, ...] = ()
 
 
 def at_step(hyperparam, count, dtype=None):
@@ -509,20 +585,103 @@ def _unpadded(values, like):
     )
 
 
-def _group_step(rule, layout, j, count, hyper, fields, state, flat, x_leaves):
+def _flat_spec(spec, shape):
+    """Under an explicit mesh, the ``PartitionSpec`` of a leaf's flattened vector, laid out as
+    its state's ``(..., d)`` arrays (:func:`sketchopt.sharding.flat_spec`); ``None`` otherwise."""
+    if spec is None or not _partitioning.explicit_mesh():
+        return None
+    from sketchopt import sharding  # the user-facing layout rules live there
+
+    return sharding.flat_spec(spec, shape, jax.sharding.get_abstract_mesh())
+
+
+def _flatten(x, spec, dtype):
+    """A leaf as its flat vector in ``dtype``. Under an explicit mesh the vector is laid out like
+    the leaf's sketch; a leaf split along a non-leading axis has no contiguous flat layout, so
+    this reshape moves its entries (one ``d``-sized all-to-all) rather than gathering them."""
+    target = _flat_spec(spec, tuple(np.shape(x)))
+    if target is None:
+        return jnp.ravel(x).astype(dtype)
+    return jnp.reshape(x, (-1,), out_sharding=target).astype(dtype)
+
+
+def _unflatten(u, shape, spec):
+    """The inverse of :func:`_flatten`: a flat vector in the leaf's shape and layout."""
+    if spec is None or not _partitioning.explicit_mesh():
+        return u.reshape(shape)
+    return jnp.reshape(u, shape, out_sharding=jax.sharding.PartitionSpec(*spec))
+
+
+class _Fields:
+    """A state's per-leaf fields at one update: the stacked values of a group, and the new state
+    fields from the stepped groups' values (module docstring, "State layout").
+
+    Fields of stacked groups (:class:`LeafGroups`) are read and written a group at a time;
+    parameter-shaped fields (``LeafRule.param_fields``, trees like the parameters) are stacked
+    from their leaves for the step and written back to them.
+    """
+
+    def __init__(self, rule, layout, treedef, state):
+        self.rule, self.layout, self.treedef = rule, layout, treedef
+        self.names = tuple(rule.fields)
+        self.leaves = {
+            f: _param_field_leaves(rule, f, treedef, state) for f in rule.param_fields
+        }
+        self.state = state
+
+    def group(self, j):
+        """Group ``j``'s values, one per field, stacked along a leading axis (flat leaves)."""
+        members, spec = self.layout.groups[j], self.layout.specs[j]
+        out = []
+        for f in self.names:
+            if f not in self.leaves:
+                out.append(getattr(self.state, f).groups[j])
+                continue
+            per_leaf = [self.leaves[f][i] for i in members]
+            out.append(
+                jax.tree.map(
+                    lambda *xs: jnp.stack([_flatten(x, spec, x.dtype) for x in xs]), *per_leaf
+                )
+            )
+        return tuple(out)
+
+    def assemble(self, stepped):
+        """The new state fields from ``{group: stacked values}``."""
+        layout = self.layout
+        fields = {}
+        for f_index, f in enumerate(self.names):
+            if f not in self.leaves:
+                groups = tuple(stepped[j][f_index] for j in range(len(layout.groups)))
+                fields[f] = LeafGroups(groups, layout)
+                continue
+            per_leaf = [None] * layout.num_leaves
+            for j, members in enumerate(layout.groups):
+                spec = layout.specs[j]
+                for k, i in enumerate(members):
+                    shape = layout.shapes[i]
+                    per_leaf[i] = jax.tree.map(
+                        lambda a, k=k, shape=shape, spec=spec: _unflatten(a[k], shape, spec),
+                        stepped[j][f_index],
+                    )
+            fields[f] = pack_leaves(self.treedef, per_leaf) if per_leaf else getattr(
+                self.state, f
+            )
+        return fields
+
+
+def _group_step(rule, layout, j, count, hyper, fields, flat, x_leaves):
     """One step of group ``j``'s stacked leaves: ``(us, values, skipped)`` (:func:`_run_group`)."""
-    members = layout.groups[j]
-    spec = layout.leaf(members[0])
-    gs = jnp.stack([jnp.ravel(flat[i]).astype(spec.dtype) for i in members])
+    members, spec = layout.groups[j], layout.specs[j]
+    leaf = layout.leaf(members[0])
+    gs = jnp.stack([_flatten(flat[i], spec, leaf.dtype) for i in members])
     xs = None
     if x_leaves is not None:
-        xs = jnp.stack([jnp.ravel(x_leaves[i]).astype(spec.dtype) for i in members])
-    values = tuple(getattr(state, f).groups[j] for f in fields)
-    ctx = LeafContext(count, spec.shape, hyper)
-    return _run_group(rule, ctx, spec.param_dtype, gs, values, xs)
+        xs = jnp.stack([_flatten(x_leaves[i], spec, leaf.dtype) for i in members])
+    ctx = LeafContext(count, leaf.shape, hyper)
+    return _run_group(rule, ctx, _dtype_of(flat[members[0]]), gs, fields.group(j), xs)
 
 
-def _merged_step(rule, layout, steps, count, hyper, fields, state, flat, x_leaves):
+def _merged_step(rule, layout, steps, count, hyper, fields, flat, x_leaves):
     """One padded step of the groups ``steps`` (see :func:`step_plan`).
 
     Returns ``{group: (us, values, skipped)}`` as :func:`_run_group` gives them, with each
@@ -543,13 +702,13 @@ def _merged_step(rule, layout, steps, count, hyper, fields, state, flat, x_leave
         gs.append(stacked(flat, members))
         if x_leaves is not None:
             xs.append(stacked(x_leaves, members))
-        own.append(tuple(getattr(state, f).groups[j] for f in fields))
+        own.append(fields.group(j))
         values.append(_padded(own[-1], fresh))
     ctx = LeafContext(count, (width,), hyper)
     us, new, skip = _run_group(
         rule,
         ctx,
-        first.param_dtype,
+        _dtype_of(flat[layout.groups[steps[0]][0]]),
         jnp.concatenate(gs),
         jax.tree.map(lambda *a: jnp.concatenate(a), *values),
         jnp.concatenate(xs) if xs else None,
@@ -563,45 +722,131 @@ def _merged_step(rule, layout, steps, count, hyper, fields, state, flat, x_leave
     return out
 
 
-def _layout_of_state(state, fields) -> Layout:
-    layouts = {getattr(state, f).layout for f in fields}
-    if len(layouts) != 1:
+def _layout_of_state(rule, state, treedef, updates) -> Layout:
+    """The layout an update steps by: that of the state's stacked fields; for a state of
+    parameter-shaped fields only, the grouping of those fields' arrays (shape, state dtype and
+    layout: the grouping is then only a plan of the step, nothing stored depends on it)."""
+    layouts = {
+        getattr(state, f).layout
+        for f in rule.fields
+        if isinstance(getattr(state, f), LeafGroups)
+    }
+    if len(layouts) > 1:
         raise ValueError("inconsistent optimizer state: per-leaf fields with different layouts")
-    return layouts.pop()
+    if layouts:
+        return layouts.pop()
+    if rule.param_fields and treedef.num_leaves:
+        per_leaf = _param_field_leaves(rule, rule.param_fields[0], treedef, state)
+        return Layout.of(
+            treedef.unflatten([jax.tree.leaves(v)[0] for v in per_leaf]), rule.group_key
+        )
+    return Layout.of(updates, rule.group_key)
+
+
+def _materialized(params):
+    """``params`` with every ``jax.ShapeDtypeStruct`` leaf replaced by zeros of its shape, dtype
+    and sharding: ``init`` on abstract parameters builds the state of zero parameters (the
+    papers' ``x_1 = 0`` for the rules that keep an anchor), as Optax's ``init`` does."""
+
+    def one(x):
+        if not isinstance(x, jax.ShapeDtypeStruct):
+            return x
+        sharding = x.sharding
+        if isinstance(sharding, jax.sharding.NamedSharding):
+            return jnp.zeros(x.shape, x.dtype, device=sharding)
+        return jnp.zeros(x.shape, x.dtype)
+
+    return jax.tree.map(one, params)
+
+
+def _per_leaf_structure(rule, name):
+    """The structure of one leaf's value of the field ``name`` (read from a one-coordinate leaf;
+    nothing is computed)."""
+    one = LeafSpec(0, (1,), jnp.dtype(jnp.float32), jnp.dtype(jnp.float32))
+    f_index = rule.fields.index(name)
+    value = jax.eval_shape(lambda: rule.init(one, jnp.zeros((1,), jnp.float32))[f_index])
+    return jax.tree.structure(value)
+
+
+def _param_field_leaves(rule, name, treedef, state) -> list:
+    """Each leaf's value of the parameter-shaped field ``name``, for gradients of ``treedef``
+    (``ValueError`` when the field was built for parameters of another structure)."""
+    field = getattr(state, name)
+    try:
+        return unpack_leaves(treedef, field, _per_leaf_structure(rule, name))
+    except (ValueError, TypeError):
+        raise ValueError(
+            f"the gradients have {treedef.num_leaves} leaves in the structure {treedef}, but "
+            f"the optimizer state was built for parameters of another structure (its field "
+            f"{name!r} is {jax.tree.structure(field)})"
+        ) from None
+
+
+def _empty_param_field(rule, name, params):
+    """A parameter-shaped field over a tree without leaves: its per-leaf structure holding
+    ``params`` itself at every array (``optax.tree.map_params``'s placeholder, or an empty
+    container)."""
+    structure = _per_leaf_structure(rule, name)
+    return structure.unflatten([params] * structure.num_leaves)
 
 
 def leafwise(rule: LeafRule, state_class: type) -> optax.GradientTransformationExtraArgs:
     """A gradient transformation from a per-leaf rule (module docstring).
 
     ``state_class`` is a NamedTuple with the fields ``count`` and ``nonfinite_count`` (int32
-    scalars) and ``rule.fields`` (each a :class:`LeafGroups`, or ``None`` for a tree without
-    leaves).
+    scalars) and ``rule.fields``: each a :class:`LeafGroups` of stacked groups, or for the
+    ``rule.param_fields`` a tree with the parameters' structure (module docstring, "State
+    layout").
     """
     fields = tuple(rule.fields)
+    unknown = set(rule.param_fields) - set(fields)
+    if unknown:
+        raise ValueError(f"param_fields {sorted(unknown)} are not fields of the rule {fields}")
 
     def init_fn(params):
-        leaves = jax.tree.leaves(params)
+        params = _materialized(params)
+        leaves, treedef = jax.tree.flatten(params)
         layout = Layout.of(params, rule.group_key)
-        per_leaf_values = [rule.init(layout.leaf(i), p) for i, p in enumerate(leaves)]
-        columns = []
-        for f in range(len(fields)):
+        per_leaf_values = []
+        for i, p in enumerate(leaves):
+            spec = layout.leaf(i)
+            group_spec = layout.specs[_group_of(layout, i)]
+            per_leaf_values.append(rule.init(spec, _flatten(p, group_spec, _dtype_of(p))))
+        columns = {}
+        for f, name in enumerate(fields):
+            if name in rule.param_fields:
+                if not leaves:
+                    columns[name] = _empty_param_field(rule, name, params)
+                    continue
+                shaped = [
+                    jax.tree.map(
+                        lambda a, i=i: _unflatten(
+                            a, layout.shapes[i], layout.specs[_group_of(layout, i)]
+                        ),
+                        values[f],
+                    )
+                    for i, values in enumerate(per_leaf_values)
+                ]
+                columns[name] = pack_leaves(treedef, shaped)
+                continue
+            if not leaves:
+                columns[name] = no_leaves()
+                continue
             groups = []
             for members, spec in zip(layout.groups, layout.specs, strict=True):
                 values = [per_leaf_values[i][f] for i in members]
                 shape = layout.shapes[members[0]]
                 groups.append(_stack(values, _explicit_layout(spec, shape)))
-            columns.append(LeafGroups(tuple(groups), layout))
+            columns[name] = LeafGroups(tuple(groups), layout)
         zero = jnp.zeros((), jnp.int32)
-        return state_class(
-            count=zero, nonfinite_count=zero, **dict(zip(fields, columns, strict=True))
-        )
+        return state_class(count=zero, nonfinite_count=zero, **columns)
 
     def update_fn(updates, state, params=None, **extra_args):
         del extra_args  # accepted for GradientTransformationExtraArgs chains (e.g. value=)
         if rule.needs_params is not None:
             require_params(params, rule.needs_params)
         flat, treedef = jax.tree.flatten(updates)
-        layout = Layout.of(updates) if not fields else _layout_of_state(state, fields)
+        layout = _layout_of_state(rule, state, treedef, updates)
         if len(flat) != layout.num_leaves:
             raise ValueError(
                 f"the gradients have {len(flat)} leaves, but the optimizer state was built for "
@@ -612,29 +857,27 @@ def leafwise(rule: LeafRule, state_class: type) -> optax.GradientTransformationE
         x_leaves = None if rule.needs_params is None else treedef.flatten_up_to(params)
         count = state.count
         hyper = rule.hyper(count)
+        values = _Fields(rule, layout, treedef, state)
         stepped = {}
         for steps in step_plan(layout, rule.paddable):
             if len(steps) > 1:
                 stepped.update(
-                    _merged_step(rule, layout, steps, count, hyper, fields, state, flat, x_leaves)
+                    _merged_step(rule, layout, steps, count, hyper, values, flat, x_leaves)
                 )
                 continue
             (j,) = steps
-            stepped[j] = _group_step(rule, layout, j, count, hyper, fields, state, flat, x_leaves)
+            stepped[j] = _group_step(rule, layout, j, count, hyper, values, flat, x_leaves)
         out = [None] * len(flat)
-        new_groups = [[] for _ in fields]
         skipped = jnp.zeros((), jnp.int32)
         for j, members in enumerate(layout.groups):
-            us, values, skip = stepped[j]
-            for f, v in enumerate(values):
-                new_groups[f].append(v)
+            us, _, skip = stepped[j]
             skipped = skipped + jnp.sum(skip, dtype=jnp.int32)
             for k, i in enumerate(members):
-                out[i] = us[k].reshape(layout.shapes[i]).astype(_dtype_of(flat[i]))
-        new_fields = {
-            f: LeafGroups(tuple(groups), layout)
-            for f, groups in zip(fields, new_groups, strict=True)
-        }
+                u = _unflatten(us[k], layout.shapes[i], layout.specs[j])
+                out[i] = u.astype(_dtype_of(flat[i]))
+        new_fields = values.assemble({j: stepped[j][1] for j in stepped})
+        if not layout.groups:  # nothing stepped: the fields stay as they are
+            new_fields = {f: getattr(state, f) for f in fields}
         new_state = state_class(
             count=optax.safe_increment(count),
             nonfinite_count=state.nonfinite_count + skipped,
@@ -643,6 +886,13 @@ def leafwise(rule: LeafRule, state_class: type) -> optax.GradientTransformationE
         return treedef.unflatten(out), new_state
 
     return optax.GradientTransformationExtraArgs(init_fn, update_fn)
+
+
+def _group_of(layout: Layout, i: int) -> int:
+    for j, members in enumerate(layout.groups):
+        if i in members:
+            return j
+    raise IndexError(f"leaf {i} is not in the layout ({layout.num_leaves} leaves)")
 
 
 def _explicit_layout(spec, shape):
@@ -773,7 +1023,7 @@ def compiled(factory: Callable[..., optax.GradientTransformation]):
         static, dynamic = split
 
         def init_fn(params):
-            return _init_unit(factory, static, dynamic, params)
+            return _init_unit(factory, static, dynamic, _materialized(params))
 
         def update_fn(updates, state, params=None, **extra_args):
             del extra_args  # see above
@@ -842,38 +1092,120 @@ def _initial_value(leaf):
     return jnp.broadcast_to(eye, leaf.shape)
 
 
+def _saved_groups(old, layout: Layout | None):
+    """The groups of a saved field of stacked groups (a :class:`LeafGroups`, or what an Orbax
+    restore without a target makes of one: ``{"0": group, "1": ...}`` or a sequence), or
+    ``None`` when ``old`` is laid out otherwise (0.1's trees like the parameters)."""
+    if isinstance(old, LeafGroups):
+        return old.groups
+    if isinstance(old, dict) and old and all(str(k).isdigit() for k in old):
+        groups = [old[k] for k in sorted(old, key=int)]
+    elif isinstance(old, (list, tuple)) and not hasattr(old, "_fields"):
+        groups = list(old)
+    else:
+        return None
+    if layout is not None and len(groups) != len(layout.groups):
+        return None
+    return groups
+
+
+def _migrate_groups(path, old_field, node: LeafGroups) -> LeafGroups:
+    """A field of stacked groups from a saved one: 0.1's trees like the parameters (stacked
+    here), or 0.2-0.9's groups of the same layout (taken as they are)."""
+    layout = node.layout
+    saved = _saved_groups(old_field, layout)
+    groups = []
+    for j, (members, value) in enumerate(zip(layout.groups, node.groups, strict=True)):
+
+        def stack(value_path, leaf, members=members, j=j):
+            if saved is not None:
+                old = _at_path(saved[j], value_path)
+                return jnp.asarray(old, leaf.dtype).reshape(leaf.shape)
+            if _added_since(old_field, value_path):
+                return _initial_value(leaf)
+            params_tree = _at_path(old_field, value_path)  # a tree like the parameters
+            per_leaf_old = jax.tree.leaves(params_tree)
+            if len(per_leaf_old) != layout.num_leaves:
+                raise ValueError(
+                    f"the saved field {jax.tree_util.keystr(path + value_path)} covers "
+                    f"{len(per_leaf_old)} parameter leaves, the new state {layout.num_leaves}"
+                )
+            arrays = [
+                jnp.asarray(per_leaf_old[i], leaf.dtype).reshape(leaf.shape[1:]) for i in members
+            ]
+            return jnp.stack(arrays)
+
+        groups.append(jax.tree_util.tree_map_with_path(stack, value))
+    return LeafGroups(tuple(groups), layout)
+
+
+def _migrate_param_field(path, old, node, layout: Layout | None):
+    """A parameter-shaped field (a tree like the parameters, per array of its per-leaf
+    structure) from a saved one: 0.1's trees (flat leaves, reshaped here) or 0.2-0.9's stacked
+    groups, unstacked by the state's layout (or, for a state of parameter-shaped fields only,
+    by the grouping 0.9 made: equal shapes and dtypes, in leaf order)."""
+    saved = _saved_groups(old, None)
+    if saved is None:
+        return jax.tree_util.tree_map_with_path(
+            lambda p, leaf: jnp.asarray(_at_path(old, p), leaf.dtype).reshape(leaf.shape), node
+        )
+    leaves, treedef = jax.tree_util.tree_flatten_with_path(node)
+    per_group = len(jax.tree.leaves(saved[0]))  # arrays per leaf's value
+    n = len(leaves) // max(per_group, 1)
+    if layout is None:
+        layout = Layout.of([leaf for _, leaf in leaves[:n]])
+    position = {i: (j, k) for j, members in enumerate(layout.groups) for k, i in enumerate(members)}
+    out = []
+    for index, (_, leaf) in enumerate(leaves):
+        which, i = divmod(index, n)
+        j, k = position[i]
+        stacked = jax.tree.leaves(saved[j])[which] if j < len(saved) else None
+        if stacked is None or np.shape(stacked)[0] != len(layout.groups[j]):
+            raise ValueError(
+                f"the saved field {jax.tree_util.keystr(path)} does not hold the stacked groups "
+                "this state's parameters make: restore it into the 0.9 state it was saved from "
+                "(sketchopt 0.9) and save it again per leaf, or start from tx.init(params)"
+            )
+        out.append(jnp.asarray(stacked[k], leaf.dtype).reshape(leaf.shape))
+    return treedef.unflatten(out)
+
+
+def _is_driver_state(node) -> bool:
+    """A state built by :func:`leafwise` (a NamedTuple with ``count`` and ``nonfinite_count``)."""
+    fields = getattr(node, "_fields", ())
+    return isinstance(node, tuple) and "count" in fields and "nonfinite_count" in fields
+
+
+def _migrate_state(path, old, node):
+    layouts = [v.layout for v in node if isinstance(v, LeafGroups)]
+    values = {}
+    for name, value in zip(node._fields, node, strict=True):
+        key = jax.tree_util.GetAttrKey(name)
+        old_value = _child(old, key)
+        if isinstance(value, LeafGroups):
+            values[name] = _migrate_groups(path + (key,), old_value, value)
+        elif name in ("count", "nonfinite_count") or not jax.tree.leaves(value):
+            values[name] = jax.tree.map(
+                lambda o, t: jnp.asarray(o, t.dtype).reshape(t.shape), old_value, value
+            )
+        else:
+            layout = layouts[0] if layouts else None
+            values[name] = _migrate_param_field(path + (key,), old_value, value, layout)
+    return type(node)(**values)
+
+
 def migrate(restored: Any, target: Any) -> Any:
-    """A ``sketchopt`` 0.1 state (``restored``) in the layout of ``target`` (see
+    """A state saved by an earlier ``sketchopt`` (``restored``) in the layout of ``target`` (see
     :func:`sketchopt.migrate_state`)."""
 
     def convert(path, node):
-        if not isinstance(node, LeafGroups):
-            old = _at_path(restored, path)
-            return jnp.asarray(old, dtype=node.dtype).reshape(node.shape)
-        old_field = _at_path(restored, path)
-        layout = node.layout
-        groups = []
-        for members, value in zip(layout.groups, node.groups, strict=True):
-
-            def stack(value_path, leaf, members=members):
-                if _added_since(old_field, value_path):
-                    return _initial_value(leaf)
-                params_tree = _at_path(old_field, value_path)  # a tree like the parameters
-                per_leaf_old = jax.tree.leaves(params_tree)
-                if len(per_leaf_old) != layout.num_leaves:
-                    raise ValueError(
-                        f"the saved field {jax.tree_util.keystr(path + value_path)} covers "
-                        f"{len(per_leaf_old)} parameter leaves, the new state {layout.num_leaves}"
-                    )
-                arrays = [
-                    jnp.asarray(per_leaf_old[i], leaf.dtype).reshape(leaf.shape[1:])
-                    for i in members
-                ]
-                return jnp.stack(arrays)
-
-            groups.append(jax.tree_util.tree_map_with_path(stack, value))
-        return LeafGroups(tuple(groups), layout)
+        old = _at_path(restored, path)
+        if _is_driver_state(node):
+            return _migrate_state(path, old, node)
+        if isinstance(node, LeafGroups):
+            return _migrate_groups(path, old, node)
+        return jnp.asarray(old, dtype=node.dtype).reshape(node.shape)
 
     return jax.tree_util.tree_map_with_path(
-        convert, target, is_leaf=lambda x: isinstance(x, LeafGroups)
+        convert, target, is_leaf=lambda x: _is_driver_state(x) or isinstance(x, LeafGroups)
     )

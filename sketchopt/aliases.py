@@ -518,7 +518,19 @@ def kron_fd(
     *,
     delta: float = 1e-6,
     robust: bool = True,
-    **options: Any,
+    exponents: tuple[float, float] = (0.25, 0.25),
+    decay: float | None = None,
+    update_every: int | None = None,
+    refresh_every: int | None = None,
+    start_step: int | None = None,
+    graft: str | None = None,
+    graft_decay: float = 0.999,
+    graft_eps: float = 1e-8,
+    block_size: int | None = None,
+    compress: str = "auto",
+    relative_delta: bool = False,
+    stacked: str | tuple[str, ...] = (),
+    factoring: Any = None,
 ) -> optax.GradientTransformationExtraArgs:
     """Sketched Shampoo for network layers: ``-eta (L_t + delta I)^{-1/4} G_t (R_t + delta
     I)^{-1/4}`` per matrix-shaped leaf, ``L_t`` and ``R_t`` RFD (``robust``) or FD sketches of
@@ -535,10 +547,15 @@ def kron_fd(
       sketch_size: ``k >= 1`` rows per side.
       delta: the epsilon inside each root (``>= 0``).
       robust: RFD's ridge (default) or plain FD.
-      **options: the keyword options of :func:`sketchopt.metrics.kron_sketched`: ``decay``,
-        ``update_every``, ``refresh_every``, ``start_step``, ``graft`` (``graft_decay``,
-        ``graft_eps``), ``exponents``, ``block_size``, ``relative_delta``, ``factoring``; each
-        off by default.
+      exponents, decay, update_every, refresh_every, start_step, graft, graft_decay, graft_eps,
+        block_size, compress, relative_delta, stacked, factoring: the keyword options of
+        :func:`sketchopt.metrics.kron_sketched`, each off by default. The three step counts
+        ``update_every``, ``refresh_every`` and ``start_step`` fix the compiled program, so they
+        must be static: their default ``None`` (``kron_sketched``'s 1, 1 and 0) is, and so under
+        ``optax.inject_hyperparams(sketchopt.kron_fd, static_args=("sketch_size",))``
+        the defaults work as in every other transform; a value given there must be named in
+        ``static_args`` too (or use :func:`sketchopt.inject_hyperparams`, which keeps every
+        ``int`` static).
 
     Returns:
       An ``optax.GradientTransformationExtraArgs``.
@@ -556,5 +573,21 @@ def kron_fd(
       >>> updates["w"][0, 0], updates["b"]  # 16^-1/4 4 16^-1/4 = 1; g / |g| per coordinate
       (Array(-0.1, dtype=float32), Array([-0.1,  0.1], dtype=float32))
     """
-    metric = _metrics.kron_sketched(sketch_size, delta, robust=robust, **options)
+    counts = dict(update_every=update_every, refresh_every=refresh_every, start_step=start_step)
+    metric = _metrics.kron_sketched(
+        sketch_size,
+        delta,
+        robust=robust,
+        exponents=exponents,
+        decay=decay,
+        graft=graft,
+        graft_decay=graft_decay,
+        graft_eps=graft_eps,
+        block_size=block_size,
+        compress=compress,
+        relative_delta=relative_delta,
+        stacked=stacked,
+        factoring=factoring,
+        **{name: value for name, value in counts.items() if value is not None},
+    )
     return mirror_descent(learning_rate, metric)

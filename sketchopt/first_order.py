@@ -103,10 +103,16 @@ class FTRLProximalState(NamedTuple):
 # Shared helpers.
 
 
-def _learner(fields, init, step, state_class):
-    """A sparse learner on the shared driver (``sketchopt._leafwise``); all of them need params."""
+def _learner(fields, init, step, state_class, param_fields=()):
+    """A sparse learner on the shared driver (``sketchopt._leafwise``); all of them need params.
+    ``param_fields`` are the per-coordinate fields, kept as trees like the parameters."""
     rule = _leafwise.LeafRule(
-        fields, init, step, hyper=lambda count: count, needs_params="this sparse online learner"
+        fields,
+        init,
+        step,
+        hyper=lambda count: count,
+        needs_params="this sparse online learner",
+        param_fields=param_fields,
     )
     return _leafwise.leafwise(rule, state_class)
 
@@ -330,7 +336,7 @@ def rda_l1(gamma: float, l1: float) -> optax.GradientTransformationExtraArgs:
         w_new = -(jnp.sqrt(t) / gamma) * soft_threshold(grad_avg, l1)  # Alg. 5 line 5
         return w_new - w, (steps, grad_avg)
 
-    return _learner(("steps", "grad_avg"), init, step, RDAState)
+    return _learner(("steps", "grad_avg"), init, step, RDAState, param_fields=("grad_avg",))
 
 
 @_leafwise.compiled
@@ -419,4 +425,6 @@ def ftrl_proximal(
         w_new = weights(z, (beta + new_sqrt_n) / alpha_t)  # Alg. 6 line 8
         return w_new - w_params, (optax.safe_increment(steps), z, new_sqrt_n)
 
-    return _learner(("steps", "z", "sqrt_n"), init, step, FTRLProximalState)
+    return _learner(
+        ("steps", "z", "sqrt_n"), init, step, FTRLProximalState, param_fields=("z", "sqrt_n")
+    )

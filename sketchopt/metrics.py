@@ -107,6 +107,9 @@ class Metric(NamedTuple):
         depends on the leaf's key path (``jax.tree_util.keystr``) and not only on its shape
         (:func:`kron_sketched`'s per-path factoring): ``init`` then also takes ``path=`` and
         leaves of one shape with different keys are grouped apart.
+      param_shaped: whether every array of a leaf's state has the leaf's ``d`` entries (the
+        diagonal): the rules then keep the metric state as trees like the parameters, which
+        ``optax.tree.map_params`` reaches, instead of stacked groups.
 
     Examples:
       >>> import jax.numpy as jnp, sketchopt as so
@@ -126,6 +129,7 @@ class Metric(NamedTuple):
     seeded: bool = False
     accepts: Callable[..., jax.Array] | None = None
     path_key: Callable[[str, tuple[int, ...]], Any] | None = None
+    param_shaped: bool = False
 
     __eq__ = _validation.value_eq
     __hash__ = _validation.value_hash
@@ -200,7 +204,7 @@ def diagonal(delta: float) -> Metric:
         return state, operator(state), None
 
     spec = _validation.spec_key("diagonal", delta)
-    return Metric(init, update, operator, "diag", spec, paddable=True)
+    return Metric(init, update, operator, "diag", spec, paddable=True, param_shaped=True)
 
 
 # ----------------------------------------------------------------------------------------------

@@ -59,7 +59,9 @@ LeafGroups = _leafwise.LeafGroups
 class ScaleByMetricState(NamedTuple):
     """State of :func:`scale_by_metric`: ``metric_state`` holds one metric state per leaf,
     stacked by leaf shape (a :class:`~sketchopt._leafwise.LeafGroups`; :func:`per_leaf_states`
-    gives them per leaf); ``nonfinite_count`` counts the skipped leaf updates."""
+    gives them per leaf) -- or, for the diagonal metric, its state with a tree like the
+    parameters per array (``metric_state.rss["w"]``); ``nonfinite_count`` counts the skipped
+    leaf updates."""
 
     count: jax.Array
     metric_state: Any
@@ -69,7 +71,8 @@ class ScaleByMetricState(NamedTuple):
 class MirrorDescentState(NamedTuple):
     """State of :func:`mirror_descent`: ``metric_state`` holds one metric state per leaf, stacked
     by leaf shape (a :class:`~sketchopt._leafwise.LeafGroups`; :func:`per_leaf_states` gives them
-    per leaf); ``nonfinite_count`` counts the skipped leaf updates."""
+    per leaf) -- or, for the diagonal metric, its state with a tree like the parameters per
+    array; ``nonfinite_count`` counts the skipped leaf updates."""
 
     count: jax.Array
     metric_state: Any
@@ -77,9 +80,9 @@ class MirrorDescentState(NamedTuple):
 
 
 class DualAveragingState(NamedTuple):
-    """State of :func:`dual_averaging`: per leaf a metric state, the running gradient sum
-    ``sum_{s<=t} g_s`` and the anchor ``x_1`` (the initial parameters, flattened), each stacked
-    by leaf shape (:class:`~sketchopt._leafwise.LeafGroups`; see :func:`per_leaf_states`)."""
+    """State of :func:`dual_averaging`: the metric states (as in :class:`MirrorDescentState`),
+    the running gradient sum ``sum_{s<=t} g_s`` and the anchor ``x_1`` (the initial parameters),
+    the last two trees like the parameters (``optax.tree.map_params`` maps them)."""
 
     count: jax.Array
     metric_state: Any
@@ -160,7 +163,7 @@ def pack_leaf_states(treedef, states):
     """
     if not states:
         return None
-    return jax.tree.transpose(treedef, jax.tree.structure(states[0]), treedef.unflatten(states))
+    return _leafwise.pack_leaves(treedef, states)
 
 
 def unpack_leaf_states(treedef, packed):
@@ -184,10 +187,7 @@ def unpack_leaf_states(treedef, packed):
       >>> [s.rss.shape for s in sketchopt.unpack_leaf_states(treedef, packed)]
       [(2,), (1,)]
     """
-    if treedef.num_leaves == 0:
-        return []
-    inner = jax.tree.structure(packed, is_leaf=lambda n: jax.tree.structure(n) == treedef)
-    return treedef.flatten_up_to(jax.tree.transpose(inner, treedef, packed))
+    return _leafwise.unpack_leaves(treedef, packed)
 
 
 def per_leaf_states(packed, params):
@@ -228,24 +228,32 @@ def per_leaf_states(packed, params):
 
 
 def migrate_state(restored, target):
-    """A state saved by ``sketchopt`` 0.1, in the current layout (``CHANGELOG.md``, 0.2.0).
+    """A state saved by an earlier ``sketchopt`` (0.1 to 0.9), in the current layout.
 
-    0.1 kept every per-leaf field as a tree like the parameters; 0.2 stacks the leaves of equal
-    shape (:class:`LeafGroups`), so an Orbax restore of a 0.1 checkpoint into a 0.2 target fails
-    on the tree structure. Restore it without a target and convert it::
+    0.1 kept every per-leaf field as a tree like the parameters (flattened leaves); 0.2 to 0.9
+    stacked every per-leaf field by leaf shape (:class:`LeafGroups`); 0.10 keeps the
+    parameter-shaped fields (diagonal accumulators, dual averaging's sum and anchor, FTRL's and
+    RDA's accumulators) as trees like the parameters and stacks the rest (``CHANGELOG.md``).
+    An Orbax restore of an older checkpoint into a current target fails on the tree structure.
+    Restore it without a target and convert it::
 
         raw = ocp.StandardCheckpointer().restore(path)             # nested dicts of arrays
         state = sketchopt.migrate_state(raw, tx.init(params))       # or jax.eval_shape(...)
 
     Args:
-      restored: the 0.1 state, as nested dicts (an Orbax restore without a target) or as the
-        0.1 state objects themselves.
-      target: a state (or ``jax.eval_shape`` of one) of the same transform in the 0.2 layout;
-        only its structure, shapes and dtypes are read.
+      restored: the saved state, as nested dicts (an Orbax restore without a target) or as the
+        old state objects themselves.
+      target: a state (or ``jax.eval_shape`` of one) of the same transform in the current
+        layout; only its structure, shapes and dtypes are read.
 
     Returns:
       The state in the layout of ``target``, with the values of ``restored``; a run continued
-      from it is the run continued from the 0.1 state.
+      from it is the run continued from the saved state.
+
+    Raises:
+      ValueError: a 0.2-0.9 field of a state of parameter-shaped fields only (ADA-DIAG)
+        whose groups do not match the ones this state's parameters make (leaves of one shape
+        but different dtypes); the message says how to migrate.
 
     References:
       None: a state-layout helper of this package (``CHANGELOG.md``, 0.2.0).
@@ -340,6 +348,7 @@ def metric_rule(
         needs_params=needs,
         paddable=metric.paddable and regularizer is None,  # a prox may read the leaf's shape
         group_key=metric.path_key,
+        param_fields=(field,) if metric.param_shaped else (),
     )
 
 
@@ -502,5 +511,6 @@ def dual_averaging(
         needs_params="dual_averaging",
         paddable=metric.paddable and regularizer is None,
         group_key=metric.path_key,
+        param_fields=("metric_state",) * metric.param_shaped + ("grad_sum", "anchor"),
     )
     return _leafwise.leafwise(rule, DualAveragingState)

@@ -78,6 +78,7 @@ __all__ = [
     "constrain",
     "factor_axes",
     "flat_axes",
+    "flat_spec",
     "group_specs",
     "init",
     "state_sharding",
@@ -328,6 +329,40 @@ def _array_spec(spec, shape, x_shape, dtype, mesh, stacked=0) -> PartitionSpec:
     if axes and d > 0 and d % devices == 0 and floating and rest and rest[-1] == d:
         return PartitionSpec(*([None] * (len(x_shape) - 1)), flat)
     return PartitionSpec()
+
+
+def flat_spec(spec, shape, mesh) -> PartitionSpec:
+    """The ``PartitionSpec`` of a parameter's flattened vector: that of its state's ``(..., d)``
+    arrays (:func:`state_sharding`'s rule), split along :func:`flat_axes` when ``d`` divides
+    evenly over them and replicated otherwise.
+
+    A parameter split along its leading axis flattens in place; one split along another axis
+    (``P(None, "x")``) has no contiguous flat layout, and reshaping it to this spec moves its
+    entries (an all-to-all of ``d`` entries) instead of gathering them.
+
+    Args:
+      spec: the parameter's ``PartitionSpec`` (or its tuple of entries).
+      shape: the parameter's shape.
+      mesh: the mesh (concrete or abstract) the axes belong to.
+
+    Returns:
+      A one-entry ``PartitionSpec`` (or ``P()``).
+
+    References:
+      JAX documentation, "Explicit sharding" (``jnp.reshape(..., out_sharding=)``).
+
+    Examples:
+      >>> import jax
+      >>> from jax.sharding import AxisType, PartitionSpec as P
+      >>> from sketchopt import sharding
+      >>> mesh = jax.sharding.AbstractMesh((2,), ("x",), axis_types=(AxisType.Explicit,))
+      >>> sharding.flat_spec(P(None, "x"), (3, 4), mesh)  # d = 12 splits over 2 devices
+      PartitionSpec('x',)
+      >>> sharding.flat_spec(P(None, "x"), (3, 3), mesh)  # d = 9 does not: replicated
+      PartitionSpec()
+    """
+    shape = tuple(shape)
+    return _array_spec(tuple(spec), shape, (math.prod(shape),), jnp.float32, mesh)
 
 
 def factor_axes(spec, shape, rows: int, cols: int, layered: bool, mesh) -> tuple[tuple, tuple]:

@@ -338,3 +338,83 @@ def test_a_checkpoint_without_the_lazy_basis_field_migrates():
     migrated = so.migrate_state(old, jax.eval_shape(tx.init, params))
     for a, b in zip(jax.tree.leaves(migrated), jax.tree.leaves(state), strict=True):
         np.testing.assert_array_equal(a, b)  # per-step FD at these sizes keeps F = I
+
+
+def _layout_0_9(state, params):
+    """``state`` as sketchopt 0.2-0.9 laid it out: every per-leaf field stacked by group
+    (``LeafGroups``), the parameter-shaped ones flattened per leaf."""
+    from sketchopt import _leafwise
+
+    treedef = jax.tree.structure(params)
+    layout = _leafwise.Layout.of(params)
+
+    def stacked(field):
+        per_leaf = so.unpack_leaf_states(treedef, field)
+        groups = tuple(
+            jax.tree.map(
+                lambda *xs: jnp.stack([jnp.ravel(x) for x in xs]), *[per_leaf[i] for i in m]
+            )
+            for m in layout.groups
+        )
+        return so.LeafGroups(groups, layout)
+
+    def old(node):
+        if not _leafwise._is_driver_state(node):
+            return node
+        fields = {
+            name: value
+            if isinstance(value, so.LeafGroups) or name in ("count", "nonfinite_count")
+            else stacked(value)
+            for name, value in zip(node._fields, node, strict=True)
+        }
+        return type(node)(**fields)
+
+    return jax.tree.map(old, state, is_leaf=_leafwise._is_driver_state)
+
+
+@pytest.mark.parametrize("name", ["ada_fd_dual_averaging", "ftrl_proximal"])
+def test_a_checkpoint_of_0_9_migrates(name, tmp_path):
+    """0.9 stacked the parameter-shaped fields (dual averaging's sums and anchor, FTRL's ``z`` and
+    ``sqrt(n)``, the diagonal) by group; they are trees like the parameters now. An Orbax
+    checkpoint of 0.9 restores without a target and migrates exactly; restoring it into the new
+    layout fails on the structure (Orbax's error)."""
+    import orbax.checkpoint as ocp
+
+    tx = optax.chain(optax.clip(10.0), FAMILIES[name]())
+    params = _params()
+    step = jax.jit(tx.update)
+    state = tx.init(params)
+    for i in range(3):
+        _, state = step(_grads(i), state, params)
+    with ocp.StandardCheckpointer() as checkpointer:
+        checkpointer.save(tmp_path / "v09", _layout_0_9(state, params))
+        checkpointer.wait_until_finished()
+        raw = checkpointer.restore(tmp_path / "v09")
+    migrated = so.migrate_state(raw, jax.eval_shape(tx.init, params))
+    assert jax.tree.structure(migrated) == jax.tree.structure(state)
+    for a, b in zip(jax.tree.leaves(migrated), jax.tree.leaves(state), strict=True):
+        assert a.dtype == b.dtype and np.asarray(a).tobytes() == np.asarray(b).tobytes()
+    # the in-memory 0.9 objects migrate as well (ADA-DIAG: a state of parameter fields only)
+    diag = so.ada_diag_dual_averaging(0.1, 0.1)
+    state = diag.init(params)
+    _, state = diag.update(_grads(0), state, params)
+    back = so.migrate_state(_layout_0_9(state, params), state)
+    for a, b in zip(jax.tree.leaves(back), jax.tree.leaves(state), strict=True):
+        np.testing.assert_array_equal(a, b)
+
+
+def test_states_compare_and_print_by_value():
+    """Optax's states are NamedTuples, equal by value and printable whatever they hold: so are
+    these (``optax.tree.map`` of dtypes, as Optax's float64 test compares them)."""
+    tx = so.ada_fd_dual_averaging(0.1, 3, 0.1)
+    params = _params()
+    state = tx.init(params)
+    _, new = tx.update(_grads(0), state, params)
+    dtypes = jax.tree.map(lambda x: x.dtype, state)
+    assert dtypes == jax.tree.map(lambda x: x.dtype, new)
+    assert "float32" in repr(dtypes) and "rows" in repr(dtypes)
+    shapes = jax.tree.map(lambda x: x.shape, state)
+    assert shapes == jax.tree.map(lambda x: x.shape, new)
+    assert hash(shapes.metric_state) == hash(jax.tree.map(lambda x: x.shape, new).metric_state)
+    other = so.ada_fd_dual_averaging(0.1, 2, 0.1).init(params)  # a 2-row sketch
+    assert shapes != jax.tree.map(lambda x: x.shape, other)
