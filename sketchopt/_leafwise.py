@@ -290,7 +290,7 @@ def unpack_leaves(treedef, packed, outer=None) -> list:
     """The inverse of :func:`pack_leaves`: one value per leaf of ``treedef``, in leaf order.
 
     ``outer`` is the per-leaf values' structure when known (then ``packed`` must be exactly
-    ``outer`` of ``treedef``\ s, or this raises); otherwise it is read from ``packed``."""
+    ``outer`` of ``treedef`` trees, or this raises); otherwise it is read from ``packed``."""
     if treedef.num_leaves == 0:
         return []
     if outer is None:
