@@ -48,4 +48,4 @@ from sketchopt.metrics import radagrad_metric as radagrad_metric
 from sketchopt.rules import *  # noqa: F403
 from sketchopt.son import *  # noqa: F403
 
-__version__ = "0.9.0"
+__version__ = "0.10.0"

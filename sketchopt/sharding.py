@@ -3,9 +3,11 @@ r"""Shardings for optimizer states: keep every sketch sharded along ``d`` like i
 Every transform of ``sketchopt`` treats a parameter leaf of any shape as its flattened vector of
 length ``d`` and keeps, per leaf, arrays of three kinds:
 
-* ``(..., d)`` arrays -- the ``sketch_size x d`` sketch rows, Oja's directions, the running
-  gradient sums and anchors of dual averaging, SON's diagonal rescaling, ...;
-* arrays with the parameter's own shape -- the per-coordinate accumulators of the baselines;
+* ``(..., d)`` arrays -- the ``sketch_size x d`` sketch rows, Oja's directions, SON's diagonal
+  rescaling, ...;
+* arrays with the parameter's own shape -- the parameter-shaped fields, trees like the
+  parameters (ADA-DIAG's accumulator, dual averaging's gradient sum and anchor, FTRL's and
+  RDA's accumulators; ``docs/design.md``, "State layout");
 * small arrays -- Gram matrices (``sketch_size x sketch_size``), eigenvalues, ``alpha``, scale
   exponents, counters, PRNG keys.
 
@@ -457,7 +459,7 @@ def abstract_state(tx: Any, params: Any, params_shardings: Any = None, **kwargs)
       ``NamedSharding`` / ``PartitionSpec`` model of the layouts).
 
     Examples:
-      ADA-DIAG's accumulator (one stacked group of ``d = 12``) is split like the parameter:
+      ADA-DIAG's accumulator (a tree like the parameters) is split like the parameter:
 
       >>> import jax, jax.numpy as jnp, sketchopt as so
       >>> from jax.sharding import AxisType, NamedSharding, PartitionSpec as P
@@ -466,7 +468,7 @@ def abstract_state(tx: Any, params: Any, params_shardings: Any = None, **kwargs)
       >>> params = jax.ShapeDtypeStruct((4, 3), jnp.float32, sharding=sharding)
       >>> target = so.sharding.abstract_state(so.ada_diag(0.1, 1e-3), params)
       >>> [(x.shape, tuple(x.sharding.spec)) for x in jax.tree.leaves(target) if x.ndim]
-      [((1, 12), (None, 'model'))]
+      [((4, 3), ('model', None))]
     """
     shape = jax.eval_shape(tx.init, params)
     refs, shape_params = _shardings_of(params, params_shardings)
