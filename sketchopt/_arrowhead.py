@@ -300,9 +300,10 @@ def eigh_desc_structured(gram, arrow):
     Returns ``(mu, u, fallback)`` with ``mu`` descending (round-off zeroed) and ``fallback``
     whether an arrowhead (or diagonal) matrix needed ``eigh``. Inside a vmapped group of leaves
     (``sketchopt._leafwise.grouped``) this is ``eigh`` alone: there a ``cond`` runs every branch.
+    A complex (Hermitian) ``gram`` always takes ``eigh`` (the arrowhead solve is real).
     """
     n = gram.shape[-1]
-    if _leafwise.grouped() or n < 2:
+    if _leafwise.grouped() or n < 2 or jnp.iscomplexobj(gram):
         mu, u = _numerics.eigh_desc(gram)
         return mu, u, jnp.bool_(False)
     idx = jnp.arange(n)
@@ -384,7 +385,11 @@ def householder_null_vector(a):
 def null_vector(a):
     """A unit ``q`` with ``a @ q = 0`` for a ``k x n`` matrix ``a``, ``k < n``: LAPACK's complete
     QR of ``a^T`` on CPU, :func:`householder_null_vector` (no solver-library call) where the
-    arrowhead solve pays (:func:`arrowhead_pays`)."""
+    arrowhead solve pays (:func:`arrowhead_pays`). A complex ``a`` always takes the QR, whose last
+    column ``q`` satisfies ``q^H a^T = 0``: the null vector is ``conj(q)``."""
+    if jnp.iscomplexobj(a):
+        q, _ = jnp.linalg.qr(a.T, mode="complete")
+        return jnp.conj(q[:, -1])
     if arrowhead_pays():
         return householder_null_vector(a)
     q, _ = jnp.linalg.qr(a.T, mode="complete")

@@ -14,6 +14,14 @@ that possible, used by every family:
 * :func:`denoise_residual` -- a projection's residual with its round-off removed;
 * :func:`eigh_desc` -- a small symmetric PSD eigendecomposition, descending, round-off zeroed;
 * :func:`state_dtype` -- states are at least float32 (float64 when enabled and asked for).
+
+Complex states (complex64/complex128 parameters, see :mod:`sketchopt.metrics`, "Complex
+parameters"): :func:`ldexp` scales the real and imaginary parts by the same real power of two,
+:func:`exponent` and :func:`mantissa_exponent` read the modulus, :func:`safe_norm` is the
+Hermitian norm, :func:`eigh_desc` takes the Hermitian part (``(G + G^H) / 2``) and returns real
+eigenvalues, and :func:`conj` / :func:`abs2` / :func:`real_dtype` are the three small helpers the
+families use to write their Hermitian forms. Every branch on complex input is static (decided by
+the dtype at trace time): real programs are unchanged.
 """
 
 from __future__ import annotations
@@ -28,6 +36,8 @@ __all__ = [
     "BIG_EXPONENT",
     "HIGHEST",
     "NO_EXPONENT",
+    "abs2",
+    "conj",
     "eigh_desc",
     "zero_round_off_eigenvalues",
     "exponent",
@@ -35,6 +45,7 @@ __all__ = [
     "ldexp",
     "mantissa_exponent",
     "mantissa_exponent_add",
+    "real_dtype",
     "rescale_exponent",
     "denoise_residual",
     "safe_norm",
@@ -55,6 +66,27 @@ def state_dtype(dtype) -> jnp.dtype:
     """The dtype a state is kept in: at least float32 (bf16/fp16 parameters keep a float32
     sketch), float64 when ``jax_enable_x64`` is on and ``dtype`` is float64."""
     return jnp.promote_types(jnp.dtype(dtype), jnp.float32)
+
+
+def real_dtype(dtype) -> jnp.dtype:
+    """The real dtype of ``dtype``: float32 for complex64, float64 for complex128, else itself
+    (the dtype of a complex state's real-valued parts: eigenvalues, ridges, accumulators)."""
+    dtype = jnp.dtype(dtype)
+    return jnp.finfo(dtype).dtype if jnp.issubdtype(dtype, jnp.complexfloating) else dtype
+
+
+def conj(x):
+    """``conj(x)`` for complex ``x``, ``x`` itself (no operation at all) for real ``x``: the one
+    place a Hermitian form (``g g^H``, ``V^H``) differs from its real one."""
+    return jnp.conj(x) if jnp.iscomplexobj(x) else x
+
+
+def abs2(x):
+    """``|x|^2`` elementwise, real: ``square(x)`` for real ``x`` (the same program as before),
+    ``re^2 + im^2`` for complex ``x``."""
+    if jnp.iscomplexobj(x):
+        return jnp.square(jnp.real(x)) + jnp.square(jnp.imag(x))
+    return jnp.square(x)
 
 
 def flat_size(shape_or_dim) -> int:
@@ -87,8 +119,13 @@ def ldexp(x, e):
     ``x``). An array of exponents falls back to ``jnp.ldexp``. Written in ``lax`` primitives with
     NumPy constants: it runs some twenty times per sketch step, and every ``jnp`` call costs
     trace time of its own.
+
+    Complex ``x``: the real and imaginary parts are scaled by the same power of two (exact
+    wherever each part is a normal number).
     """
     x = jnp.asarray(x)
+    if jnp.iscomplexobj(x):
+        return jax.lax.complex(ldexp(jnp.real(x), e), ldexp(jnp.imag(x), e))
     if jnp.ndim(e) != 0 or not jnp.issubdtype(x.dtype, jnp.floating):
         return jnp.ldexp(x, e)
     info = jnp.finfo(x.dtype)
@@ -107,7 +144,10 @@ def ldexp(x, e):
 
 
 def exponent(x):
-    """The power-of-two exponent ``e`` with ``2**(e-1) <= x < 2**e`` (:data:`NO_EXPONENT` for 0)."""
+    """The power-of-two exponent ``e`` with ``2**(e-1) <= x < 2**e`` (:data:`NO_EXPONENT` for 0);
+    of the modulus ``|x|`` for complex ``x``."""
+    if jnp.iscomplexobj(x):
+        x = jnp.abs(x)
     _, e = jnp.frexp(x)
     return jnp.where(x > 0, e, NO_EXPONENT).astype(jnp.int32)
 
@@ -118,7 +158,12 @@ def rescale_exponent(old_exp, row_max, quadratic_max):
     ``row_max`` is the largest ``|entry|`` of the row; ``quadratic_max`` the largest quadratic
     quantity of the state in its scaled units (a Gram diagonal, an eigenvalue, a ridge), stored
     divided by ``4**old_exp``. Returns ``old_exp`` when neither carries any scale (all zero).
+    Complex arguments (a Hermitian Gram diagonal, a complex row maximum) are read by modulus.
     """
+    if jnp.iscomplexobj(row_max):
+        row_max = jnp.abs(row_max)
+    if jnp.iscomplexobj(quadratic_max):
+        quadratic_max = jnp.real(quadratic_max)  # a Hermitian diagonal: real up to round-off
     e_row = exponent(row_max)
     e_state = jnp.where(quadratic_max > 0, exponent(jnp.sqrt(quadratic_max)) + old_exp, NO_EXPONENT)
     new = jnp.maximum(e_row, e_state)
@@ -126,7 +171,10 @@ def rescale_exponent(old_exp, row_max, quadratic_max):
 
 
 def mantissa_exponent(x):
-    """``x >= 0`` as ``(m, q)`` with ``x = m 2**q``, ``m in [1/2, 1)`` (0 gives ``(0, NO)``)."""
+    """``x >= 0`` as ``(m, q)`` with ``x = m 2**q``, ``m in [1/2, 1)`` (0 gives ``(0, NO)``);
+    a complex ``x`` (real-valued up to round-off) is read by its real part."""
+    if jnp.iscomplexobj(x):
+        x = jnp.real(x)
     m, q = jnp.frexp(x)
     return m, jnp.where(x > 0, q, NO_EXPONENT).astype(jnp.int32)
 
@@ -139,10 +187,11 @@ def mantissa_exponent_add(a, b):
 
 
 def safe_norm(v, axis=None, keepdims=False):
-    """The Euclidean norm without overflow or underflow (the entries are scaled by the largest)."""
+    """The Euclidean norm without overflow or underflow (the entries are scaled by the largest);
+    for complex ``v`` the Hermitian norm ``sqrt(sum |v_i|^2)``, real."""
     top = jnp.max(jnp.abs(v), axis=axis, keepdims=True, initial=0)
     safe = jnp.where(top > 0, top, 1)
-    norm = top * jnp.sqrt(jnp.sum(jnp.square(v / safe), axis=axis, keepdims=True))
+    norm = top * jnp.sqrt(jnp.sum(abs2(v / safe), axis=axis, keepdims=True))
     return norm if keepdims else jnp.squeeze(norm, axis=axis)
 
 
@@ -170,9 +219,12 @@ def eigh_desc(gram, *, zero_round_off=True):
     ``zero_round_off=False`` only clipped at 0, for a caller that tells round-off apart itself).
     Eigenvectors are defined only up to sign (and rotation within a repeated eigenvalue): compare
     products such as ``u diag(mu) u^T``, never ``u`` itself, across programs.
+
+    A complex ``gram`` is Hermitian: its Hermitian part is decomposed, ``gram = u diag(mu) u^H``
+    with real ``mu`` (eigenvectors then defined up to a phase each).
     """
     n = gram.shape[-1]
-    gram = 0.5 * (gram + jnp.swapaxes(gram, -1, -2))
+    gram = 0.5 * (gram + conj(jnp.swapaxes(gram, -1, -2)))
     mu, u = jnp.linalg.eigh(gram)
     mu, u = mu[..., ::-1], u[..., ::-1]
     if not zero_round_off:
@@ -205,15 +257,25 @@ def rank_two_inverse_update(h, r, q):
     (balanced so that neither term is much larger than the update). Returns the new inverse and
     whether the second (downdating) denominator stayed safely positive. Computed in ``h``'s
     dtype (no NumPy scalar promotes it under x64).
+
+    Complex (Hermitian ``M``): the update is ``r q^H + q r^H = a a^H - b b^H``, each step
+    ``h - (h a)(h a)^H / (1 + a^H h a)`` with the real denominator ``1 + a^H h a``.
     """
     dtype = h.dtype
-    nq = jnp.sqrt(jnp.sum(jnp.square(q)))
-    nr = jnp.sqrt(jnp.sum(jnp.square(r)))
+    nq = jnp.sqrt(jnp.sum(abs2(q)))
+    nr = jnp.sqrt(jnp.sum(abs2(r)))
     c = jnp.sqrt(jnp.where((nq > 0) & (nr > 0), nq / jnp.where(nr > 0, nr, 1), 1))
-    half = jnp.asarray(np.sqrt(0.5), dtype)
+    half = jnp.asarray(np.sqrt(0.5), real_dtype(dtype))
     a = (q / c + c * r) * half
     b = (q / c - c * r) * half
     ha = h @ a
+    if jnp.iscomplexobj(h):
+        h = h - jnp.outer(ha, conj(ha) / (1 + jnp.real(conj(a) @ ha)))
+        hb = h @ b
+        den = 1 - jnp.real(conj(b) @ hb)
+        safe = den > jnp.sqrt(jnp.finfo(dtype).eps)
+        h = h + jnp.outer(hb, conj(hb) / jnp.where(safe, den, 1))
+        return 0.5 * (h + conj(h.T)), safe
     h = h - jnp.outer(ha, ha / (1 + a @ ha))
     hb = h @ b
     den = 1 - b @ hb

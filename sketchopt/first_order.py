@@ -30,6 +30,10 @@ Conventions shared by all five:
   param dtype) is not finite, that leaf is skipped -- zero delta, its state exactly unchanged --
   and ``state.nonfinite_count`` grows by one. Nothing non-finite ever enters updates or state.
   Integer (or boolean) gradients raise ``TypeError`` at trace time.
+* Complex parameters (see :mod:`sketchopt.metrics`, "Complex parameters"): the gradient is taken
+  as given, learning rates, thresholds and FTRL's ``n`` (a sum of ``|g_i|^2``) and ``sigma`` are
+  real, and every L1 step or truncation is the complex soft threshold ``z max(0, 1 - a / |z|)``
+  (it shrinks the modulus and keeps the phase; ``T_0`` zeroes a coordinate by its modulus).
 
 The gradient-descent learners (:func:`simple_truncation`, :func:`truncated_gradient`,
 :func:`fobos_l1`) keep no per-leaf state: their schedules and truncation periods follow the global
@@ -52,7 +56,7 @@ import jax.numpy as jnp
 import optax
 from optax import ScalarOrSchedule
 
-from sketchopt import _leafwise, _validation
+from sketchopt import _leafwise, _numerics, _validation
 from sketchopt.regularizers import soft_threshold
 
 __all__ = [
@@ -141,7 +145,8 @@ def _gradient_step_then_truncate(
         del valid  # no per-leaf state: nothing to keep for a skipped leaf
         count = ctx.hyper
         t = optax.safe_increment(count)  # the slides' t, counted from 1
-        eta = _leafwise.at_step(learning_rate, count, g.dtype)
+        # complex g: eta (and every threshold) stays real; the truncations shrink moduli
+        eta = _leafwise.at_step(learning_rate, count, _numerics.real_dtype(g.dtype))
         return truncate(w - eta * g, eta, t) - w, values
 
     return _learner(("leaves",), init, step, TruncatedGradientState)
@@ -235,7 +240,8 @@ def truncated_gradient(
     _validation.period("period", period)
 
     def truncate(v, eta, t):
-        lambda_t = jnp.where(t % period == 0, period * gravity, 0).astype(v.dtype)
+        lambda_t = jnp.where(t % period == 0, period * gravity, 0)
+        lambda_t = lambda_t.astype(_numerics.real_dtype(v.dtype))
         # Alg. 3 line 5: T_1's two shrinking cases are one soft threshold inside [-theta, theta].
         return jnp.where(jnp.abs(v) <= theta, soft_threshold(v, eta * lambda_t), v)
 
@@ -331,7 +337,7 @@ def rda_l1(gamma: float, l1: float) -> optax.GradientTransformationExtraArgs:
         del ctx, valid  # a skipped leaf's steps and average are restored by the driver
         steps, grad_avg = values
         steps = optax.safe_increment(steps)
-        t = steps.astype(g.dtype)
+        t = steps.astype(_numerics.real_dtype(g.dtype))
         grad_avg = (t - 1) / t * grad_avg + g / t  # Alg. 5 line 4
         w_new = -(jnp.sqrt(t) / gamma) * soft_threshold(grad_avg, l1)  # Alg. 5 line 5
         return w_new - w, (steps, grad_avg)
@@ -404,21 +410,23 @@ def ftrl_proximal(
         return -soft_threshold(z, l1) / safe
 
     def init(spec, param):
-        return (_no_steps(spec, param), _zeros(spec, param), _zeros(spec, param))
+        sqrt_n = jnp.zeros((spec.size,), _numerics.real_dtype(spec.dtype))  # complex: real
+        return (_no_steps(spec, param), _zeros(spec, param), sqrt_n)
 
     def step(ctx, g, values, w_params, valid):
         del ctx, valid  # a skipped leaf's sums are restored by the driver
         steps, z, sqrt_n = values
-        new_sqrt_n = jnp.hypot(sqrt_n, g)  # Alg. 6 line 6: n_i += g_i^2
+        rdtype = _numerics.real_dtype(g.dtype)  # complex g: n sums |g|^2, sigma is real
+        new_sqrt_n = jnp.hypot(sqrt_n, jnp.abs(g) if jnp.iscomplexobj(g) else g)  # n += g^2
         if callable(alpha):
-            alpha_prev = _leafwise.at_step(alpha, jnp.maximum(steps - 1, 0), g.dtype)
-            alpha_t = _leafwise.at_step(alpha, steps, g.dtype)
+            alpha_prev = _leafwise.at_step(alpha, jnp.maximum(steps - 1, 0), rdtype)
+            alpha_t = _leafwise.at_step(alpha, steps, rdtype)
             # 1/eta_t - 1/eta_{t-1}, written so that beta cancels exactly for constant alpha
             sigma = (
                 new_sqrt_n / alpha_t - sqrt_n / alpha_prev + beta * (1 / alpha_t - 1 / alpha_prev)
             )
         else:
-            alpha_prev = alpha_t = jnp.asarray(alpha, g.dtype)
+            alpha_prev = alpha_t = jnp.asarray(alpha, rdtype)
             sigma = (new_sqrt_n - sqrt_n) / alpha_t  # Alg. 6 line 6
         w = weights(z, (beta + sqrt_n) / alpha_prev)  # the weights played at this step
         z = z + g - sigma * w  # Alg. 6 line 7

@@ -21,6 +21,22 @@ A metric of one's own is a :class:`Metric` too: its operator needs ``solve`` (th
 
 ``update`` absorbs the gradient ``g_t`` *before* ``H_t`` is used, as in Ada-FD Alg. 1/2 (the
 sketch already includes ``g_t``).
+
+Complex parameters. Following Optax (AdaGrad on ``|g|^2``), a complex leaf's gradient ``g`` in
+``C^d`` is taken as it is given (for a real loss pass ``conj(jax.grad(loss)(z))``, as Optax's
+tests do) and every quadratic form becomes Hermitian: :func:`diagonal` accumulates ``|g|^2``
+(real), :func:`full` keeps ``G_t = sum_s g_s g_s^H`` and roots it through the Hermitian ``eigh``,
+:func:`sketched` sketches ``sum_s g_s g_s^H`` with any sketch of :mod:`sketchopt.sketches` (FD and
+RFD, per-step and fast, PFD, CFD, Oja, random projection: the conventions are in that module's
+docstring) and solves with ``V^H``; the SON family (:mod:`sketchopt.son`: FD-, RFD-, Oja-, RP-SON,
+ONS) uses ``A_t = alpha I + S^H S``, and the first-order learners
+(:mod:`sketchopt.first_order`) and the separable ``l1`` / ``l2_squared`` regularizers shrink
+moduli and keep phases. States of complex64 (complex128) leaves are complex64 (complex128), with
+their real-valued parts (eigenvalues, ridges, diagonal accumulators) float32 (float64). Refused
+with a ``TypeError`` at ``init`` that names the family: :func:`radagrad_metric` and
+:func:`ada_lr_metric` (their randomized DCT is real) and :func:`kron_sketched` (``kron_fd`` /
+``kron_rfd``); and with a ``TypeError`` when built or traced, the regularizers other than ``l1``
+and ``l2_squared`` and SON's :func:`~sketchopt.son.project_bounded_prediction`.
 """
 
 from __future__ import annotations
@@ -140,6 +156,13 @@ def solve_new_gradient(op, g, solved):
     return op.solve(g) if solved is None else solved
 
 
+def refuse_complex(family, dtype):
+    """Raise ``TypeError("<family>: complex parameters are not supported")`` for a complex
+    ``dtype`` (the families that have no Hermitian form here, see the module docstring)."""
+    if jnp.issubdtype(jnp.dtype(dtype), jnp.complexfloating):
+        raise TypeError(f"{family}: complex parameters are not supported (got {jnp.dtype(dtype)})")
+
+
 def check_delta(delta, *, allow_zero=False):
     """Validate ``delta`` at construction (traced values pass, see ``sketchopt._validation``)."""
     if allow_zero:
@@ -158,7 +181,8 @@ class DiagonalMetricState(NamedTuple):
 
     Attributes:
       rss: ``diag(G_t)^{1/2} = sqrt(sum_s g_s^2)`` per coordinate (the root of the sum of
-        squares, kept with ``hypot`` so that it cannot overflow where the sum of squares would).
+        squares, kept with ``hypot`` so that it cannot overflow where the sum of squares would);
+        ``sqrt(sum_s |g_s|^2)``, real (float32/float64), for complex parameters.
     """
 
     rss: jax.Array
@@ -169,7 +193,8 @@ def diagonal(delta: float) -> Metric:
 
     Only the diagonal ``s_t = sqrt(sum_s g_s^2)`` is kept (``O(d)``), so ``H_t^{-1} g`` is
     ``g / (delta + s_t)`` coordinatewise; with ``delta = 0`` coordinates that have seen only zero
-    gradients get a zero step (the safe ``0/0 = 0``).
+    gradients get a zero step (the safe ``0/0 = 0``). Complex ``g``: ``s_t = sqrt(sum_s |g_s|^2)``
+    (the diagonal of the Hermitian ``sum_s g_s g_s^H``), real.
 
     Args:
       delta: ``delta >= 0``.
@@ -193,13 +218,15 @@ def diagonal(delta: float) -> Metric:
     check_delta(delta, allow_zero=True)
 
     def init(shape, dtype=jnp.float32):
-        return DiagonalMetricState(jnp.zeros((flat_size(shape),), state_dtype(dtype)))
+        dtype = _numerics.real_dtype(state_dtype(dtype))  # complex: |g|^2 sums are real
+        return DiagonalMetricState(jnp.zeros((flat_size(shape),), dtype))
 
     def operator(state):
         return DiagonalOperator(delta + state.rss)
 
     def update(state, g, valid=True):
         del valid  # hypot(rss, 0) == rss exactly
+        g = jnp.abs(g) if jnp.iscomplexobj(g) else g  # complex: |g|
         state = DiagonalMetricState(jnp.hypot(state.rss, g))
         return state, operator(state), None
 
@@ -228,7 +255,8 @@ def full(delta: float) -> Metric:
 
     Keeps ``G_t`` exactly and eigendecomposes it, ``G_t = U diag(mu) U^T``, at every operator
     (``O(d^2)`` memory, ``O(d^3)`` time): ``H_t = U diag(delta + sqrt(mu)) U^T``. The reference
-    that ADA-FD approximates.
+    that ADA-FD approximates. Complex ``g``: ``G_t = sum_s g_s g_s^H`` (Hermitian), ``G_t = U
+    diag(mu) U^H`` with real ``mu``, and the operator's rows are ``U^H``.
 
     Args:
       delta: ``delta > 0``.
@@ -268,19 +296,21 @@ def full(delta: float) -> Metric:
         # in the scalar: the Woodbury solve then divides its round-off by delta + min root, not
         # by delta (which was off by eps * max root / delta once G_t had full rank).
         floor = sqrt_g[-1] if d > 0 else jnp.zeros((), sqrt_g.dtype)
-        scalar = jnp.asarray(delta, state.gram.dtype) + floor
-        return LowRankOperator(scalar, u.T, eye, sqrt_g - floor)
+        scalar = jnp.asarray(delta, sqrt_g.dtype) + floor  # real also for a Hermitian G_t
+        return LowRankOperator(scalar, _numerics.conj(u).T, eye, sqrt_g - floor)
 
     def update(state, g, valid=True):
         g, gram = replicate(g), replicate(state.gram)  # see operator
         diag = jnp.diagonal(gram)
+        if jnp.iscomplexobj(diag):  # Hermitian: a real diagonal
+            diag = jnp.real(diag)
         exp = rescale_exponent(
             state.scale_exp, jnp.max(jnp.abs(g), initial=0), jnp.max(diag, initial=0)
         )
         exp = jnp.where(valid, exp, state.scale_exp)
         gram = ldexp(gram, 2 * (state.scale_exp - exp))
         gs = ldexp(g, -exp)
-        state = FullMetricState(gram + jnp.outer(gs, gs), exp)
+        state = FullMetricState(gram + jnp.outer(gs, _numerics.conj(gs)), exp)  # g g^H
         return state, operator(state), None
 
     return Metric(init, update, operator, "full", _validation.spec_key("full", delta))
@@ -322,7 +352,9 @@ def sketched(sketch: _sketches.Sketch, delta: float) -> Metric:
     I + V^T diag(sqrt(lam + alpha) - sqrt(alpha)) V``. ``H_t^{-1} v`` is applied by Woodbury in
     ``O(n d)`` without forming a ``d x d`` matrix; the sketch update returns ``B g`` for free,
     and the per-step FD sketches lift the solve's coefficients in the same pass that rotates
-    their rows, so solving with the new gradient costs no extra pass.
+    their rows, so solving with the new gradient costs no extra pass. Complex ``g``: ``C_t`` is
+    the sketch of ``sum_s g_s g_s^H`` (``V^H diag(lam) V + alpha I``, ``lam`` and ``alpha``
+    real) and the Woodbury solve uses ``V^H`` (module docstring, "Complex parameters").
 
     Args:
       sketch: any :class:`sketchopt.sketches.Sketch` (FD, RFD, their fast forms, PFD, CFD, Oja,
@@ -368,7 +400,8 @@ def sketched(sketch: _sketches.Sketch, delta: float) -> Metric:
         op = _sketched_operator(lr, delta)
         vg = jnp.where(op.weights != 0, lr.project_product(product), 0)
         pair = jnp.stack([vg, vg / (op.scalar + op.weights)])
-        return ldexp(pair, -lr.scale_exp) @ lr.coef
+        # over the basis rows: V^T a = basis^T (coef^T a); complex: V^H a = basis^H (coef^H a)
+        return ldexp(pair, -lr.scale_exp) @ _numerics.conj(lr.coef)
 
     def update(state, g, valid=True):
         out = absorb_solve(state, g, valid, lift=lift_coefficients)
@@ -405,8 +438,9 @@ def _projected_preamble(sketch_size, delta, key):
     check_delta(delta)
     key = _validation.prng_key("key", key)
 
-    def leaf_projection(shape, dtype):
-        """``(d, state dtype, signs, indices)`` of the randomized DCT of a leaf."""
+    def leaf_projection(shape, dtype, family):
+        """``(d, state dtype, signs, indices)`` of the randomized DCT of a leaf (real only)."""
+        refuse_complex(family, dtype)  # a real DCT: no Hermitian form here
         dim = flat_size(shape)
         return (dim, state_dtype(dtype), *_dct.init(key, dim, tau))
 
@@ -460,7 +494,7 @@ def radagrad_metric(sketch_size: int, delta: float, key) -> Metric:
     tau, key, leaf_projection = _projected_preamble(sketch_size, delta, key)
 
     def init(shape, dtype=jnp.float32):
-        dim, dtype, signs, idx = leaf_projection(shape, dtype)
+        dim, dtype, signs, idx = leaf_projection(shape, dtype, "radagrad")
         return RadagradMetricState(
             rows=jnp.zeros((tau, dim), dtype),
             gram=jnp.zeros((tau, tau), dtype),
@@ -559,7 +593,7 @@ def ada_lr_metric(sketch_size: int, delta: float, key) -> Metric:
     tau, key, leaf_projection = _projected_preamble(sketch_size, delta, key)
 
     def init(shape, dtype=jnp.float32):
-        dim, dtype, signs, idx = leaf_projection(shape, dtype)
+        dim, dtype, signs, idx = leaf_projection(shape, dtype, "ada_lr")
         return AdaLRMetricState(jnp.zeros((dim, dim), dtype), jnp.zeros((), jnp.int32), signs, idx)
 
     def operator(state):
@@ -787,6 +821,7 @@ def kron_sketched(
         return out
 
     def init(shape, dtype=jnp.float32, *, path=""):
+        refuse_complex("kron_rfd" if robust else "kron_fd", dtype)
         dtype = state_dtype(dtype)
         factored = factored_as(path, shape)
         diag = jnp.zeros((flat_size(shape),), dtype)

@@ -175,9 +175,16 @@ class LowRankOperator(NamedTuple):
         return self.coef @ _partitioning.contract_d(self.basis, x)
 
     def lift(self, a):
-        """``V^T a`` (d,), one pass over ``basis``; ``a`` may be a ``(j, k)`` stack of vectors."""
+        """``V^T a`` (d,), one pass over ``basis``; ``a`` may be a ``(j, k)`` stack of vectors.
+
+        Complex ``V``: ``V^H a = conj(V^T conj(a))`` (the adjoint of :meth:`project`)."""
         # Scale a first: coef may carry 2**scale_exp itself (Oja's unit directions), and
         # a @ coef could then overflow where the result does not.
+        if jnp.iscomplexobj(self.basis) or jnp.iscomplexobj(self.coef):
+            return jnp.conj(self._lift_plain(jnp.conj(a)))
+        return self._lift_plain(a)
+
+    def _lift_plain(self, a):
         a = _numerics.ldexp(a, -jnp.asarray(self.scale_exp, jnp.int32)) @ self.coef
         return jnp.matmul(a, self.basis, precision=_numerics.HIGHEST)
 

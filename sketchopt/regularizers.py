@@ -246,6 +246,19 @@ def _safe_norm(x, axis=None, keepdims=False):
     return n
 
 
+def _complex_check(reg, wd, op):
+    """The real dtype of ``wd``; for complex ``wd`` (complex parameters), a ``TypeError`` at trace
+    time unless the prox has a Hermitian form here: ``l1`` with a diagonal metric (the complex
+    soft threshold ``z max(0, 1 - tau / |z|)``, which shrinks the modulus and keeps the phase)
+    and ``l2_squared`` with either metric (``x = (H + c s I)^{-1} H z``)."""
+    if not jnp.issubdtype(wd, jnp.complexfloating):
+        return wd
+    if reg.name == "l2_squared" or (reg.name == "l1" and isinstance(op, DiagonalOperator)):
+        return jnp.finfo(wd).dtype
+    where = " with a low-rank metric" if reg.name == "l1" else ""
+    raise TypeError(f"regularizer {reg.name}{where}: complex parameters are not supported")
+
+
 def _safe_div(a, b):
     """``a / b`` with ``0`` where ``b == 0``."""
     return jnp.where(b != 0, a / jnp.where(b != 0, b, 1), 0)
@@ -522,12 +535,13 @@ class Regularizer:
                 )
         dtype = ref.dtype if u is None else jnp.result_type(u, ref)
         wd = _work_dtype(dtype)
+        rd = _complex_check(self, wd, op)  # the real dtype of c, h, scalar, weights
         uf = None if u is None else jnp.asarray(u).reshape(-1).astype(wd)
         zf = None if center is None else jnp.asarray(center).reshape(-1).astype(wd)
-        c = jnp.maximum(jnp.asarray(c, wd), 0)
-        zero_info = ProxInfo(jnp.int32(0), jnp.zeros((), wd))
+        c = jnp.maximum(jnp.asarray(c, rd), 0)
+        zero_info = ProxInfo(jnp.int32(0), jnp.zeros((), rd))
         if isinstance(op, DiagonalOperator):
-            h = jnp.asarray(op.diag, wd).reshape(-1)
+            h = jnp.asarray(op.diag, rd).reshape(-1)
             h = jnp.maximum(h, 0)
             if zf is not None:  # per coordinate: no cancellation across coordinates
                 uz = -h * zf
@@ -536,10 +550,10 @@ class Regularizer:
             x, info = self._diag(uf, c, h, shape), zero_info
         elif isinstance(op, LowRankOperator):
             op = op.in_true_units()._replace(
-                scalar=jnp.asarray(op.scalar, wd),
+                scalar=jnp.asarray(op.scalar, rd),
                 basis=jnp.asarray(op.basis, wd),
                 coef=jnp.asarray(op.coef, wd),
-                weights=jnp.maximum(jnp.asarray(op.weights, wd), 0),
+                weights=jnp.maximum(jnp.asarray(op.weights, rd), 0),
             )
             if uf is not None and zf is not None:
                 zf, uf = zf - op.solve(uf), None
@@ -1574,6 +1588,8 @@ def soft_threshold(v, threshold):
 
     Returns:
       ``v`` shrunk towards zero by ``threshold``, entries within ``threshold`` of zero set to 0.
+      A complex ``v`` has its modulus shrunk and its phase kept, ``v max(0, 1 - threshold /
+      |v|)`` (the proximal map of ``threshold sum_i |v_i|`` on ``C^d``).
 
     References:
       Duchi, Hazan & Singer, "Adaptive Subgradient Methods for Online Learning and Stochastic
@@ -1585,6 +1601,7 @@ def soft_threshold(v, threshold):
       >>> soft_threshold(jnp.array([-2.0, 0.5, 3.0]), 1.0)
       Array([-1.,  0.,  2.], dtype=float32)
     """
+    # complex v: jnp.sign(v) = v / |v|, the complex soft threshold v max(0, 1 - threshold / |v|)
     return jnp.sign(v) * jnp.maximum(jnp.abs(v) - threshold, 0)
 
 

@@ -43,6 +43,14 @@ Implementation notes (the "Speed" and "Bad input" sections of ``DESIGN.md``):
   float32 neither overflow nor underflow, and no non-finite matrix ever reaches ``eigh``.
 * A row containing NaN or Inf leaves the state exactly unchanged and increments
   ``nonfinite_count``. Sketch arrays are at least float32 (bf16/fp16 rows are upcast).
+
+Complex rows (complex64/complex128; see :mod:`sketchopt.metrics`, "Complex parameters"): every
+sketch approximates the Hermitian ``sum_t a_t a_t^H`` as ``C = V^H diag(lam) V + alpha I`` with
+``V V^H = I``. The FD family and the random projection store the *conjugate* row ``conj(a_t)``
+(so ``B^H B = sum_t a_t a_t^H``, the Gram matrix ``K = B B^H`` is Hermitian, and the product with
+the next row stays the plain ``B a``); a shrink rotates by ``U^H`` of ``K = U diag(mu) U^H``;
+Oja's update is ``V + Gamma (V a) a^H``. Eigenvalues, ``alpha`` and CFD's compensation are real
+(float32/float64). Real rows run exactly the programs they ran before.
 """
 
 from __future__ import annotations
@@ -58,9 +66,12 @@ import numpy as np
 from sketchopt import _arrowhead, _leafwise, _validation
 from sketchopt._numerics import (
     HIGHEST,
+    abs2,
+    conj,
     eigh_desc,
     flat_size,
     ldexp,
+    real_dtype,
     rescale_exponent,
     state_dtype,
 )
@@ -308,7 +319,7 @@ def _gram_low_rank(rows, gram, scale_exp, alpha, drop_last, transform=None):
         mu, u = mu[:-1], u[:, :-1]
     inv_sqrt = jnp.where(mu > 0, 1 / jnp.sqrt(jnp.where(mu > 0, mu, 1)), 0)
     # V = diag(mu^-1/2) U^T B / 2**scale_exp: the 2**-scale_exp stays outside coef (see LowRank).
-    coef = (u * inv_sqrt).T
+    coef = conj(u * inv_sqrt).T  # complex: V = diag(mu^-1/2) U^H B
     if transform is not None:  # B = F Z: V = (diag(mu^-1/2) U^T F) Z
         coef = jnp.matmul(coef, transform, precision=HIGHEST)
     return LowRank(
@@ -409,7 +420,7 @@ _GRAM_REFRESH = 32
 def _exact_gram(rows, scale_exp):
     """``B B^T / 4**scale_exp``, the rows scaled first so that nothing overflows."""
     scaled = ldexp(rows, -scale_exp)
-    return contract_d(scaled, scaled.T)
+    return contract_d(scaled, conj(scaled).T)  # complex: B B^H
 
 
 def _residual_terms(a, row):
@@ -417,6 +428,13 @@ def _residual_terms(a, row):
     if a.ndim == 1:
         return a, row
     return jnp.stack([a[0], -a[1]]), jnp.stack([row, jnp.zeros_like(row)])
+
+
+def _conj_residual_terms(a, row):
+    """:func:`_residual_terms` for ``row - basis^H a`` (complex rows; the real case is the same
+    call): ``basis^H a = conj(basis^T conj(a))``, so the real formula runs on ``conj(a)`` and
+    ``conj(row)`` and its result is conjugated back by the caller (:func:`conj`)."""
+    return _residual_terms(conj(a), conj(row))
 
 
 def _make_sketch(init, absorb, sketch_size, name, *, spec=None, paddable=False):
@@ -447,9 +465,9 @@ def _make_sketch(init, absorb, sketch_size, name, *, spec=None, paddable=False):
         out = absorb(state, row, valid, lift)
         if lift is None or out.residual is not None:
             return out
-        coef, base = _residual_terms(lift(out.state, out.product), row)
+        coef, base = _conj_residual_terms(lift(out.state, out.product), row)
         basis = low_rank(out.state).basis
-        return out._replace(residual=base - jnp.matmul(coef, basis, precision=HIGHEST))
+        return out._replace(residual=conj(base - jnp.matmul(coef, basis, precision=HIGHEST)))
 
     def absorb_pair(state, row, valid=True, lift=None):
         out = absorb_solve(state, row, valid, lift)
@@ -501,7 +519,7 @@ def _fd_shrunk(state, valid, tau, num_shrunk, alpha_fraction, compensate):
     arrow = jnp.maximum(state.fill - 1, 0)  # the row just appended: B B^T is an arrowhead
     mu, u, delta, shrunk, fallback = _fd_spectrum(state.gram, tau, num_shrunk, arrow)
     ratio = jnp.where(mu > 0, shrunk / jnp.where(mu > 0, mu, 1), 0)
-    rot = (u * jnp.sqrt(ratio)).T  # B' = diag(sqrt((mu - delta)/mu)) U^T B
+    rot = conj(u * jnp.sqrt(ratio)).T  # B' = diag(sqrt((mu - delta)/mu)) U^T B (complex: U^H)
     new = state._replace(
         gram=jnp.where(valid, jnp.diag(shrunk), state.gram),
         fill=jnp.where(valid, tau - 1, state.fill).astype(jnp.int32),
@@ -531,9 +549,10 @@ def _fd_shrink(
     if lift is None:
         return new._replace(rows=_rotate_rows(kept, state.rows, valid)), product
     # new.rows still holds the rows before the rotation: lift reads only the small fields.
-    coef, base = _residual_terms(lift(new, product) @ rot, row)  # B'^T a = B^T (rot^T a)
+    # B'^T a = B^T (rot^T a); complex: B'^H a = conj(B^T (rot^T conj(a)))
+    coef, base = _residual_terms(conj(lift(new, product)) @ rot, conj(row))
     rows, residual = _rotate_rows(kept, state.rows, valid, coef, base)
-    return new._replace(rows=rows), product, residual
+    return new._replace(rows=rows), product, conj(residual)
 
 
 def _fd_rescale_exponent(state, row, valid):
@@ -543,6 +562,8 @@ def _fd_rescale_exponent(state, row, valid):
     implementation notes.
     """
     diag = jnp.diagonal(state.gram)
+    if jnp.iscomplexobj(diag):  # Hermitian: a real diagonal
+        diag = jnp.real(diag)
     # alpha and compensation live under the same scale as the Gram matrix: cover them too, or
     # a large alpha0 followed by tiny rows would be scaled up to overflow.
     quadratic = jnp.maximum(jnp.max(diag, initial=0), jnp.maximum(state.alpha, state.compensation))
@@ -581,7 +602,7 @@ def _fd_append(state, row, valid, lazy=False):
     # A skipped (invalid) row leaves everything bit-identical, signed zeros included: the
     # slot keeps its old contents and the small arrays are selected.
     old = jax.lax.dynamic_slice_in_dim(state.rows, slot, 1, axis=0)
-    new_row = jnp.where(valid, row[None, :], old)
+    new_row = jnp.where(valid, conj(row)[None, :], old)  # complex: conj(g), so B^H B += g g^H
     rows = jax.lax.dynamic_update_slice(state.rows, new_row, (slot, jnp.int32(0)))
     stored = _scaled_dot(rows, row, exp)
     transform = state.transform
@@ -589,7 +610,8 @@ def _fd_append(state, row, valid, lazy=False):
     if lazy:
         transform = jnp.where(valid, transform.at[j, slot].set(1), transform)
         prod = jnp.matmul(transform, stored, precision=HIGHEST)
-    gram = jnp.where(valid, gram.at[j, :].set(prod).at[:, j].set(prod), state.gram)
+    # complex: column j of B B^H is B g, row j its conjugate (K_jj = |g|^2 real)
+    gram = jnp.where(valid, gram.at[j, :].set(conj(prod)).at[:, j].set(prod), state.gram)
     step = valid.astype(jnp.int32)
     state = state._replace(
         rows=rows,
@@ -650,11 +672,12 @@ def _fd_shrink_lazy(
     # new.rows are still Z: lift reads the small fields only. Z'^T a = Z^T (a - (h . a) e_k),
     # taken from the tiles of Z in the pass that updates them.
     a = lift(new, product)
+    a = conj(a)  # complex: Z'^H a = conj(Z'^T conj(a)), see _conj_residual_terms
     coef, base = _residual_terms(
-        a - (a @ h)[..., None] * jax.nn.one_hot(k, h.shape[0], dtype=h.dtype), row
+        a - (a @ h)[..., None] * jax.nn.one_hot(k, h.shape[0], dtype=h.dtype), conj(row)
     )
     rows, residual = _free_rows(state.rows, h, k, valid, coef, base)
-    return new._replace(rows=rows), product, residual
+    return new._replace(rows=rows), product, conj(residual)
 
 
 def _refresh_due(state, shrank, *, n, tau):
@@ -754,7 +777,7 @@ def _fd_family(
 
     def init(dim, dtype=jnp.float32):
         dim, dtype = flat_size(dim), state_dtype(dtype)
-        zero = jnp.zeros((), dtype)
+        zero = jnp.zeros((), real_dtype(dtype))  # alpha, compensation: real for complex rows
         return FrequentDirectionsState(
             rows=jnp.zeros((n, dim), dtype),
             gram=jnp.zeros((n, n), dtype),
@@ -992,11 +1015,19 @@ def _orthonormalize_rows(a):
     m, d = a.shape
     k = min(m, d)
     q, r = jnp.linalg.qr(a.T)  # (d, k), (k, m)
-    signs = jnp.where(jnp.diagonal(r) < 0, -1, 1).astype(a.dtype)
-    q = (q * signs).T
+    q = (q * _unit_phase(jnp.diagonal(r))).T
     if k < m:  # more rows than dimensions: the extra rows cannot be orthonormal, keep them zero
         q = jnp.concatenate([q, jnp.zeros((m - k, d), a.dtype)])
     return q
+
+
+def _unit_phase(r):
+    """The unit factor that makes ``r`` (a diagonal of ``R``) positive: its sign, or for complex
+    ``r`` its phase ``r / |r|`` (1 where ``r = 0``)."""
+    if jnp.iscomplexobj(r):
+        mag = jnp.abs(r)
+        return jnp.where(mag > 0, r / jnp.where(mag > 0, mag, 1), 1).astype(r.dtype)
+    return jnp.where(r < 0, -1, 1).astype(r.dtype)
 
 
 def _oja_orthonormalize(v, keep, c, u):
@@ -1009,22 +1040,28 @@ def _oja_orthonormalize(v, keep, c, u):
     the orthonormalized rows are ``Q^T W``: one ``m x m`` rotation of ``V`` plus a rank-one term,
     as for the FD sketches, and only ``m``-sized products cross the (possibly sharded) axis
     ``d``. Zero rows of ``V`` (``m > d``) stay exactly zero. Also returns ``V_new u``.
+
+    Complex rows (``V V^H = I``): ``p = conj(V) u`` are the coefficients of ``u``'s projection
+    ``V^T p`` on the rows, the QR is complex and ``R``'s diagonal is made positive by phases;
+    the returned product is then ``V_new conj(u)`` (:func:`_oja_absorb` passes ``u = conj(g)``).
     """
     m = v.shape[0]
-    p = contract_d(v, u)
+    cv = conj(v)
+    p = contract_d(cv, u)
     w = u - jnp.matmul(p, v, precision=HIGHEST)
-    p2 = contract_d(v, w)
+    p2 = contract_d(cv, w)
     w = w - jnp.matmul(p2, v, precision=HIGHEST)
     p = p + p2
-    rho = jnp.sqrt(jnp.sum(jnp.square(w)))
+    rho = jnp.sqrt(jnp.sum(abs2(w)))
     has_w = rho > 0
     w = w / jnp.where(has_w, rho, 1)
     rho = jnp.where(has_w, rho, 0)
     mt = jnp.concatenate([(jnp.diag(keep) + jnp.outer(c, p)).T, (c * rho)[None, :]])
     q, r = jnp.linalg.qr(mt)  # (m + 1, m), (m, m)
-    q = q * jnp.where(jnp.diagonal(r) < 0, -1, 1).astype(q.dtype)
+    q = q * _unit_phase(jnp.diagonal(r))
     new = jnp.matmul(q[:m].T, v, precision=HIGHEST) + jnp.outer(q[m], w)
-    return new, q[:m].T @ p + q[m] * rho
+    # V_new conj(u) = Q^T W conj(u): W conj(u) = conj(W u) = conj([p; rho]) (rho real)
+    return new, q[:m].T @ conj(p) + q[m] * rho
 
 
 def _oja_absorb(state, row, valid, gamma):
@@ -1034,6 +1071,7 @@ def _oja_absorb(state, row, valid, gamma):
     product ``V_t g / 4**exp`` taken without another pass over ``d``.
     """
     v = state.directions
+    rdtype = real_dtype(v.dtype)  # complex rows: Gamma, Lambda and the norms are real
     row = like_last_axis(row.astype(v.dtype), v)
     exp = rescale_exponent(
         state.scale_exp,
@@ -1044,22 +1082,24 @@ def _oja_absorb(state, row, valid, gamma):
     scaled_row = ldexp(row, -exp)
     proj = contract_d(v, scaled_row)  # V g / 2**exp
     t = state.count + 1
-    g = jnp.asarray(gamma(t.astype(v.dtype)), v.dtype)
-    lam = (1 - g) * lam + g * jnp.square(proj)
+    g = jnp.asarray(gamma(t.astype(rdtype)), rdtype)
+    lam = (1 - g) * lam + g * abs2(proj)  # complex: |v_i . g|^2 = v_i g g^H v_i^H
     # Row i of V + Gamma (V g) g^T is v_i + f_i g with f_i = Gamma (v_i.g); rescale each row by
     # 1 / (1 + |f_i| |g|) before orthonormalizing (Gram-Schmidt is invariant to positive row
     # scaling), computed in the log domain so that huge rows cannot overflow.
-    gnorm = jnp.sqrt(jnp.sum(jnp.square(scaled_row)))
+    gnorm = jnp.sqrt(jnp.sum(abs2(scaled_row)))
     log_f = (
         jnp.log(g)
         + jnp.log(jnp.abs(proj))
         + jnp.log(gnorm)
-        + 2 * exp.astype(v.dtype) * jnp.log(2.0).astype(v.dtype)
+        + 2 * exp.astype(rdtype) * jnp.log(2.0).astype(rdtype)
     )
     keep = jax.nn.sigmoid(-log_f)  # 1 / (1 + |f| |g|)
     take = jax.nn.sigmoid(log_f)  # |f| |g| / (1 + |f| |g|)
     unit_row = scaled_row / jnp.where(gnorm > 0, gnorm, 1)
-    directions, v_unit = _oja_orthonormalize(v, keep, jnp.sign(proj) * take, unit_row)
+    # complex: V + Gamma (V g) g^H, the rank-one term's row direction conj(g) and the phase of
+    # V g (jnp.sign of a complex number is its phase)
+    directions, v_unit = _oja_orthonormalize(v, keep, jnp.sign(proj) * take, conj(unit_row))
     new = state._replace(directions=directions, eigenvalues=lam, scale_exp=exp, count=t)
     new = jax.tree.map(lambda a, b: jnp.where(valid, a, b), new, state)
     prod = ldexp(gnorm * v_unit, -exp)  # V_t g / 4**exp, without another pass
@@ -1118,7 +1158,7 @@ def oja(
         gauss = jax.random.normal(key, (m, dim), dtype)
         return OjaState(
             directions=_orthonormalize_rows(gauss),
-            eigenvalues=jnp.zeros((m,), dtype),
+            eigenvalues=jnp.zeros((m,), real_dtype(dtype)),
             scale_exp=jnp.zeros((), jnp.int32),
             count=jnp.zeros((), jnp.int32),
             nonfinite_count=jnp.zeros((), jnp.int32),
@@ -1184,6 +1224,8 @@ def random_projection(sketch_size: int, key: jax.Array) -> Sketch:
         # A zero row changes nothing below (S + r 0^T = S, q = 0) but the key and the scale.
         row = like_last_axis(row.astype(state.rows.dtype), state.rows)
         diag = jnp.diagonal(state.gram)
+        if jnp.iscomplexobj(diag):  # Hermitian: a real diagonal
+            diag = jnp.real(diag)
         exp = rescale_exponent(
             state.scale_exp, jnp.max(jnp.abs(row), initial=0), jnp.max(diag, initial=0)
         )
@@ -1192,13 +1234,15 @@ def random_projection(sketch_size: int, key: jax.Array) -> Sketch:
         key, sub = jax.random.split(state.key)
         key = jnp.where(valid, key, state.key)
         dtype = state.rows.dtype
-        r = jax.random.normal(sub, (m,), dtype) * jnp.asarray(1 / np.sqrt(m), dtype)
+        rdtype = real_dtype(dtype)  # complex rows: r_t is a real Gaussian vector
+        r = jax.random.normal(sub, (m,), rdtype) * jnp.asarray(1 / np.sqrt(m), rdtype)
         scaled_row = ldexp(row, -exp)
         prod = _scaled_dot(state.rows, row, exp)
-        sq = jnp.sum(jnp.square(scaled_row))
+        sq = jnp.sum(abs2(scaled_row))
         q = prod + 0.5 * sq * r
-        gram = gram + jnp.outer(r, q) + jnp.outer(q, r)
-        rows = state.rows + jnp.outer(r, row)
+        # complex: S += r g^H (rows conj(g)), S S^H += q r^T + r q^H
+        gram = gram + jnp.outer(r, conj(q)) + jnp.outer(q, r)
+        rows = state.rows + jnp.outer(r, conj(row))
         count = state.count + valid.astype(jnp.int32)
         new = state._replace(rows=rows, gram=gram, scale_exp=exp, key=key, count=count)
         return Absorbed(new, prod + sq * r, drawn=r)  # S_t g / 4**exp; r_t handed back
@@ -1255,7 +1299,7 @@ def _(state: FrequentDirectionsState) -> LowRank:
 
 @low_rank.register
 def _(state: RandomProjectionState) -> LowRank:
-    zero = jnp.zeros((), state.gram.dtype)
+    zero = jnp.zeros((), real_dtype(state.gram.dtype))
     return _gram_low_rank(state.rows, state.gram, state.scale_exp, zero, drop_last=False)
 
 
@@ -1267,7 +1311,7 @@ def _(state: OjaState) -> LowRank:
     # Keep the directions sorted by eigenvalue like the other sketches.
     order = jnp.argsort(-lam)
     lam = lam[order]
-    coef = ldexp(jnp.eye(m, dtype=dtype)[order], state.scale_exp)
+    coef = ldexp(jnp.eye(m, dtype=state.directions.dtype)[order], state.scale_exp)
     coef = jnp.where((lam > 0)[:, None], coef, 0)  # V's rows with a zero eigenvalue are zero
     return LowRank(
         scalar=jnp.zeros((), dtype),
@@ -1314,7 +1358,8 @@ def factors(state) -> tuple[jax.Array, jax.Array, jax.Array]:
 
 
 def covariance(state) -> jax.Array:
-    """The dense ``d x d`` sketched covariance ``C = V^T diag(lam) V + alpha I`` (for tests).
+    """The dense ``d x d`` sketched covariance ``C = V^T diag(lam) V + alpha I`` (for tests;
+    ``V^H diag(lam) V + alpha I``, Hermitian, for complex rows).
 
     Args:
       state: the state of any sketch of this module.
@@ -1336,5 +1381,5 @@ def covariance(state) -> jax.Array:
              [0., 2.]], dtype=float32)
     """
     v, lam, alpha = factors(state)
-    cov = jnp.matmul(v.T * lam, v, precision=HIGHEST)
+    cov = jnp.matmul(conj(v).T * lam, v, precision=HIGHEST)  # complex: V^H diag(lam) V
     return cov + alpha * jnp.eye(v.shape[1], dtype=v.dtype)

@@ -81,6 +81,13 @@ normalized updates) instead of the plain gradient step ``-(1/alpha) g_t``. The p
 same metric: it projects ``D_t^{1/2} w`` in the ``A_t``-norm with the example
 ``D_t^{-1/2} x`` and maps the move back with ``D_t^{-1/2}``. ``D_t`` is updated with ``g_t^2``
 after the step, so the state always holds the ``D`` of the next round.
+
+Complex parameters (see :mod:`sketchopt.metrics`, "Complex parameters"): ``A_t = alpha I + S^H
+S`` approximates ``alpha I + sum_s ghat_s ghat_s^H`` (Hermitian), the sketches store their
+conjugate rows, RP-SON's kept ``(alpha I + S S^H)^{-1}`` and ONS's ``A_t^{-1}`` are Hermitian with
+Sherman-Morrison steps ``M - (M v)(M v)^H / (1 + v^H M v)``, and ``alpha``, ``eta_t``,
+``sigma_t`` and ``D_t`` (from ``|g|^2``) are real. :func:`project_bounded_prediction` (a bound on
+a real prediction ``|w^T x|``) refuses complex parameters with a ``TypeError``.
 """
 
 from __future__ import annotations
@@ -312,7 +319,7 @@ class SketchedNewtonOperator(NamedTuple):
         lr = self.factors
         zhat, k, null = _lowrank_pinv(lr, self.alpha, x, want_null=True)
         vn = lr.project(null)
-        cost = jnp.sum(jnp.where(lr.eigenvalues > 0, lr.eigenvalues * jnp.square(vn), 0))
+        cost = jnp.sum(jnp.where(lr.eigenvalues > 0, lr.eigenvalues * _numerics.abs2(vn), 0))
         return _LeafTerms(zhat, k, null, cost.astype(x.dtype), 2 * lr.scale_exp)
 
 
@@ -377,7 +384,8 @@ def _newton_metric(name, init_leaf, absorb, *, eta, curvature, diagonal_rescalin
     def init(shape, dtype=jnp.float32, index=0):
         dim = _metrics.flat_size(shape)
         ls = init_leaf(index, dim, dtype)
-        diag = jnp.full((dim,), np.sqrt(_DIAGONAL_INIT), dtype) if diagonal_rescaling else None
+        rdtype = _numerics.real_dtype(dtype)  # complex: D_t is real (sums of |g|^2)
+        diag = jnp.full((dim,), np.sqrt(_DIAGONAL_INIT), rdtype) if diagonal_rescaling else None
         return ls._replace(diag_sqrt=diag)
 
     def hyper(count):
@@ -389,7 +397,8 @@ def _newton_metric(name, init_leaf, absorb, *, eta, curvature, diagonal_rescalin
 
     def to_sketch(ls, g, hyper):
         """``c = eta_t + sigma_t``, ``gz = D^{-1/2} g``, ``ghat = sqrt(c) gz``."""
-        c = jnp.asarray(hyper[0], g.dtype) + jnp.asarray(hyper[1], g.dtype)
+        rdtype = _numerics.real_dtype(g.dtype)  # complex g: c real
+        c = jnp.asarray(hyper[0], rdtype) + jnp.asarray(hyper[1], rdtype)
         gz = g / ls.diag_sqrt if diagonal_rescaling else g
         return c, gz, jnp.sqrt(c) * gz
 
@@ -407,6 +416,7 @@ def _newton_metric(name, init_leaf, absorb, *, eta, curvature, diagonal_rescalin
         # H_t = D_t^{1/2} A_t D_t^{1/2} with this round's D (the one sol used); the state keeps
         # the next round's D (module docstring). hypot(D, 0) == D exactly.
         op = operator(new)
+        g = jnp.abs(g) if jnp.iscomplexobj(g) else g  # complex: D_t from |g|^2
         new = new._replace(diag_sqrt=jnp.hypot(ls.diag_sqrt, jnp.where(valid, g, 0)))
         return new, op, sol / ls.diag_sqrt
 
@@ -489,7 +499,8 @@ def _sketched_newton_metric(
         sk_state = make_sketch(i).init(dim, dtype)
         if init_alpha is not None:  # RFD's alpha^(0), stored in the sketch's scaled units (e = 0)
             sk_state = sk_state._replace(alpha=jnp.asarray(init_alpha, sk_state.alpha.dtype))
-        return SketchedNewtonState(sk_state, jnp.asarray(alpha, dtype), None)
+        alpha_dtype = _numerics.real_dtype(dtype)  # complex leaves: a real ridge
+        return SketchedNewtonState(sk_state, jnp.asarray(alpha, alpha_dtype), None)
 
     def absorb(ls, gz, ghat, c, valid):
         a = jnp.where(valid, jnp.asarray(alpha, ls.alpha.dtype), ls.alpha)
@@ -726,9 +737,9 @@ def _rp_ridge(alpha, e, dtype):
 
 def _rp_inverse(gram, alpha_s):
     """``(alpha_s I + gram)^{-1}`` from an eigendecomposition (the refresh of the Woodbury path)."""
-    mu, u = jnp.linalg.eigh(0.5 * (gram + gram.T))
+    mu, u = jnp.linalg.eigh(0.5 * (gram + _numerics.conj(gram.T)))  # complex: Hermitian
     mu = jnp.maximum(mu, 0)
-    return (u / (alpha_s + mu)) @ u.T
+    return (u / (alpha_s + mu)) @ _numerics.conj(u.T)
 
 
 def _rp_paper_regime(ls: RandomProjectionNewtonState):
@@ -741,7 +752,10 @@ def _rp_paper_regime(ls: RandomProjectionNewtonState):
     dtype = ls.inverse.dtype
     alpha_s = _numerics.ldexp(ls.alpha, -2 * ls.sketch.scale_exp)
     limit = jnp.finfo(dtype).eps ** (-1.0 / 3.0)
-    return alpha_s * limit >= alpha_s + jnp.trace(ls.sketch.gram)
+    trace = jnp.trace(ls.sketch.gram)
+    if jnp.iscomplexobj(trace):  # Hermitian: a real trace
+        trace = jnp.real(trace)
+    return alpha_s * limit >= alpha_s + trace
 
 
 def _rp_pinv(ls: RandomProjectionNewtonState, y, product=None, root=None):
@@ -769,7 +783,9 @@ def _rp_pinv(ls: RandomProjectionNewtonState, y, product=None, root=None):
     def paper():
         _, (rm, rq) = _rp_ridge(ls.alpha, e, ls.inverse.dtype)
         z = ls.inverse @ s_times_y()
-        back = jnp.matmul(_numerics.ldexp(z, -e), sk.rows, precision=hi)
+        # S^T z; complex (rows conj(g)): S^H z = conj(S^T conj(z))
+        zc = _numerics.conj(_numerics.ldexp(z, -e))
+        back = _numerics.conj(jnp.matmul(zc, sk.rows, precision=hi))
         return (y - back) / rm, -rq
 
     def eigen():
@@ -791,7 +807,7 @@ def _rp_absorb(sketch, alpha, ls, gz, ghat, c, valid):
     # product = S_t ghat / 4**e1; r = the r_t the sketch drew for this update
     sk1, product, _, r = sketch.absorb_solve(sk0, ghat, valid)
     e0, e1 = sk0.scale_exp, sk1.scale_exp
-    sq = jnp.sum(jnp.square(_numerics.ldexp(ghat, -e1)))
+    sq = jnp.sum(_numerics.abs2(_numerics.ldexp(ghat, -e1)))
     q = product - 0.5 * sq * r  # (S_{t-1} ghat + |ghat|^2 r / 2) / 4**e1
     h = _numerics.ldexp(ls.inverse, 2 * (e1 - e0))  # the same H in the new scaled units
     # A jump of the scale can leave H = 4**e (alpha I + S S^T)^{-1} unrepresentable (alpha
@@ -881,7 +897,7 @@ def rp_son(
     def init_leaf(i, dim, dtype):
         leaf_key = jax.random.fold_in(key, i) if i else key
         sk_state = _sketches.random_projection(m, leaf_key).init(dim, dtype)
-        a = jnp.asarray(alpha, dtype)
+        a = jnp.asarray(alpha, _numerics.real_dtype(dtype))  # complex leaves: a real ridge
         inverse = jnp.eye(m, dtype=dtype) / a
         return RandomProjectionNewtonState(sk_state, inverse, a, None)
 
@@ -906,9 +922,9 @@ def rp_son(
 
 def _ons_recompute(gram, e, a):
     """``(alpha I + 4**e gram)^{-1}`` by an eigendecomposition (never singular: alpha > 0)."""
-    mu, u = jnp.linalg.eigh(0.5 * (gram + gram.T))
+    mu, u = jnp.linalg.eigh(0.5 * (gram + _numerics.conj(gram.T)))  # complex: Hermitian
     lam = _numerics.ldexp(jnp.maximum(mu, 0), 2 * e)  # may overflow to inf: 1/inf = 0 is right
-    return (u / (a + lam)) @ u.T
+    return (u / (a + lam)) @ _numerics.conj(u.T)
 
 
 def _ons_step(ls, gz, ghat, c, valid):
@@ -920,11 +936,12 @@ def _ons_step(ls, gz, ghat, c, valid):
     e = _numerics.exponent(jnp.max(jnp.abs(gz), initial=0))
     ys = _numerics.ldexp(gz, -jnp.where(e == _numerics.NO_EXPONENT, 0, e))
     v = jnp.matmul(m_inv, ys, precision=hi)
-    p = jnp.maximum(ys @ v, 0)
+    cplx = jnp.iscomplexobj(m_inv)  # complex: y^H M y real, outer products v v^H
+    p = jnp.maximum(jnp.real(_numerics.conj(ys) @ v) if cplx else ys @ v, 0)
     # A_t^{-1} g = 2**e v / (1 + c 4**e p) and the Sherman-Morrison factor c 4**e / (...),
     # written so that no power of two overflows whatever the sign of e.
     big = e > 0
-    one = jnp.ones((), m_inv.dtype)
+    one = jnp.ones((), _numerics.real_dtype(m_inv.dtype))
     den = jnp.where(big, _numerics.ldexp(one, -2 * e) + c * p, 1 + c * _numerics.ldexp(p, 2 * e))
     # den == 0 only if A_{t-1}^{-1} g underflowed to 0 (then so does the step).
     safe = jnp.where(den > 0, den, 1)
@@ -932,8 +949,8 @@ def _ons_step(ls, gz, ghat, c, valid):
     sol = jnp.where(
         den > 0, jnp.where(big, _numerics.ldexp(v, -e), _numerics.ldexp(v, e)) / safe, 0
     )
-    m_new = m_inv - jnp.outer(v, v * fac)
-    m_new = 0.5 * (m_new + m_new.T)
+    m_new = m_inv - jnp.outer(v, _numerics.conj(v) * fac)
+    m_new = 0.5 * (m_new + _numerics.conj(m_new.T))
     # The scaled A - alpha I (as metrics.full keeps G), for the safeguard.
     e_old = ls.scale_exp
     e_new = _numerics.rescale_exponent(
@@ -941,12 +958,13 @@ def _ons_step(ls, gz, ghat, c, valid):
     )
     e_new = jnp.where(valid, e_new, e_old)
     hs = _numerics.ldexp(ghat, -e_new)
-    gram = _numerics.ldexp(ls.gram, 2 * (e_old - e_new)) + jnp.outer(hs, hs)
+    gram = _numerics.ldexp(ls.gram, 2 * (e_old - e_new)) + jnp.outer(hs, _numerics.conj(hs))
     # Breakdown: the downdate cancelled below the precision (A^{-1} no longer PSD/finite).
+    quad = _numerics.conj(ys) @ jnp.matmul(m_new, ys, precision=hi)
     broken = (
         ~jnp.all(jnp.isfinite(m_new))
-        | jnp.any(jnp.diagonal(m_new) < 0)
-        | (ys @ jnp.matmul(m_new, ys, precision=hi) < 0)
+        | jnp.any(jnp.real(jnp.diagonal(m_new)) < 0 if cplx else jnp.diagonal(m_new) < 0)
+        | ((jnp.real(quad) if cplx else quad) < 0)
     )
     m_new = jax.lax.cond(
         broken & valid, lambda: _ons_recompute(gram, e_new, ls.alpha), lambda: m_new
@@ -1006,7 +1024,7 @@ def ons(
     )
 
     def init_leaf(i, dim, dtype):
-        a = jnp.asarray(alpha, dtype)
+        a = jnp.asarray(alpha, _numerics.real_dtype(dtype))  # complex leaves: a real ridge
         return ONSLeafState(
             inverse=jnp.eye(dim, dtype=dtype) / a,
             gram=jnp.zeros((dim, dim), dtype),
@@ -1092,6 +1110,9 @@ def project_bounded_prediction(opt_state, params, features, bound):
     Returns:
       The projected parameters (same structure and dtypes as ``params``).
 
+    Raises:
+      TypeError: for complex ``params`` (the constraint bounds a real prediction ``w^T x``).
+
     References:
       Luo, Agarwal, Cesa-Bianchi & Langford, "Efficient Second Order Online Learning by
       Sketching" (NeurIPS 2016), eq. 1 and Lemma 1 (Alg. 1 line 5).
@@ -1115,6 +1136,8 @@ def project_bounded_prediction(opt_state, params, features, bound):
         return params
     leaf_states = _leafwise.per_leaf(son.leaf_state)
     p_leaves, p_def = jax.tree.flatten(params)
+    if any(jnp.iscomplexobj(p) for p in p_leaves):  # SON's bound is on a real prediction
+        raise TypeError("project_bounded_prediction: complex parameters are not supported")
     flattened = _covers_flattened(leaf_states, p_leaves)
     dtypes = [ls.alpha.dtype for ls in leaf_states]
     us, xs = (
