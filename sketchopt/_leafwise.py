@@ -153,20 +153,27 @@ class Layout:
         return LeafSpec(i, self.shapes[i], dtype, param_dtype, self.paths[i])
 
     @staticmethod
-    def of(tree: Any, group_key: Callable[[str, tuple[int, ...]], Any] | None = None) -> Layout:
+    def of(
+        tree: Any,
+        group_key: Callable[[str, tuple[int, ...]], Any] | None = None,
+        dtypes: Sequence[Any] | None = None,
+    ) -> Layout:
         """The grouping of a parameter tree's leaves (arrays, tracers, ``ShapeDtypeStruct``\\ s).
 
         ``group_key(path, shape)``, when given, also separates leaves of one shape (a rule whose
-        per-leaf state depends on the path: :attr:`LeafRule.group_key`).
+        per-leaf state depends on the path: :attr:`LeafRule.group_key`). ``dtypes``, when
+        given, are the leaves' dtypes in place of their own.
         """
         with_paths = jax.tree_util.tree_flatten_with_path(tree)[0]
         paths = tuple(jax.tree_util.keystr(path) for path, _ in with_paths)
-        shapes, dtypes, keys = [], [], []
-        for path, leaf in zip(paths, (leaf for _, leaf in with_paths), strict=True):
+        if dtypes is None:
+            dtypes = [_dtype_of(leaf) for _, leaf in with_paths]
+        shapes, names, keys = [], [], []
+        for path, (_, leaf), own in zip(paths, with_paths, dtypes, strict=True):
             shape = tuple(int(s) for s in np.shape(leaf))
-            dtype = jnp.dtype(_dtype_of(leaf)).name
+            dtype = jnp.dtype(own).name
             shapes.append(shape)
-            dtypes.append(dtype)
+            names.append(dtype)
             extra = None if group_key is None else group_key(path, shape)
             keys.append((shape, dtype, _explicit_spec(leaf), extra))
         order: dict[Any, list[int]] = {}
@@ -174,7 +181,7 @@ class Layout:
             order.setdefault(key, []).append(i)
         groups = tuple(tuple(ix) for ix in order.values())
         specs = tuple(key[2] for key in order)
-        return Layout(tuple(shapes), tuple(dtypes), groups, specs, paths)
+        return Layout(tuple(shapes), tuple(names), groups, specs, paths)
 
 
 def _dtype_of(leaf):
@@ -737,9 +744,14 @@ def _layout_of_state(rule, state, treedef, updates) -> Layout:
         return layouts.pop()
     if rule.param_fields and treedef.num_leaves:
         per_leaf = _param_field_leaves(rule, rule.param_fields[0], treedef, state)
-        return Layout.of(
-            treedef.unflatten([jax.tree.leaves(v)[0] for v in per_leaf]), rule.group_key
-        )
+        stored = [jax.tree.leaves(v)[0] for v in per_leaf]
+        # the step's dtype: the stored state's, widened by the gradient's (a complex gradient of
+        # a real accumulator, a float64 one under x64)
+        dtypes = [
+            jnp.promote_types(x.dtype, _numerics.state_dtype(_dtype_of(g)))
+            for x, g in zip(stored, jax.tree.leaves(updates), strict=True)
+        ]
+        return Layout.of(treedef.unflatten(stored), rule.group_key, dtypes)
     return Layout.of(updates, rule.group_key)
 
 

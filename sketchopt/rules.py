@@ -35,7 +35,7 @@ import jax.numpy as jnp
 import optax
 from optax import ScalarOrSchedule
 
-from sketchopt import _leafwise, _validation
+from sketchopt import _leafwise, _numerics, _validation
 from sketchopt import metrics as _metrics
 from sketchopt import operators as _operators
 
@@ -329,7 +329,7 @@ def metric_rule(
         direction = _metrics.solve_new_gradient(op, g, solved)
         if scale_only:
             return direction, (ms,)
-        eta = jnp.asarray(eta, g.dtype)
+        eta = jnp.asarray(eta, _numerics.real_dtype(g.dtype))  # real, also for complex g
         if regularizer is None:
             return -eta * direction, (ms,)
         # The prox at the unregularized point z = x_t - eta H^{-1} g_t in the H-norm: the same
@@ -494,12 +494,12 @@ def dual_averaging(
         else:  # values that follow the step count (kron_sketched's schedules)
             ms, op, _ = metric.update(ms, g, valid, hyper=metric_hyper)
         gsum = jnp.where(valid, gsum + g, gsum)
-        eta = jnp.asarray(eta, g.dtype)
+        eta = jnp.asarray(eta, _numerics.real_dtype(g.dtype))
         z = x1 - eta * op.solve(gsum)
         if regularizer is None:
             x_new = z
         else:  # the prox at z in the H-norm (see mirror_descent)
-            c = eta * (ctx.count + 1).astype(g.dtype)
+            c = eta * (ctx.count + 1).astype(eta.dtype)
             x_new = regularizer.prox(None, c, op, shape=ctx.shape, center=z)
         return x_new - x, (ms, gsum, x1)
 
