@@ -266,8 +266,9 @@ def migrate_state(restored, target):
       >>> rss = {"b": jnp.ones(2), "w": jnp.ones(6)}  # 0.1's layout: a tree per field
       >>> old = state._replace(metric_state=DiagonalMetricState(rss))
       >>> new = sketchopt.migrate_state(old, state)
-      >>> sketchopt.per_leaf_states(new.metric_state, params)["w"].rss
-      Array([1., 1., 1., 1., 1., 1.], dtype=float32)
+      >>> new.metric_state.rss["w"]  # a tree like the parameters, in their shapes
+      Array([[1., 1., 1.],
+             [1., 1., 1.]], dtype=float32)
     """
     return _leafwise.migrate(restored, target)
 

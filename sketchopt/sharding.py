@@ -358,10 +358,10 @@ def flat_spec(spec, shape, mesh) -> PartitionSpec:
       >>> from jax.sharding import AxisType, PartitionSpec as P
       >>> from sketchopt import sharding
       >>> mesh = jax.sharding.AbstractMesh((2,), ("x",), axis_types=(AxisType.Explicit,))
-      >>> sharding.flat_spec(P(None, "x"), (3, 4), mesh)  # d = 12 splits over 2 devices
-      PartitionSpec('x',)
-      >>> sharding.flat_spec(P(None, "x"), (3, 3), mesh)  # d = 9 does not: replicated
-      PartitionSpec()
+      >>> tuple(sharding.flat_spec(P(None, "x"), (3, 4), mesh))  # d = 12 splits over 2 devices
+      ('x',)
+      >>> tuple(sharding.flat_spec(P(None, "x"), (3, 3), mesh))  # d = 9 does not: replicated
+      ()
     """
     shape = tuple(shape)
     return _array_spec(tuple(spec), shape, (math.prod(shape),), jnp.float32, mesh)

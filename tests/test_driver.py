@@ -358,8 +358,11 @@ def _layout_0_9(state, params):
         )
         return so.LeafGroups(groups, layout)
 
+    def is_state(node):  # a transform's state: count, nonfinite_count and its per-leaf fields
+        return isinstance(node, tuple) and "nonfinite_count" in getattr(node, "_fields", ())
+
     def old(node):
-        if not _leafwise._is_driver_state(node):
+        if not is_state(node):
             return node
         fields = {
             name: value
@@ -369,7 +372,7 @@ def _layout_0_9(state, params):
         }
         return type(node)(**fields)
 
-    return jax.tree.map(old, state, is_leaf=_leafwise._is_driver_state)
+    return jax.tree.map(old, state, is_leaf=is_state)
 
 
 @pytest.mark.parametrize("name", ["ada_fd_dual_averaging", "ftrl_proximal"])

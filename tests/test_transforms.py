@@ -730,13 +730,16 @@ ODD += ["ada_diag_dual_averaging", "scale_by_ada_fd"]
 
 
 def _restrict(state, params, keys):
-    """A per-leaf transform's state restricted to some leaves: every per-leaf field
-    (:class:`sketchopt.LeafGroups`) as the per-leaf values of those leaves."""
+    """A per-leaf transform's state restricted to some leaves: every per-leaf field (stacked
+    groups, :class:`sketchopt.LeafGroups`, or a tree like the parameters) as the per-leaf values
+    of those leaves."""
 
     def cut(node):
         if isinstance(node, so.LeafGroups):
             per_leaf = so.per_leaf_states(node, params)
             return {k: per_leaf[k] for k in keys}
+        if isinstance(node, dict) and set(node) == set(params):
+            return {k: node[k] for k in keys}
         if isinstance(node, tuple) and hasattr(node, "_fields"):
             return type(node)(*map(cut, node))
         return node
