@@ -9,12 +9,14 @@ transform (``name``):
 * ``test_convergence`` -- Optax's parabola (``d = 3``) and Rosenbrock (``d = 2``) targets reached
   within ``rtol = atol = 3e-2`` after 10000 steps, float32 and complex64 (the gradient is
   conjugated, as Optax does);
-* ``test_float64_reference`` -- the same runs in float64: the hyperparameters below converge
-  there, and a skipped case really is one the float64 method fails (so the skip stays honest);
+* ``test_float64_reference`` -- the same runs in float64 and complex128: the hyperparameters
+  below converge there, and a skipped case really is one the reference run of the method fails
+  (so that a skip stays honest, and a float32 failure is told apart from a method's);
 * ``test_no_recompilation`` -- the second jitted step compiles nothing;
 * ``test_map_params`` -- ``optax.tree.map_params``: a no-op map before stepping; a
   parameter-shaped ``rest`` reaches every field laid out like the parameters; the mapped state
   steps like the original;
+* ``test_state_printable`` -- ``repr`` of the state (the state-layout contract of issue 39);
 * ``test_inject_hyperparams`` -- equal updates and states under ``optax.inject_hyperparams``;
 * ``test_extra_update_args`` -- ``update`` accepts keyword arguments it does not expect;
 * ``test_preserve_dtype`` -- updates have the gradients' dtype (bfloat16, float32);
@@ -40,8 +42,9 @@ are the first of the grid that converge there, not values tuned to pass in float
 ``test_float64_reference`` keeps that choice checked. The other checks use the parabola's values.
 FD-family sketches have ``sketch_size <= d`` (2 here), so the sketch actually shrinks (an FD
 sketch of ``sketch_size`` rows keeps ``sketch_size - 1`` directions after a shrink, counting the
-slot of the incoming row). A case is skipped only where the float64 run of the method itself does
-not reach the target, with that reason.
+slot of the incoming row). A case is skipped only where the float64 (for complex64: complex128)
+run of the method itself does not reach the target, with that reason: RDA on Rosenbrock, and the
+constant-step first-order learners on the complex Rosenbrock.
 
 Tiers: every test here but the coverage test is marked ``conformance`` and runs in
 ``make conformance`` (``SKETCHOPT_TEST_TIER=conformance``); ``make test`` runs the cases of one
@@ -92,7 +95,10 @@ class Case:
       parabola: its keyword arguments on the parabola (and in every check but Rosenbrock's).
       rosenbrock: its keyword arguments on Rosenbrock.
       rosenbrock_skip: why the float64 method itself does not reach Rosenbrock's minimum ("" when
-        it does).
+        it does); the float32 and complex64 cases are skipped.
+      complex_rosenbrock_skip: why the complex128 method itself does not reach the complex
+        Rosenbrock's minimum (its hyperparameters being the float64 ones); the complex64 case is
+        skipped.
       chain_lr: a preconditioner (``scale_by_*``): ``learning_rate`` in the arguments goes to an
         ``optax.scale_by_learning_rate`` chained after it.
       real_only: ``init`` raises a ``TypeError`` on complex parameters (by contract).
@@ -104,6 +110,7 @@ class Case:
     parabola: dict
     rosenbrock: dict
     rosenbrock_skip: str = ""
+    complex_rosenbrock_skip: str = ""
     chain_lr: bool = False
     real_only: bool = False
     param_trees: int = 0
@@ -111,10 +118,22 @@ class Case:
     def kwargs(self, target):
         return self.parabola if target == "parabola" else self.rosenbrock
 
+    def skip(self, target, dtype):
+        """Why the reference run of the method itself fails this case ("" if it does not)."""
+        if target != "rosenbrock":
+            return ""
+        return self.rosenbrock_skip or (self.complex_rosenbrock_skip if _is_complex(dtype) else "")
+
 
 # Arguments that fix shapes or are PRNG keys: static under optax.inject_hyperparams (Optax's
 # contrib tests likewise keep ``rank``, ``ns_steps``, ... static).
 STATIC_ARGS = ("sketch_size", "key", "period")
+
+_CONSTANT_STEP_COMPLEX_ROSENBROCK = (
+    "a constant-step first-order learner does not reach the complex Rosenbrock's minimum "
+    "(1 + i, 2i) in 10000 complex128 steps: at lr 1e-3 it stops at (0.970 + 0.970i, 1.881i), "
+    "lr 2e-4 to 1.3e-3 stop further away, larger steps diverge"
+)
 
 # The hyperparameters, one comment per transform: why these values (float64 reference runs).
 CASES = {
@@ -232,11 +251,13 @@ CASES = {
         so.fobos_l1,
         parabola=dict(learning_rate=0.1, l1=1e-4),
         rosenbrock=dict(learning_rate=1e-3, l1=1e-4),
+        complex_rosenbrock_skip=_CONSTANT_STEP_COMPLEX_ROSENBROCK,
     ),
     "truncated_gradient": Case(
         so.truncated_gradient,
         parabola=dict(learning_rate=0.1, gravity=1e-4, theta=0.1, period=1),
         rosenbrock=dict(learning_rate=1e-3, gravity=1e-4, theta=0.1, period=1),
+        complex_rosenbrock_skip=_CONSTANT_STEP_COMPLEX_ROSENBROCK,
     ),
     # theta 1e-4 below the first step's size (2 lr): with theta 1e-2 and lr 1e-3 the start,
     # 0, is truncated back to 0 for ever
@@ -244,6 +265,7 @@ CASES = {
         so.simple_truncation,
         parabola=dict(learning_rate=0.1, theta=1e-4, period=1),
         rosenbrock=dict(learning_rate=1e-3, theta=1e-4, period=1),
+        complex_rosenbrock_skip=_CONSTANT_STEP_COMPLEX_ROSENBROCK,
     ),
     # RDA's step sqrt(t)/gamma on the average gradient: gamma 0.1 on the parabola
     "rda_l1": Case(
@@ -424,24 +446,29 @@ def test_convergence(name, target, dtype):
     start = TARGETS[target](dtype)[0]
     if _expect_complex_refused(name, dtype, start):
         return
-    if target == "rosenbrock" and CASES[name].rosenbrock_skip:
-        pytest.skip(CASES[name].rosenbrock_skip)
+    if reason := CASES[name].skip(target, dtype):
+        pytest.skip(reason)
     params, minimum = _minimize(name, target, dtype)
     test_utils.assert_trees_all_close(params, minimum, rtol=TOL, atol=TOL)
 
 
 @conformance
+@pytest.mark.parametrize("dtype", ["float64", "complex128"])
 @pytest.mark.parametrize("target", list(TARGETS))
 @pytest.mark.parametrize("name", NAMES)
-def test_float64_reference(name, target):
-    """The hyperparameters converge in float64; a skipped case's float64 run really fails."""
+def test_float64_reference(name, target, dtype):
+    """The hyperparameters converge in float64 (complex128: the reference of the complex64
+    case); a skipped case's reference run really fails."""
     with jax.enable_x64(True):
-        params, minimum = _minimize(name, target, "float64")
+        start = TARGETS[target](dtype)[0]
+        if _expect_complex_refused(name, dtype, start):
+            return
+        params, minimum = _minimize(name, target, dtype)
         converged = _close(params, minimum)
-    if target == "rosenbrock" and CASES[name].rosenbrock_skip:
-        assert not converged, f"the float64 run converges ({params}): the skip is stale"
+    if CASES[name].skip(target, dtype):
+        assert not converged, f"the {dtype} run converges ({params}): the skip is stale"
     else:
-        assert converged, f"the float64 reference does not converge: {params} vs {minimum}"
+        assert converged, f"the {dtype} reference does not converge: {params} vs {minimum}"
 
 
 @conformance
@@ -462,6 +489,11 @@ def test_no_recompilation(name, dtype):
 
 # ------------------------------------------------------------------------------------------------
 # Optax's wrappers and tree utilities.
+
+
+def _key_data(tree):
+    """PRNG keys as their raw data, so that trees holding them compare."""
+    return optax.tree.unwrap_random_key_data(tree)
 
 
 def _tree_params(dtype=jnp.float32):
@@ -498,7 +530,7 @@ def test_map_params(name, subtests):
 
     with subtests.test("a no-op map before stepping"):
         mapped = optax.tree.map_params(tx, lambda v: v, state)
-        test_utils.assert_trees_all_equal(mapped, state)
+        test_utils.assert_trees_all_equal(_key_data(mapped), _key_data(state))
 
     with subtests.test("a parameter-shaped rest reaches the parameter-shaped fields"):
         specs = jax.tree.unflatten(
@@ -516,7 +548,21 @@ def test_map_params(name, subtests):
     with subtests.test("the mapped state steps like the original"):
         params1, state1 = step(params, state)
         mapped = optax.tree.map_params(tx, lambda v, p: v, state1, params1)
-        test_utils.assert_trees_all_equal(step(params1, mapped), step(params1, state1))
+        test_utils.assert_trees_all_equal(
+            _key_data(step(params1, mapped)), _key_data(step(params1, state1))
+        )
+
+
+@conformance
+@pytest.mark.parametrize("name", NAMES)
+def test_state_printable(name):
+    """The state prints (error messages such as ``map_params``'s print it), before and after a
+    step, PRNG keys included."""
+    tx = _build(name)
+    params = _tree_params()
+    state = tx.init(params)
+    assert repr(state)
+    assert repr(jax.jit(_step(tx, _tree_objective))(params, state)[1])
 
 
 @conformance
@@ -537,11 +583,7 @@ def test_inject_hyperparams(name):
         is_leaf=lambda s: isinstance(s, inject_state),
     )
     test_utils.assert_trees_all_close(updates_i, updates, rtol=1e-3)
-    test_utils.assert_trees_all_close(
-        optax.tree.unwrap_random_key_data(state_i),
-        optax.tree.unwrap_random_key_data(state),
-        rtol=1e-4,
-    )
+    test_utils.assert_trees_all_close(_key_data(state_i), _key_data(state), rtol=1e-4)
 
 
 @conformance
