@@ -18,7 +18,7 @@ $(STAMP): pyproject.toml
 	$(VENV)/bin/pip install --quiet -e '.[dev]'
 	touch $(STAMP)
 
-.PHONY: venv run test test-fast lint ci smoke-lowest smoke-wheel
+.PHONY: venv run test test-fast conformance lint ci smoke-lowest smoke-wheel
 venv: $(STAMP)
 
 # Main job: the default experiment suite; plots, JSON and a summary land in results/.
@@ -38,10 +38,15 @@ test-fast: $(STAMP)
 	$(VENV)/bin/ruff check .
 	SKETCHOPT_TEST_TIER=fast $(PYTEST) -m "not slow" --doctest-modules --durations=10 tests sketchopt
 
+# The Optax conformance battery over every public transform (tests/test_conformance.py): a CI tier
+# of its own, after make test, which runs one sample transform's cases of it.
+conformance: $(STAMP)
+	SKETCHOPT_TEST_TIER=conformance $(PYTEST) --durations=15 tests/test_conformance.py
+
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .
 
-ci: test smoke-lowest smoke-wheel
+ci: test conformance smoke-lowest smoke-wheel
 
 # The lowest declared versions of every dependency ("lowest direct" resolution, pins written by
 # .ci/lowest_requirements.py) in a separate environment, and the smoke subset of the tests. These

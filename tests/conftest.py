@@ -133,6 +133,25 @@ FAST_SAMPLE = frozenset(
 )
 
 
+# The Optax conformance battery (tests/test_conformance.py, marked ``conformance``) is a CI tier of
+# its own, ``make conformance`` (SKETCHOPT_TEST_TIER=conformance); the other tiers run the cases of
+# this one sample transform only, so that every check still runs in ``make test``.
+CONFORMANCE_SAMPLE = "ada_fd"
+
+
+def _conformance_sample(items, config):
+    drop = [
+        item
+        for item in items
+        if item.get_closest_marker("conformance") is not None
+        and _family(item) != CONFORMANCE_SAMPLE
+    ]
+    if drop:
+        dropped = set(map(id, drop))
+        config.hook.pytest_deselected(items=drop)
+        items[:] = [item for item in items if id(item) not in dropped]
+
+
 def _family(item):
     name = getattr(getattr(item, "callspec", None), "params", {}).get("name")
     return name if isinstance(name, str) else None
@@ -170,6 +189,8 @@ def pytest_collection_modifyitems(config, items):
     (``--dist loadgroup``, set in the Makefile): they share the family's compiled step, which
     each worker would otherwise compile again.
     """
+    if os.environ.get("SKETCHOPT_TEST_TIER") != "conformance":
+        _conformance_sample(items, config)
     if os.environ.get("SKETCHOPT_TEST_TIER") == "fast":
         _fast_tier_sample(items, config)
     for item in items:
