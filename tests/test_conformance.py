@@ -706,6 +706,9 @@ def test_float64_mixed_with_float32(name):
 
         assert _dtypes(new_state) == _dtypes(state)
         assert _dtypes(new_params) == _dtypes(params)
+        # Optax's own form of the check: the state trees themselves compare by value
+        # (NamedTuple states, LeafGroups equal by layout and groups)
+        assert jax.tree.map(lambda t: t.dtype, new_state) == jax.tree.map(lambda t: t.dtype, state)
 
 
 @conformance

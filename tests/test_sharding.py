@@ -239,7 +239,7 @@ SCRIPT = textwrap.dedent(
                     text = jax.jit(tx.update).lower(grads(params, 0), s0, params).compile()
                 out["gathers"] = [g for g in gathers(text.as_text()) if "all-gather" in g]
                 out["sketch_specs"] = sorted(
-                    {str(spec_of(x)) for x in jax.tree.leaves(state) if x.shape[-1] == 256}
+                    {str(spec_of(x)) for x in jax.tree.leaves(state) if x.shape[-1:] == (256,)}
                 )
                 out["diff"] = float(np.max(np.abs(np.asarray(got["v"]) - np.asarray(ref["v"]))))
             except Exception as err:
