@@ -272,8 +272,8 @@ def _describe(x) -> str:
     """A short description of a state leaf for ``repr``: ``float32[2, 3]`` for an array (or
     ``ShapeDtypeStruct``), ``repr`` for anything else (``optax.tree.map`` results: dtypes,
     shardings, ...)."""
-    if hasattr(x, "dtype") and hasattr(x, "shape"):
-        return f"{jnp.dtype(x.dtype).name}{list(np.shape(x))}"
+    if hasattr(x, "dtype") and hasattr(x, "shape"):  # (a PRNG key's dtype is no NumPy dtype)
+        return f"{x.dtype}{list(np.shape(x))}"
     return repr(x)
 
 
