@@ -819,11 +819,12 @@ def leafwise(rule: LeafRule, state_class: type) -> optax.GradientTransformationE
         params = _materialized(params)
         leaves, treedef = jax.tree.flatten(params)
         layout = Layout.of(params, rule.group_key)
-        per_leaf_values = []
-        for i, p in enumerate(leaves):
-            spec = layout.leaf(i)
-            group_spec = layout.specs[_group_of(layout, i)]
-            per_leaf_values.append(rule.init(spec, _flatten(p, group_spec, _dtype_of(p))))
+        placed = zip(layout.groups, layout.specs, strict=True)
+        leaf_spec = {i: spec for members, spec in placed for i in members}
+        per_leaf_values = [
+            rule.init(layout.leaf(i), _flatten(p, leaf_spec[i], _dtype_of(p)))
+            for i, p in enumerate(leaves)
+        ]
         columns = {}
         for f, name in enumerate(fields):
             if name in rule.param_fields:
@@ -832,10 +833,7 @@ def leafwise(rule: LeafRule, state_class: type) -> optax.GradientTransformationE
                     continue
                 shaped = [
                     jax.tree.map(
-                        lambda a, i=i: _unflatten(
-                            a, layout.shapes[i], layout.specs[_group_of(layout, i)]
-                        ),
-                        values[f],
+                        lambda a, i=i: _unflatten(a, layout.shapes[i], leaf_spec[i]), values[f]
                     )
                     for i, values in enumerate(per_leaf_values)
                 ]
@@ -898,13 +896,6 @@ def leafwise(rule: LeafRule, state_class: type) -> optax.GradientTransformationE
         return treedef.unflatten(out), new_state
 
     return optax.GradientTransformationExtraArgs(init_fn, update_fn)
-
-
-def _group_of(layout: Layout, i: int) -> int:
-    for j, members in enumerate(layout.groups):
-        if i in members:
-            return j
-    raise IndexError(f"leaf {i} is not in the layout ({layout.num_leaves} leaves)")
 
 
 def _explicit_layout(spec, shape):
