@@ -636,25 +636,9 @@ def ada_lr_metric(sketch_size: int, delta: float, key) -> Metric:
 # Kronecker-factored sketches (Shampoo's statistics, Sketchy's memory).
 
 
-class KronMetricState(NamedTuple):
-    """State of :func:`kron_sketched` for one leaf.
-
-    Attributes:
-      left: the sketch of ``sum G G^T`` (:class:`sketchopt.kron.FactorState`, ``k x m`` rows),
-        ``None`` for a leaf that is not factored.
-      right: the sketch of ``sum G^T G`` (``k x n`` rows), ``None`` likewise.
-      diag: the diagonal method's root statistic, ``d`` floats: the fallback of a leaf that is
-        not factored, and the grafted method's (``graft``, ``start_step``) of a factored one:
-        ``sqrt(sum g^2)`` (AdaGrad) or ``sqrt(EMA of g^2)`` (RMSProp, Adam); ``None`` when a
-        factored leaf needs none.
-      roots: with ``refresh_every > 1``, the inverse roots of both sides as last computed
-        (:class:`sketchopt.kron.InverseRoot` pair), reused in between; ``None`` otherwise.
-    """
-
-    left: Any
-    right: Any
-    diag: Any
-    roots: Any
+# The state is defined beside its factors (``sketchopt.kron``), below the layout rules that read it
+# (``sketchopt._layouts``); this module stays its public home (same class, same ``__module__``).
+KronMetricState = _kron.KronMetricState
 
 
 GRAFTS = ("adagrad", "rmsprop", "adam")
