@@ -744,6 +744,43 @@ def _empty_param_field(rule, name, params):
     return structure.unflatten([params] * structure.num_leaves)
 
 
+def _initial_field(rule, f, params, treedef, layout, leaf_spec, per_leaf_values):
+    """The ``f``-th field of a fresh state from each leaf's initial values: a tree like the
+    parameters for a parameter-shaped field, else a :class:`LeafGroups` of stacked groups laid
+    out like their parameters (module docstring, "State layout")."""
+    name = rule.fields[f]
+    if name in rule.param_fields:
+        if not per_leaf_values:
+            return _empty_param_field(rule, name, params)
+        shaped = [
+            jax.tree.map(lambda a, i=i: _unflatten(a, layout.shapes[i], leaf_spec[i]), values[f])
+            for i, values in enumerate(per_leaf_values)
+        ]
+        return pack_leaves(treedef, shaped)
+    if not per_leaf_values:
+        return no_leaves()
+    groups = []
+    for members, spec in zip(layout.groups, layout.specs, strict=True):
+        values = [per_leaf_values[i][f] for i in members]
+        shape = layout.shapes[members[0]]
+        groups.append(_stack(values, _explicit_layout(spec, shape)))
+    return LeafGroups(tuple(groups), layout)
+
+
+def _leaf_updates(layout, stepped, flat):
+    """Each leaf's update from its stepped group, in the leaf's shape, layout and dtype, and how
+    many leaves were skipped (the policy of the module docstring, "Bad input")."""
+    out = [None] * len(flat)
+    skipped = jnp.zeros((), jnp.int32)
+    for j, members in enumerate(layout.groups):
+        us, _, skip = stepped[j]
+        skipped = skipped + jnp.sum(skip, dtype=jnp.int32)
+        for k, i in enumerate(members):
+            u = _unflatten(us[k], layout.shapes[i], layout.specs[j])
+            out[i] = u.astype(_dtype_of(flat[i]))
+    return out, skipped
+
+
 def leafwise(rule: LeafRule, state_class: type) -> optax.GradientTransformationExtraArgs:
     """A gradient transformation from a per-leaf rule (module docstring).
 
@@ -767,29 +804,10 @@ def leafwise(rule: LeafRule, state_class: type) -> optax.GradientTransformationE
             rule.init(layout.leaf(i), _flatten(p, leaf_spec[i], _dtype_of(p)))
             for i, p in enumerate(leaves)
         ]
-        columns = {}
-        for f, name in enumerate(fields):
-            if name in rule.param_fields:
-                if not leaves:
-                    columns[name] = _empty_param_field(rule, name, params)
-                    continue
-                shaped = [
-                    jax.tree.map(
-                        lambda a, i=i: _unflatten(a, layout.shapes[i], leaf_spec[i]), values[f]
-                    )
-                    for i, values in enumerate(per_leaf_values)
-                ]
-                columns[name] = pack_leaves(treedef, shaped)
-                continue
-            if not leaves:
-                columns[name] = no_leaves()
-                continue
-            groups = []
-            for members, spec in zip(layout.groups, layout.specs, strict=True):
-                values = [per_leaf_values[i][f] for i in members]
-                shape = layout.shapes[members[0]]
-                groups.append(_stack(values, _explicit_layout(spec, shape)))
-            columns[name] = LeafGroups(tuple(groups), layout)
+        columns = {
+            name: _initial_field(rule, f, params, treedef, layout, leaf_spec, per_leaf_values)
+            for f, name in enumerate(fields)
+        }
         zero = jnp.zeros((), jnp.int32)
         return state_class(count=zero, nonfinite_count=zero, **columns)
 
@@ -819,14 +837,7 @@ def leafwise(rule: LeafRule, state_class: type) -> optax.GradientTransformationE
                 continue
             (j,) = steps
             stepped[j] = _group_step(rule, layout, j, count, hyper, values, flat, x_leaves)
-        out = [None] * len(flat)
-        skipped = jnp.zeros((), jnp.int32)
-        for j, members in enumerate(layout.groups):
-            us, _, skip = stepped[j]
-            skipped = skipped + jnp.sum(skip, dtype=jnp.int32)
-            for k, i in enumerate(members):
-                u = _unflatten(us[k], layout.shapes[i], layout.specs[j])
-                out[i] = u.astype(_dtype_of(flat[i]))
+        out, skipped = _leaf_updates(layout, stepped, flat)
         new_fields = values.assemble({j: stepped[j][1] for j in stepped})
         if not layout.groups:  # nothing stepped: the fields stay as they are
             new_fields = {f: getattr(state, f) for f in fields}
