@@ -22,10 +22,13 @@ The package is laid out along its architecture, metric x rule x regularizer (``D
 
 Package-internal (underscore) modules hold what the public ones share, each in one place:
 ``_numerics`` (power-of-two scaling, safe norms, ``eigh``, precision and dtype rules),
-``_partitioning`` (sharding helpers), ``_validation`` (argument checks), ``_leafwise`` (the one
-per-leaf driver every transform runs on), ``_arrowhead`` (the arrowhead eigensolver behind the FD
-sketches' structured ``eigh``) and ``_dct`` (RADAGRAD's randomized DCT). Every transform is also
-importable from the package root.
+``_partitioning`` (sharding helpers), ``_validation`` (argument checks), ``_groups`` (the group
+context the sketches consult inside the driver's ``vmap`` over a group of leaves), ``_layouts``
+(the state layout rules under a mesh, which :mod:`sketchopt.sharding` publishes), ``_leafwise``
+(the one per-leaf driver every transform runs on), ``_arrowhead`` (the arrowhead eigensolver
+behind the FD sketches' structured ``eigh``) and ``_dct`` (RADAGRAD's randomized DCT). No module
+imports one that imports it back (``tests/test_layout.py``). Every transform is also importable
+from the package root.
 """
 
 # ``baselines`` and ``transforms``: the modules of 0.2, kept importable (CHANGELOG.md, 0.3.0).

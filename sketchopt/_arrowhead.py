@@ -45,7 +45,7 @@ from typing import NamedTuple
 import jax
 import jax.numpy as jnp
 
-from sketchopt import _leafwise, _numerics
+from sketchopt import _groups, _numerics
 
 __all__ = [
     "arrowhead_eigh",
@@ -299,11 +299,11 @@ def eigh_desc_structured(gram, arrow):
 
     Returns ``(mu, u, fallback)`` with ``mu`` descending (round-off zeroed) and ``fallback``
     whether an arrowhead (or diagonal) matrix needed ``eigh``. Inside a vmapped group of leaves
-    (``sketchopt._leafwise.grouped``) this is ``eigh`` alone: there a ``cond`` runs every branch.
+    (``sketchopt._groups.grouped``) this is ``eigh`` alone: there a ``cond`` runs every branch.
     A complex (Hermitian) ``gram`` always takes ``eigh`` (the arrowhead solve is real).
     """
     n = gram.shape[-1]
-    if _leafwise.grouped() or n < 2 or jnp.iscomplexobj(gram):
+    if _groups.grouped() or n < 2 or jnp.iscomplexobj(gram):
         mu, u = _numerics.eigh_desc(gram)
         return mu, u, jnp.bool_(False)
     idx = jnp.arange(n)

@@ -68,7 +68,6 @@ own: ``init`` and ``update``, eager or jitted, give states of one sharding type.
 
 from __future__ import annotations
 
-import contextlib
 import contextvars
 import dataclasses
 import functools
@@ -82,7 +81,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from sketchopt import _numerics, _partitioning
+from sketchopt import _groups, _layouts, _numerics, _partitioning
 
 __all__ = [
     "GROUP_AXIS",
@@ -103,8 +102,13 @@ __all__ = [
     "step_plan",
 ]
 
-#: The name of the ``vmap`` axis over the leaves of a group (for collectives over a group).
-GROUP_AXIS = "sketchopt_leaves"
+# The group context lives below the driver, where the numerics it steps can use it
+# (``sketchopt._groups``); its names stay importable from here.
+GROUP_AXIS = _groups.GROUP_AXIS
+all_leaves = _groups.all_leaves
+any_leaf = _groups.any_leaf
+grouped = _groups.grouped
+select_leaves = _groups.select_leaves
 
 
 # ----------------------------------------------------------------------------------------------
@@ -316,60 +320,6 @@ def _stack(values: Sequence[Any], layout: Callable[[Any], Any] | None):
 
 
 # ----------------------------------------------------------------------------------------------
-# Group context: collectives over the leaves of a vmapped group.
-
-_IN_GROUP: contextvars.ContextVar[bool] = contextvars.ContextVar(
-    "sketchopt_in_group", default=False
-)
-
-
-@contextlib.contextmanager
-def _group_context(active: bool):
-    token = _IN_GROUP.set(active)
-    try:
-        yield
-    finally:
-        _IN_GROUP.reset(token)
-
-
-def grouped() -> bool:
-    """Whether the code is being traced inside the ``vmap`` over a group of several leaves."""
-    return _IN_GROUP.get()
-
-
-def any_leaf(pred):
-    """``pred`` (a per-leaf boolean) or-ed over the leaves of the current group.
-
-    Inside the ``vmap`` over a group a ``lax.cond`` on a per-leaf predicate becomes a select that
-    computes both branches for every leaf: a shrink or a refresh would then run at every step.
-    Gating the ``cond`` on :func:`any_leaf` keeps it a ``cond`` (its predicate is the same for the
-    whole group); inside it, :func:`select_leaves` keeps each leaf's own outcome. Outside a group
-    this is ``pred`` itself.
-    """
-    if not grouped():
-        return pred
-    return jax.lax.psum(jnp.asarray(pred).astype(jnp.int32), GROUP_AXIS) > 0
-
-
-def all_leaves(pred):
-    """``pred`` and-ed over the leaves of the current group (``pred`` itself outside a group)."""
-    if not grouped():
-        return pred
-    return jnp.logical_not(any_leaf(jnp.logical_not(pred)))
-
-
-def select_leaves(pred, on_true, on_false):
-    """``on_true`` where this leaf's ``pred`` holds, else ``on_false`` (pytrees).
-
-    Outside a group the caller is inside ``lax.cond(pred, ...)`` already, so this returns
-    ``on_true`` without a select (no copy of a large state).
-    """
-    if not grouped():
-        return on_true
-    return jax.tree.map(lambda a, b: jnp.where(pred, a, b), on_true, on_false)
-
-
-# ----------------------------------------------------------------------------------------------
 # Leaf rules and the driver.
 
 
@@ -533,7 +483,7 @@ def _run_group(rule, ctx, out_dtype, gs, values, xs):
         put = functools.partial(jax.tree.map, lambda a: a[None])
         u, new, skipped = step(gs[0], take(values), None if xs is None else xs[0])
         return _masked_updates(u[None], skipped[None]), put(new), skipped[None]
-    with _group_context(True):
+    with _groups.group_context(True):
         us, new, skipped = jax.vmap(step, axis_name=GROUP_AXIS)(gs, values, xs)
     return _masked_updates(us, skipped), new, skipped
 
@@ -597,9 +547,7 @@ def _flat_spec(spec, shape):
     its state's ``(..., d)`` arrays (:func:`sketchopt.sharding.flat_spec`); ``None`` otherwise."""
     if spec is None or not _partitioning.explicit_mesh():
         return None
-    from sketchopt import sharding  # the user-facing layout rules live there
-
-    return sharding.flat_spec(spec, shape, jax.sharding.get_abstract_mesh())
+    return _layouts.flat_spec(spec, shape, jax.sharding.get_abstract_mesh())
 
 
 def _flatten(x, spec, dtype):
@@ -631,9 +579,7 @@ class _Fields:
     def __init__(self, rule, layout, treedef, state):
         self.rule, self.layout, self.treedef = rule, layout, treedef
         self.names = tuple(rule.fields)
-        self.leaves = {
-            f: _param_field_leaves(rule, f, treedef, state) for f in rule.param_fields
-        }
+        self.leaves = {f: _param_field_leaves(rule, f, treedef, state) for f in rule.param_fields}
         self.state = state
 
     def group(self, j):
@@ -670,9 +616,7 @@ class _Fields:
                         lambda a, k=k, shape=shape, spec=spec: _unflatten(a[k], shape, spec),
                         stepped[j][f_index],
                     )
-            fields[f] = pack_leaves(self.treedef, per_leaf) if per_leaf else getattr(
-                self.state, f
-            )
+            fields[f] = pack_leaves(self.treedef, per_leaf) if per_leaf else getattr(self.state, f)
         return fields
 
 
@@ -734,9 +678,7 @@ def _layout_of_state(rule, state, treedef, updates) -> Layout:
     parameter-shaped fields only, the grouping of those fields' arrays (shape, state dtype and
     layout: the grouping is then only a plan of the step, nothing stored depends on it)."""
     layouts = {
-        getattr(state, f).layout
-        for f in rule.fields
-        if isinstance(getattr(state, f), LeafGroups)
+        getattr(state, f).layout for f in rule.fields if isinstance(getattr(state, f), LeafGroups)
     }
     if len(layouts) > 1:
         raise ValueError("inconsistent optimizer state: per-leaf fields with different layouts")
@@ -802,6 +744,43 @@ def _empty_param_field(rule, name, params):
     return structure.unflatten([params] * structure.num_leaves)
 
 
+def _initial_field(rule, f, params, treedef, layout, leaf_spec, per_leaf_values):
+    """The ``f``-th field of a fresh state from each leaf's initial values: a tree like the
+    parameters for a parameter-shaped field, else a :class:`LeafGroups` of stacked groups laid
+    out like their parameters (module docstring, "State layout")."""
+    name = rule.fields[f]
+    if name in rule.param_fields:
+        if not per_leaf_values:
+            return _empty_param_field(rule, name, params)
+        shaped = [
+            jax.tree.map(lambda a, i=i: _unflatten(a, layout.shapes[i], leaf_spec[i]), values[f])
+            for i, values in enumerate(per_leaf_values)
+        ]
+        return pack_leaves(treedef, shaped)
+    if not per_leaf_values:
+        return no_leaves()
+    groups = []
+    for members, spec in zip(layout.groups, layout.specs, strict=True):
+        values = [per_leaf_values[i][f] for i in members]
+        shape = layout.shapes[members[0]]
+        groups.append(_stack(values, _explicit_layout(spec, shape)))
+    return LeafGroups(tuple(groups), layout)
+
+
+def _leaf_updates(layout, stepped, flat):
+    """Each leaf's update from its stepped group, in the leaf's shape, layout and dtype, and how
+    many leaves were skipped (the policy of the module docstring, "Bad input")."""
+    out = [None] * len(flat)
+    skipped = jnp.zeros((), jnp.int32)
+    for j, members in enumerate(layout.groups):
+        us, _, skip = stepped[j]
+        skipped = skipped + jnp.sum(skip, dtype=jnp.int32)
+        for k, i in enumerate(members):
+            u = _unflatten(us[k], layout.shapes[i], layout.specs[j])
+            out[i] = u.astype(_dtype_of(flat[i]))
+    return out, skipped
+
+
 def leafwise(rule: LeafRule, state_class: type) -> optax.GradientTransformationExtraArgs:
     """A gradient transformation from a per-leaf rule (module docstring).
 
@@ -825,29 +804,10 @@ def leafwise(rule: LeafRule, state_class: type) -> optax.GradientTransformationE
             rule.init(layout.leaf(i), _flatten(p, leaf_spec[i], _dtype_of(p)))
             for i, p in enumerate(leaves)
         ]
-        columns = {}
-        for f, name in enumerate(fields):
-            if name in rule.param_fields:
-                if not leaves:
-                    columns[name] = _empty_param_field(rule, name, params)
-                    continue
-                shaped = [
-                    jax.tree.map(
-                        lambda a, i=i: _unflatten(a, layout.shapes[i], leaf_spec[i]), values[f]
-                    )
-                    for i, values in enumerate(per_leaf_values)
-                ]
-                columns[name] = pack_leaves(treedef, shaped)
-                continue
-            if not leaves:
-                columns[name] = no_leaves()
-                continue
-            groups = []
-            for members, spec in zip(layout.groups, layout.specs, strict=True):
-                values = [per_leaf_values[i][f] for i in members]
-                shape = layout.shapes[members[0]]
-                groups.append(_stack(values, _explicit_layout(spec, shape)))
-            columns[name] = LeafGroups(tuple(groups), layout)
+        columns = {
+            name: _initial_field(rule, f, params, treedef, layout, leaf_spec, per_leaf_values)
+            for f, name in enumerate(fields)
+        }
         zero = jnp.zeros((), jnp.int32)
         return state_class(count=zero, nonfinite_count=zero, **columns)
 
@@ -877,14 +837,7 @@ def leafwise(rule: LeafRule, state_class: type) -> optax.GradientTransformationE
                 continue
             (j,) = steps
             stepped[j] = _group_step(rule, layout, j, count, hyper, values, flat, x_leaves)
-        out = [None] * len(flat)
-        skipped = jnp.zeros((), jnp.int32)
-        for j, members in enumerate(layout.groups):
-            us, _, skip = stepped[j]
-            skipped = skipped + jnp.sum(skip, dtype=jnp.int32)
-            for k, i in enumerate(members):
-                u = _unflatten(us[k], layout.shapes[i], layout.specs[j])
-                out[i] = u.astype(_dtype_of(flat[i]))
+        out, skipped = _leaf_updates(layout, stepped, flat)
         new_fields = values.assemble({j: stepped[j][1] for j in stepped})
         if not layout.groups:  # nothing stepped: the fields stay as they are
             new_fields = {f: getattr(state, f) for f in fields}
@@ -903,11 +856,10 @@ def _explicit_layout(spec, shape):
     parameter (:func:`sketchopt.sharding.group_specs`)."""
     if spec is None or not _partitioning.explicit_mesh():
         return None
-    from sketchopt import sharding  # the user-facing layout rules live there
 
     def reshard(value):
         mesh = jax.sharding.get_abstract_mesh()
-        specs = sharding.group_specs(value, spec, shape, mesh, stacked=1)
+        specs = _layouts.group_specs(value, spec, shape, mesh, stacked=1)
         return jax.tree.map(jax.sharding.reshard, value, specs)
 
     return reshard

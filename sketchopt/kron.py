@@ -71,7 +71,7 @@ sketch's scale may differ by any power of two.
 from __future__ import annotations
 
 import math
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -392,6 +392,32 @@ class InverseRoot(NamedTuple):
     basis: jax.Array  # (k, dim), orthonormal or zero rows
     coef: jax.Array  # (k,)
     tail: jax.Array  # ()
+
+
+class KronMetricState(NamedTuple):
+    """State of :func:`sketchopt.metrics.kron_sketched` for one leaf.
+
+    Attributes:
+      left: the sketch of ``sum G G^T`` (:class:`sketchopt.kron.FactorState`, ``k x m``
+        rows), ``None`` for a leaf that is not factored.
+      right: the sketch of ``sum G^T G`` (``k x n`` rows), ``None`` likewise.
+      diag: the diagonal method's root statistic, ``d`` floats: the fallback of a leaf that is
+        not factored, and the grafted method's (``graft``, ``start_step``) of a factored one:
+        ``sqrt(sum g^2)`` (AdaGrad) or ``sqrt(EMA of g^2)`` (RMSProp, Adam); ``None`` when a
+        factored leaf needs none.
+      roots: with ``refresh_every > 1``, the inverse roots of both sides as last computed
+        (:class:`sketchopt.kron.InverseRoot` pair), reused in between; ``None`` otherwise.
+    """
+
+    left: Any
+    right: Any
+    diag: Any
+    roots: Any
+
+
+# Its public home is :mod:`sketchopt.metrics` (documented and pickled under that name, as before
+# it moved here, below the layout rules of ``sketchopt._layouts`` that read it).
+KronMetricState.__module__ = "sketchopt.metrics"
 
 
 def inverse_root(

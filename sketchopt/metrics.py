@@ -636,25 +636,9 @@ def ada_lr_metric(sketch_size: int, delta: float, key) -> Metric:
 # Kronecker-factored sketches (Shampoo's statistics, Sketchy's memory).
 
 
-class KronMetricState(NamedTuple):
-    """State of :func:`kron_sketched` for one leaf.
-
-    Attributes:
-      left: the sketch of ``sum G G^T`` (:class:`sketchopt.kron.FactorState`, ``k x m`` rows),
-        ``None`` for a leaf that is not factored.
-      right: the sketch of ``sum G^T G`` (``k x n`` rows), ``None`` likewise.
-      diag: the diagonal method's root statistic, ``d`` floats: the fallback of a leaf that is
-        not factored, and the grafted method's (``graft``, ``start_step``) of a factored one:
-        ``sqrt(sum g^2)`` (AdaGrad) or ``sqrt(EMA of g^2)`` (RMSProp, Adam); ``None`` when a
-        factored leaf needs none.
-      roots: with ``refresh_every > 1``, the inverse roots of both sides as last computed
-        (:class:`sketchopt.kron.InverseRoot` pair), reused in between; ``None`` otherwise.
-    """
-
-    left: Any
-    right: Any
-    diag: Any
-    roots: Any
+# The state is defined beside its factors (``sketchopt.kron``), below the layout rules that read it
+# (``sketchopt._layouts``); this module stays its public home (same class, same ``__module__``).
+KronMetricState = _kron.KronMetricState
 
 
 GRAFTS = ("adagrad", "rmsprop", "adam")
@@ -805,7 +789,6 @@ def kron_sketched(
     if decay is not None:
         decay = _validation.fraction("decay", decay, low_open=True)
     relative_delta = _validation.flag("relative_delta", relative_delta)
-    needs_diag = graft is not None or start_step > 0
     stacked = (stacked,) if isinstance(stacked, str) else tuple(stacked)
     given_factoring = factoring  # the spec keys on it (a fresh partial would never compare equal)
     if factoring is None:
@@ -813,120 +796,10 @@ def kron_sketched(
     elif stacked:
         raise ValueError("give stacked to the default factoring only (a factoring decides itself)")
 
-    def factored_as(path, shape):
-        shape = (shape,) if isinstance(shape, int) else tuple(int(x) for x in shape)
-        out = factoring(path, shape)
-        if out is not None and max(out.layers, 1) * out.rows * out.cols != flat_size(shape):
-            raise ValueError(f"factoring({path!r}, {shape}) = {out}: not {shape}'s size")
-        return out
-
-    def init(shape, dtype=jnp.float32, *, path=""):
-        refuse_complex("kron_rfd" if robust else "kron_fd", dtype)
-        dtype = state_dtype(dtype)
-        factored = factored_as(path, shape)
-        diag = jnp.zeros((flat_size(shape),), dtype)
-        if factored is None:
-            return KronMetricState(None, None, diag, None)
-
-        def one(_):
-            left = _kron.factor_init(k, factored.rows, dtype)
-            right = _kron.factor_init(k, factored.cols, dtype)
-            roots = None if refresh_every == 1 else (root_of(left, p), root_of(right, q))
-            return left, right, roots
-
-        if factored.layers:  # one sketch per layer of a stacked leaf
-            left, right, roots = jax.vmap(one)(jnp.arange(factored.layers))
-        else:
-            left, right, roots = one(None)
-        return KronMetricState(left, right, diag if needs_diag else None, roots)
-
-    def root_of(side, power):
-        return _kron.inverse_root(side, power, delta, relative=relative_delta)
-
-    def diagonal_update(v, g, count):
-        """The diagonal method's root statistic after ``g`` (overflow-free ``hypot`` forms)."""
-        if graft in ("rmsprop", "adam"):
-            beta = jnp.asarray(graft_decay, g.dtype)
-            return jnp.hypot(jnp.sqrt(beta) * v, jnp.sqrt(1 - beta) * g)
-        if decay is not None:
-            v = v * jnp.sqrt(jnp.asarray(decay, g.dtype))
-        return jnp.hypot(v, g)
-
-    def diagonal_operator(v, count):
-        if graft is None:  # Shampoo's vector rule, (sum g^2 + delta)^{-1/2}
-            return DiagonalOperator(jnp.hypot(v, jnp.sqrt(jnp.asarray(delta, v.dtype))))
-        if graft == "adam":  # sqrt of the bias-corrected second moment
-            t = jnp.asarray(count, v.dtype) + 1
-            v = v / jnp.sqrt(1 - jnp.asarray(graft_decay, v.dtype) ** t)
-        return DiagonalOperator(v + jnp.asarray(graft_eps, v.dtype))
-
-    def combine(kron_op, diag, count):
-        if not needs_diag:
-            return kron_op
-        use = jnp.asarray(count, jnp.int32) >= start_step
-        return GraftedOperator(kron_op, diagonal_operator(diag, count), use, graft is not None)
-
-    def operator(state, count=0):
-        """``H`` as ``update`` returned it at step ``count`` (the state does not keep the step:
-        only the Adam graft's bias correction and ``start_step`` read it)."""
-        if state.left is None:
-            return diagonal_operator(state.diag, count)
-        roots = state.roots
-        if roots is None:
-            roots = (root_of(state.left, p), root_of(state.right, q))
-        return combine(KroneckerOperator(*roots), state.diag, count)
-
-    def step_one(left, right, roots, mat, valid, count):
-        """One matrix's sketches after ``mat`` and the inverse roots to step with."""
-
-        def absorbed(sides):
-            key = jax.random.fold_in(jax.random.PRNGKey(0), count)
-            streams = _kron.streams(
-                mat, sketch_size=k, block_size=block, compress=compress, key=key
-            )
-            opts = dict(block_size=block, robust=robust, decay=decay)
-            return tuple(
-                _kron.absorb(side, stream, **opts)
-                for side, stream in zip(sides, streams, strict=True)
-            )
-
-        sides = (left, right)
-        new = jax.lax.cond(count % update_every == 0, absorbed, lambda s: s, sides)
-        left, right = jax.tree.map(lambda a, b: jnp.where(valid, a, b), new, sides)
-        if refresh_every == 1:
-            return left, right, None, (root_of(left, p), root_of(right, q))
-        fresh = jax.lax.cond(
-            count % refresh_every == 0,
-            lambda: (root_of(left, p), root_of(right, q)),
-            lambda: roots,
-        )
-        roots = jax.tree.map(lambda a, b: jnp.where(valid, a, b), fresh, roots)
-        return left, right, roots, roots
-
-    def update(state, g, valid=True, *, hyper):
-        count = hyper
-        diag = state.diag
-        if diag is not None:
-            diag = jnp.where(valid, diagonal_update(diag, g, count), diag)
-        if state.left is None:
-            return state._replace(diag=diag), diagonal_operator(diag, count), None
-        m, n = state.left.rows.shape[-1], state.right.rows.shape[-1]
-        dtype = state.left.rows.dtype
-        stacked = state.left.rows.ndim == 3
-        # Under a mesh each side's sketch is split along its own axis (sharding.group_specs); the
-        # gradient is laid out to match (a no-op for a leaf split along its leading axis).
-        mat = jnp.reshape(g, (-1, m, n) if stacked else (m, n)).astype(dtype)
-        mat = _kron.match_sides(mat, state.left.rows, state.right.rows)
-        step = functools.partial(step_one, valid=valid, count=count)
-        if stacked:
-            step = jax.vmap(step)
-        left, right, roots, current = step(state.left, state.right, state.roots, mat)
-        op = combine(KroneckerOperator(*current), diag, count)
-        return KronMetricState(left, right, diag, roots), op, None
-
-    def hyper(count):
-        return jnp.asarray(count, jnp.int32)
-
+    kron = _KronSketched(
+        k, delta, robust, (p, q), decay, update_every, refresh_every, start_step, graft,
+        graft_decay, graft_eps, block, compress, relative_delta, factoring,
+    )  # fmt: skip
     spec = _validation.spec_key(
         "kron_sketched",
         k,
@@ -947,4 +820,148 @@ def kron_sketched(
         given_factoring,
     )
     name = "kron_rfd" if robust else "kron_fd"
-    return Metric(init, update, operator, name, spec, hyper=hyper, path_key=factored_as)
+    return Metric(
+        kron.init, kron.update, kron.operator, name, spec, hyper=kron.hyper,
+        path_key=kron.factored_as,
+    )  # fmt: skip
+
+
+class _KronSketched:
+    """The functions of :func:`kron_sketched`'s metric, one method each, on its checked
+    arguments: the sketches of both sides (:meth:`init`, :meth:`step_one`: Shampoo's
+    statistics, Gupta et al. 2018 Alg. 1 lines 4-5, as FD/RFD sketches), their inverse roots
+    (:meth:`roots_of`, Alg. 1 line 6) and the diagonal method of the leaves not factored and of
+    the graft (:meth:`diagonal_update`, :meth:`diagonal_operator`)."""
+
+    def __init__(
+        self, k, delta, robust, exponents, decay, update_every, refresh_every, start_step, graft,
+        graft_decay, graft_eps, block, compress, relative_delta, factoring,
+    ):  # fmt: skip
+        self.k, self.delta, self.robust, self.exponents = k, delta, robust, exponents
+        self.decay, self.update_every, self.refresh_every = decay, update_every, refresh_every
+        self.start_step, self.graft, self.graft_decay = start_step, graft, graft_decay
+        self.graft_eps, self.block, self.compress = graft_eps, block, compress
+        self.relative_delta, self.factoring = relative_delta, factoring
+        self.needs_diag = graft is not None or start_step > 0
+
+    def factored_as(self, path, shape):
+        shape = (shape,) if isinstance(shape, int) else tuple(int(x) for x in shape)
+        out = self.factoring(path, shape)
+        if out is not None and max(out.layers, 1) * out.rows * out.cols != flat_size(shape):
+            raise ValueError(f"factoring({path!r}, {shape}) = {out}: not {shape}'s size")
+        return out
+
+    def init(self, shape, dtype=jnp.float32, *, path=""):
+        refuse_complex("kron_rfd" if self.robust else "kron_fd", dtype)
+        dtype = state_dtype(dtype)
+        factored = self.factored_as(path, shape)
+        diag = jnp.zeros((flat_size(shape),), dtype)
+        if factored is None:
+            return KronMetricState(None, None, diag, None)
+
+        def one(_):
+            left = _kron.factor_init(self.k, factored.rows, dtype)
+            right = _kron.factor_init(self.k, factored.cols, dtype)
+            roots = None if self.refresh_every == 1 else self.roots_of(left, right)
+            return left, right, roots
+
+        if factored.layers:  # one sketch per layer of a stacked leaf
+            left, right, roots = jax.vmap(one)(jnp.arange(factored.layers))
+        else:
+            left, right, roots = one(None)
+        return KronMetricState(left, right, diag if self.needs_diag else None, roots)
+
+    def root_of(self, side, power):
+        return _kron.inverse_root(side, power, self.delta, relative=self.relative_delta)
+
+    def roots_of(self, left, right):
+        """The inverse roots ``((L + delta I)^{-p}, (R + delta I)^{-q})`` of both sides."""
+        p, q = self.exponents
+        return self.root_of(left, p), self.root_of(right, q)
+
+    def diagonal_update(self, v, g, count):
+        """The diagonal method's root statistic after ``g`` (overflow-free ``hypot`` forms)."""
+        if self.graft in ("rmsprop", "adam"):
+            beta = jnp.asarray(self.graft_decay, g.dtype)
+            return jnp.hypot(jnp.sqrt(beta) * v, jnp.sqrt(1 - beta) * g)
+        if self.decay is not None:
+            v = v * jnp.sqrt(jnp.asarray(self.decay, g.dtype))
+        return jnp.hypot(v, g)
+
+    def diagonal_operator(self, v, count):
+        if self.graft is None:  # Shampoo's vector rule, (sum g^2 + delta)^{-1/2}
+            return DiagonalOperator(jnp.hypot(v, jnp.sqrt(jnp.asarray(self.delta, v.dtype))))
+        if self.graft == "adam":  # sqrt of the bias-corrected second moment
+            t = jnp.asarray(count, v.dtype) + 1
+            v = v / jnp.sqrt(1 - jnp.asarray(self.graft_decay, v.dtype) ** t)
+        return DiagonalOperator(v + jnp.asarray(self.graft_eps, v.dtype))
+
+    def combine(self, kron_op, diag, count):
+        if not self.needs_diag:
+            return kron_op
+        use = jnp.asarray(count, jnp.int32) >= self.start_step
+        op = self.diagonal_operator(diag, count)
+        return GraftedOperator(kron_op, op, use, self.graft is not None)
+
+    def operator(self, state, count=0):
+        """``H`` as ``update`` returned it at step ``count`` (the state does not keep the step:
+        only the Adam graft's bias correction and ``start_step`` read it)."""
+        if state.left is None:
+            return self.diagonal_operator(state.diag, count)
+        roots = state.roots
+        if roots is None:
+            roots = self.roots_of(state.left, state.right)
+        return self.combine(KroneckerOperator(*roots), state.diag, count)
+
+    def absorbed(self, mat, count, sides):
+        """Both sides' sketches after the gradient ``mat`` (:func:`sketchopt.kron.streams`,
+        :func:`sketchopt.kron.absorb`)."""
+        key = jax.random.fold_in(jax.random.PRNGKey(0), count)
+        streams = _kron.streams(
+            mat, sketch_size=self.k, block_size=self.block, compress=self.compress, key=key
+        )
+        opts = dict(block_size=self.block, robust=self.robust, decay=self.decay)
+        return tuple(
+            _kron.absorb(side, stream, **opts) for side, stream in zip(sides, streams, strict=True)
+        )
+
+    def step_one(self, left, right, roots, mat, valid, count):
+        """One matrix's sketches after ``mat`` and the inverse roots to step with."""
+        sides = (left, right)
+        absorbed = functools.partial(self.absorbed, mat, count)
+        new = jax.lax.cond(count % self.update_every == 0, absorbed, lambda s: s, sides)
+        left, right = jax.tree.map(lambda a, b: jnp.where(valid, a, b), new, sides)
+        if self.refresh_every == 1:
+            return left, right, None, self.roots_of(left, right)
+        fresh = jax.lax.cond(
+            count % self.refresh_every == 0,
+            lambda: self.roots_of(left, right),
+            lambda: roots,
+        )
+        roots = jax.tree.map(lambda a, b: jnp.where(valid, a, b), fresh, roots)
+        return left, right, roots, roots
+
+    def update(self, state, g, valid=True, *, hyper):
+        count = hyper
+        diag = state.diag
+        if diag is not None:
+            diag = jnp.where(valid, self.diagonal_update(diag, g, count), diag)
+        if state.left is None:
+            return state._replace(diag=diag), self.diagonal_operator(diag, count), None
+        m, n = state.left.rows.shape[-1], state.right.rows.shape[-1]
+        dtype = state.left.rows.dtype
+        stacked = state.left.rows.ndim == 3
+        # Under a mesh each side's sketch is split along its own axis (sharding.group_specs); the
+        # gradient is laid out to match (a no-op for a leaf split along its leading axis).
+        mat = jnp.reshape(g, (-1, m, n) if stacked else (m, n)).astype(dtype)
+        mat = _kron.match_sides(mat, state.left.rows, state.right.rows)
+        step = functools.partial(self.step_one, valid=valid, count=count)
+        if stacked:
+            step = jax.vmap(step)
+        left, right, roots, current = step(state.left, state.right, state.roots, mat)
+        op = self.combine(KroneckerOperator(*current), diag, count)
+        return KronMetricState(left, right, diag, roots), op, None
+
+    @staticmethod
+    def hyper(count):
+        return jnp.asarray(count, jnp.int32)

@@ -63,7 +63,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from sketchopt import _arrowhead, _leafwise, _validation
+from sketchopt import _arrowhead, _groups, _validation
 from sketchopt._numerics import (
     HIGHEST,
     abs2,
@@ -304,7 +304,7 @@ def _scaled_dot(rows, row, exp):
     if row.shape[-1] < _UNSCALED_MIN_DIM:
         return prescaled()
     return jax.lax.cond(
-        _leafwise.all_leaves(jnp.abs(exp) <= _UNSCALED_EXP),
+        _groups.all_leaves(jnp.abs(exp) <= _UNSCALED_EXP),
         lambda: ldexp(contract_d(rows, row), -2 * exp),
         prescaled,
     )
@@ -362,7 +362,7 @@ def _rotate_rows(rot, rows, valid=True, coef=None, base=None, tile_map=None):
     # Inside the vmap over a group of leaves the per-leaf trip count and tail cond below would
     # become selects over whole buffers: the group takes the plain (batched) matmul instead.
     single_cpu = (
-        jax.default_backend() == "cpu" and jax.device_count() == 1 and not _leafwise.grouped()
+        jax.default_backend() == "cpu" and jax.device_count() == 1 and not _groups.grouped()
     )
 
     def apply(tile):  # the rows below rot's (all zero) are written as zeros, not multiplied
@@ -697,11 +697,9 @@ def _fd_refresh_gram(state, shrank, *, n, tau):
     refresh = _refresh_due(state, shrank, n=n, tau=tau)
 
     def exact():
-        return _leafwise.select_leaves(
-            refresh, _exact_gram(state.rows, state.scale_exp), state.gram
-        )
+        return _groups.select_leaves(refresh, _exact_gram(state.rows, state.scale_exp), state.gram)
 
-    gram = jax.lax.cond(_leafwise.any_leaf(refresh), exact, lambda: state.gram)
+    gram = jax.lax.cond(_groups.any_leaf(refresh), exact, lambda: state.gram)
     return state._replace(gram=gram)
 
 
@@ -719,9 +717,9 @@ def _fd_rematerialize(state, product, shrank, *, n, tau):
         eye = jnp.eye(n, dtype=state.transform.dtype)
         back = state._replace(rows=rows, transform=eye)
         moved = jnp.matmul(state.transform, product, precision=HIGHEST)
-        return _leafwise.select_leaves(due, (back, moved), (state, product))
+        return _groups.select_leaves(due, (back, moved), (state, product))
 
-    return jax.lax.cond(_leafwise.any_leaf(due), written_back, lambda: (state, product))
+    return jax.lax.cond(_groups.any_leaf(due), written_back, lambda: (state, product))
 
 
 # From this many columns on, per-step FD keeps a lazy basis (see frequent_directions): its
@@ -812,10 +810,10 @@ def _fd_family(
         full = state.fill == n
 
         def shrink_full(s, p):  # in a group: only the leaves whose buffer is full
-            return _leafwise.select_leaves(full, shrink(s, p, True), (s, p))
+            return _groups.select_leaves(full, shrink(s, p, True), (s, p))
 
         state, prod = jax.lax.cond(
-            _leafwise.any_leaf(full), shrink_full, lambda s, p: (s, p), state, prod
+            _groups.any_leaf(full), shrink_full, lambda s, p: (s, p), state, prod
         )
         return Absorbed(refresh_gram(state, full), prod)  # the residual is taken after the update
 

@@ -71,6 +71,14 @@ def build_parser() -> argparse.ArgumentParser:
         description="One online pass of a sparse linear learner over a LIBSVM/svmlight file, "
         "with progressive validation (sketchopt.stream).",
     )
+    _add_inputs(parser)
+    _add_hyperparameters(parser)
+    _add_outputs(parser)
+    return parser
+
+
+def _add_inputs(parser: argparse.ArgumentParser) -> None:
+    """The data and the learner: ``train``, ``--learner``, ``--loss``, ``--bits``."""
     parser.add_argument("train", type=pathlib.Path, help="training examples (svmlight format)")
     names = list(learners.LEARNERS) + list(learners.SECOND_ORDER_NAMES)
     parser.add_argument(
@@ -90,6 +98,10 @@ def build_parser() -> argparse.ArgumentParser:
         help="weights of dimension 2^B, indices hashed into it when the data's are larger "
         "(default: the data's own dimension)",
     )
+
+
+def _add_hyperparameters(parser: argparse.ArgumentParser) -> None:
+    """The learners' hyperparameters, ``--sketch-size`` to ``--period``."""
     parser.add_argument(
         "--sketch-size", type=int, default=10, help="second-order learners' m (default: 10)"
     )
@@ -146,6 +158,10 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--period", type=int, default=1, help="truncated gradient's period K (default: 1)"
     )
+
+
+def _add_outputs(parser: argparse.ArgumentParser) -> None:
+    """Evaluation, predictions, checkpoints, the report and the run's layout."""
     parser.add_argument("--test", type=pathlib.Path, help="test examples: report test_error")
     parser.add_argument("--predict", type=pathlib.Path, help="write one score per test example")
     parser.add_argument("--save", type=pathlib.Path, help="save the state here (Orbax) at the end")
@@ -163,7 +179,6 @@ def build_parser() -> argparse.ArgumentParser:
         "(sketchopt.stream.runner.auto_layout)",
     )
     parser.add_argument("--quiet", action="store_true", help="no progress bar or report")
-    return parser
 
 
 def _hyperparameters(args) -> dict[str, Any]:

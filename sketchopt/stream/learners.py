@@ -45,17 +45,29 @@ grid of ``G`` costs ``k`` gathers and scatters of ``s`` rows of ``G`` numbers pe
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any, NamedTuple
+from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
-import numpy as np
-import optax
 
 from sketchopt import _validation
 from sketchopt._numerics import state_dtype
 from sketchopt.regularizers import soft_threshold
-from sketchopt.stream.examples import CLASSIFICATION_LOSSES, SparseVector, flat_segment
+from sketchopt.stream._base import (
+    LOSSES,
+    LinearLearner,
+    LinearState,
+    check_each,
+    class_label,
+    column,
+    error,
+    grid_shape,
+    loss_function,
+    loss_value,
+    segment_count,
+)
+from sketchopt.stream.examples import flat_segment
+from sketchopt.stream.second_order import SECOND_ORDER
 
 __all__ = [
     "LEARNERS",
@@ -79,110 +91,8 @@ __all__ = [
 ]
 
 
-def _squared_hinge(p, y):
-    return jnp.square(jnp.maximum(0.0, 1.0 - y * p))
-
-
-#: ``loss(prediction, label)``: Optax's where it has one. Logistic and the hinges take labels
-#: in ``{-1, +1}``; squared takes any real label and is ``(p - y)^2`` (VW's squared loss).
-LOSSES: dict[str, Callable] = {
-    "squared": optax.losses.squared_error,
-    "logistic": lambda p, y: optax.losses.sigmoid_binary_cross_entropy(p, (y + 1) / 2),
-    "hinge": optax.losses.hinge_loss,
-    "squared_hinge": _squared_hinge,
-}
-
-
-def loss_value(loss: str, prediction, label):
-    """The loss ``loss`` of ``prediction`` at ``label``."""
-    return _loss(loss)(prediction, label)
-
-
-def class_label(loss: str, label):
-    """``label`` as the loss reads it: for the classification losses a 0 is the negative class
-    -1 (as the loaders map ``{0, 1}`` labels); other labels unchanged."""
-    label = jnp.asarray(label)
-    if loss in CLASSIFICATION_LOSSES:
-        return jnp.where(label == 0, -1, label).astype(label.dtype)
-    return label
-
-
-def error(prediction, label):
-    """0/1 error of the sign of ``prediction`` (``p > 0`` predicts ``+1``); for real labels (the
-    squared loss) the sign disagreement."""
-    return (jnp.where(prediction > 0, 1.0, -1.0) != jnp.sign(label)).astype(prediction.dtype)
-
-
-def _loss(loss: str) -> Callable:
-    if loss not in LOSSES:
-        raise ValueError(f"unknown loss {loss!r}; use one of {sorted(LOSSES)}")
-    return LOSSES[loss]
-
-
-class LinearState(NamedTuple):
-    """State of a sparse linear learner.
-
-    Attributes:
-      table: the per-coordinate numbers: one ``(d, k)`` block, or for a grid one ``(d, G)``
-        block per column (the learner's ``blocks`` name their columns, e.g.
-        ``("w", "s", "mark")`` for ADA-DIAG; read one with :func:`column`). One configuration
-        keeps all ``k`` columns in one block, so that an
-        example reads one contiguous row per non-zero (at ``d = 2**20``: 3.3 us per example of
-        100 non-zeros against 7.9 for three separate arrays); a grid keeps one block per column,
-        each row a contiguous ``G``-vector (23 us against 38 for one ``(d, k, G)`` block at
-        ``G = 49``, where splitting and restacking the columns of a row costs more than the
-        extra cache lines).
-      scalars: running scalars, by name (e.g. ``E_t``, the learning rates' sum).
-      t: the examples learned from (int32).
-      nonfinite_count: the examples skipped as bad input (int32).
-    """
-
-    table: tuple[jax.Array, ...]
-    scalars: dict[str, jax.Array]
-    t: jax.Array
-    nonfinite_count: jax.Array
-
-
-class LinearLearner(NamedTuple):
-    """A linear online learner on sparse examples (see the module docstring).
-
-    ``init(dim, dtype=float32, key=None)`` (``key`` for learners with random state; ignored by
-    the first-order ones), ``predict(state, x) -> p``, ``update(state, x, label) -> state``,
-    ``step(state, x, label, active=True) -> (state, p)`` (``p`` is ``predict(state, x)``; an
-    inactive step, a chunk's padding row, leaves the state as it is),
-    ``step_flat(state, indices, values, start, stop, label, active=True, *, width)`` (the same
-    on an example of a flat chunk, :class:`~sketchopt.stream.examples.FlatExamples`) and
-    ``weights(state) -> (d, *grid)``; ``columns`` names the per-coordinate numbers and
-    ``blocks`` how ``state.table`` stores them (:class:`LinearState`, :func:`column`).
-
-    ``grid`` is ``()``, or ``(G,)`` for a learner built with 1-D arrays of ``G`` hyperparameter
-    values: it runs the ``G`` configurations at once, and its predictions, ``t`` and counters
-    are ``(G,)``.
-    """
-
-    name: str
-    loss: str
-    init: Callable[..., LinearState]
-    predict: Callable[[LinearState, SparseVector], jax.Array]
-    update: Callable[[LinearState, SparseVector, Any], LinearState]
-    step: Callable[..., tuple[LinearState, jax.Array]]
-    weights: Callable[[LinearState], jax.Array]
-    columns: tuple[str, ...]
-    grid: tuple[int, ...] = ()
-    blocks: tuple[tuple[str, ...], ...] = ()
-    step_flat: Callable[..., tuple[LinearState, jax.Array]] | None = None
-
-
-def column(learner: LinearLearner, state: LinearState, name: str) -> jax.Array:
-    """The ``(d, *grid)`` column ``name`` of ``state.table`` (e.g. ``"w"``, ``"z"``, ``"gsum"``)."""
-    for block, names in zip(state.table, learner.blocks, strict=True):
-        if name in names:
-            return block if learner.grid else block[:, names.index(name)]
-    raise KeyError(f"{learner.name} has no column {name!r}; it has {learner.columns}")
-
-
 class _Rule(NamedTuple):
-    """What one learner defines; :func:`_linear` builds the rest.
+    """What one first-order learner defines; :func:`_linear` builds the rest.
 
     ``coords``/``scalars``: names and initial values (scalars as floats); ``current(scalars,
     cols, t)`` the weights of the gathered coordinates caught up to before step ``t``;
@@ -199,44 +109,52 @@ class _Rule(NamedTuple):
     sums: tuple[str, ...] = ()  # columns of project summed over the example (advance: "<n>_sum")
 
 
-def grid_shape(*hyperparameters) -> tuple[int, ...]:
-    """``()`` for scalar hyperparameters, ``(G,)`` when some are arrays of ``G`` values (a grid
-    of configurations, :func:`sketchopt.stream.runner.run_grid`)."""
-    shapes = [np.shape(h) for h in hyperparameters if not callable(h)]
-    shape = np.broadcast_shapes(*shapes) if shapes else ()
-    if len(shape) > 1:
-        raise ValueError(f"hyperparameters must be scalars or 1-D grids, got shape {shape}")
-    return tuple(shape)
-
-
 def _linear(name: str, loss: str, rule: _Rule, grid: tuple[int, ...] = ()) -> LinearLearner:
-    loss_fn = _loss(loss)
-    # Elementwise losses: the gradient of the sum is the derivative of each configuration's.
-    derivative = jax.grad(lambda p, y: jnp.sum(loss_fn(p, y)))
-    lanes = (1,) * len(grid)  # broadcasts an (s,) vector against (s, *grid) columns
-    blocks = tuple((c,) for c in rule.coords) if grid else (rule.coords,)  # see LinearState
+    """The :class:`LinearLearner` of a first-order ``rule``: ``O(s)`` per example, lazy
+    catch-up by ``rule.current``, bad examples skipped and counted (module docstring)."""
+    s = _LinearSteps(name, loss, rule, grid)
+    return LinearLearner(
+        name, loss, s.init, s.predict, s.update, s.step, s.weights, rule.coords, grid, s.blocks,
+        s.step_flat,
+    )  # fmt: skip
 
-    def width(block):  # a grid's one-column blocks are (d, G): no axis of length 1 to gather
-        return () if grid else (len(block),)
 
-    def init(dim: int, dtype=jnp.float32, key=None) -> LinearState:
+class _LinearSteps:
+    """The functions of :func:`_linear`'s learner, one method each: an example's rows are
+    gathered (:meth:`look`), the loss's slope decides whether it is learned (:meth:`learn_from`),
+    the rule advances the gathered columns and they are written back (:meth:`write`)."""
+
+    def __init__(self, name: str, loss: str, rule: _Rule, grid: tuple[int, ...]):
+        self.name, self.loss, self.rule, self.grid = name, loss, rule, grid
+        loss_fn = loss_function(loss)
+        # Elementwise losses: the gradient of the sum is the derivative of each configuration's.
+        self.derivative = jax.grad(lambda p, y: jnp.sum(loss_fn(p, y)))
+        self.lanes = (1,) * len(grid)  # broadcasts an (s,) vector against (s, *grid) columns
+        self.blocks = tuple((c,) for c in rule.coords) if grid else (rule.coords,)  # LinearState
+
+    def width(self, block):  # a grid's one-column blocks are (d, G): no axis of length 1 to gather
+        return () if self.grid else (len(block),)
+
+    def init(self, dim: int, dtype=jnp.float32, key=None) -> LinearState:
         del key
         dim, dtype = int(dim), state_dtype(dtype)
         if dim < 1:
             raise ValueError(f"dim must be a positive integer, got {dim}")
+        grid = self.grid
         return LinearState(
-            table=tuple(jnp.zeros((dim, *width(b), *grid), dtype) for b in blocks),
-            scalars={k: jnp.full(grid, v, dtype) for k, v in rule.scalars.items()},
+            table=tuple(jnp.zeros((dim, *self.width(b), *grid), dtype) for b in self.blocks),
+            scalars={k: jnp.full(grid, v, dtype) for k, v in self.rule.scalars.items()},
             t=jnp.zeros(grid, jnp.int32),
             nonfinite_count=jnp.zeros(grid, jnp.int32),
         )
 
-    def split(rows):
-        if grid:
+    def split(self, rows):
+        blocks = self.blocks
+        if self.grid:
             return {b[0]: r for r, b in zip(rows, blocks, strict=True)}
         return {c: r[:, j] for r, b in zip(rows, blocks, strict=True) for j, c in enumerate(b)}
 
-    def gather(state, x):
+    def gather(self, state, x):
         dim = state.table[0].shape[0]
         indices, values = x  # a SparseVector, or any (indices, values) pair
         indices, values = jnp.asarray(indices), jnp.asarray(values)
@@ -244,28 +162,29 @@ def _linear(name: str, loss: str, rule: _Rule, grid: tuple[int, ...] = ()) -> Li
         idx = jnp.where(ok, indices, dim)  # a bad example reads and writes padding only
         rows = tuple(b.at[idx].get(mode="fill", fill_value=0) for b in state.table)
         vals = jnp.where(ok, values, 0).astype(state.table[0].dtype)
-        return idx, vals.reshape(vals.shape + lanes), rows, ok
+        return idx, vals.reshape(vals.shape + self.lanes), rows, ok
 
-    def columns(rows, vals):
-        cols = split(rows)
-        return cols if rule.project is None else rule.project(cols, vals)
+    def columns(self, rows, vals):
+        cols = self.split(rows)
+        return cols if self.rule.project is None else self.rule.project(cols, vals)
 
-    def look(state, x, table=None):
+    def look(self, state, x, table=None):
         """One example's (or one segment's) rows, caught-up weights and prediction share."""
         state = state if table is None else state._replace(table=table)
-        idx, vals, rows, ok = gather(state, x)
-        cols = columns(rows, vals)
-        w = rule.current(state.scalars, cols, state.t + 1)
-        sums = {n: jnp.sum(cols[n], axis=0) for n in rule.sums}
+        idx, vals, rows, ok = self.gather(state, x)
+        cols = self.columns(rows, vals)
+        w = self.rule.current(state.scalars, cols, state.t + 1)
+        sums = {n: jnp.sum(cols[n], axis=0) for n in self.rule.sums}
         return idx, vals, rows, cols, w, jnp.sum(w * vals, axis=0), ok, sums
 
-    def learn_from(state, p, label, ok, active):
-        label = class_label(loss, jnp.asarray(label, state.table[0].dtype))
-        slope = derivative(p, label)
+    def learn_from(self, state, p, label, ok, active):
+        label = class_label(self.loss, jnp.asarray(label, state.table[0].dtype))
+        slope = self.derivative(p, label)
         ok = ok & jnp.isfinite(label) & jnp.isfinite(slope)
         return slope, ok, ok & active
 
-    def write(table, idx, rows, new_cols, learn):
+    def write(self, table, idx, rows, new_cols, learn):
+        grid = self.grid
         keep = jnp.reshape(learn, (1, *learn.shape) if grid else (1, 1))
 
         def block_rows(b, r):
@@ -274,10 +193,10 @@ def _linear(name: str, loss: str, rule: _Rule, grid: tuple[int, ...] = ()) -> Li
 
         return tuple(
             block.at[idx].set(block_rows(b, r), mode="drop")
-            for block, r, b in zip(table, rows, blocks, strict=True)
+            for block, r, b in zip(table, rows, self.blocks, strict=True)
         )
 
-    def close(state, table, new_scalars, ok, learn, active):
+    def close(self, state, table, new_scalars, ok, learn, active):
         scalars = {
             k: jnp.where(learn, new_scalars[k], v).astype(v.dtype) for k, v in state.scalars.items()
         }
@@ -288,64 +207,60 @@ def _linear(name: str, loss: str, rule: _Rule, grid: tuple[int, ...] = ()) -> Li
             state.nonfinite_count + (active & ~ok).astype(jnp.int32),
         )
 
-    def advance(state, cols, sums, w, g):
+    def advance(self, state, cols, sums, w, g):
         cols = {**cols, **{f"{n}_sum": v for n, v in sums.items()}}
-        return rule.advance(state.scalars, cols, w, g, state.t + 1)
+        return self.rule.advance(state.scalars, cols, w, g, state.t + 1)
 
-    def predict(state, x):
-        return look(state, x)[5]
+    def predict(self, state, x):
+        return self.look(state, x)[5]
 
-    def step(state, x, label, active=True):
-        idx, vals, rows, cols, w, p, ok, sums = look(state, x)
-        slope, ok, learn = learn_from(state, p, label, ok, active)
-        new_cols, new_scalars = advance(state, cols, sums, w, slope * vals)
-        table = write(state.table, idx, rows, new_cols, learn)
-        return close(state, table, new_scalars, ok, learn, active), p
+    def step(self, state, x, label, active=True):
+        idx, vals, rows, cols, w, p, ok, sums = self.look(state, x)
+        slope, ok, learn = self.learn_from(state, p, label, ok, active)
+        new_cols, new_scalars = self.advance(state, cols, sums, w, slope * vals)
+        table = self.write(state.table, idx, rows, new_cols, learn)
+        return self.close(state, table, new_scalars, ok, learn, active), p
 
-    def step_flat(state, indices, values, start, stop, label, active=True, *, width: int):
-        """:func:`step` on one example of a flat chunk (:class:`FlatExamples`): its non-zeros
+    def step_flat(self, state, indices, values, start, stop, label, active=True, *, width: int):
+        """:meth:`step` on one example of a flat chunk (:class:`FlatExamples`): its non-zeros
         ``indices[start:stop]`` in segments of ``width``, read once for the prediction and once
         for the update (the segments' coordinates are distinct, so the order is free). The same
         numbers as ``step`` on the example padded to one row; its cost follows the example's own
         length, not the longest's."""
         dim = state.table[0].shape[0]
-        count = jnp.maximum((stop - start + width - 1) // width, 1)  # an empty example: 1
+        count = segment_count(start, stop, width)
 
         def segment(j):
             return flat_segment(indices, values, start, stop, j, width, dim)
 
         def read(j, carry):
             p, ok, sums = carry
-            *_, p_j, ok_j, sums_j = look(state, segment(j))
+            *_, p_j, ok_j, sums_j = self.look(state, segment(j))
             return p + p_j, ok & ok_j, {n: sums[n] + sums_j[n] for n in sums}
 
-        zero = jnp.zeros(grid, state.table[0].dtype)
-        start_sums = {n: zero for n in rule.sums}
+        zero = jnp.zeros(self.grid, state.table[0].dtype)
+        start_sums = {n: zero for n in self.rule.sums}
         p, ok, sums = jax.lax.fori_loop(0, count, read, (zero, jnp.bool_(True), start_sums))
-        slope, ok, learn = learn_from(state, p, label, ok, active)
+        slope, ok, learn = self.learn_from(state, p, label, ok, active)
 
         def update_segment(j, carry):
             table, _ = carry
-            idx, vals, rows, cols, w, *_ = look(state, segment(j), table)
-            new_cols, new_scalars = advance(state, cols, sums, w, slope * vals)
+            idx, vals, rows, cols, w, *_ = self.look(state, segment(j), table)
+            new_cols, new_scalars = self.advance(state, cols, sums, w, slope * vals)
             new_scalars = {k: v.astype(state.scalars[k].dtype) for k, v in new_scalars.items()}
-            return write(table, idx, rows, new_cols, learn), new_scalars
+            return self.write(table, idx, rows, new_cols, learn), new_scalars
 
         # every segment gives the same new scalars (they follow from the old ones and the sums)
         table, new_scalars = jax.lax.fori_loop(
             0, count, update_segment, (state.table, dict(state.scalars))
         )
-        return close(state, table, new_scalars, ok, learn, active), p
+        return self.close(state, table, new_scalars, ok, learn, active), p
 
-    def update(state, x, label):
-        return step(state, x, label)[0]
+    def update(self, state, x, label):
+        return self.step(state, x, label)[0]
 
-    def weights(state):
-        return rule.current(state.scalars, split(state.table), state.t + 1)
-
-    return LinearLearner(
-        name, loss, init, predict, update, step, weights, rule.coords, grid, blocks, step_flat
-    )
+    def weights(self, state):
+        return self.rule.current(state.scalars, self.split(state.table), state.t + 1)
 
 
 def _eta(learning_rate, t, dtype):
@@ -356,15 +271,6 @@ def _eta(learning_rate, t, dtype):
 
 
 _RATE = "the steps scale by it"
-
-
-def check_each(check, name, value, **options):
-    """``check`` (a :mod:`sketchopt._validation` function, as the dense learners use) on a
-    hyperparameter, or on each value of a 1-D grid of them; schedules and traced values pass."""
-    if callable(value) or _validation.is_traced(value):
-        return
-    for each in np.ravel(np.asarray(value)):
-        check(name, each.item(), **options)
 
 
 def ada_diag(
@@ -564,16 +470,14 @@ LEARNERS: dict[str, Callable[..., LinearLearner]] = {
 }
 
 #: The second-order learners' names (:data:`sketchopt.stream.second_order.SECOND_ORDER`).
-SECOND_ORDER_NAMES = ("oja_son", "fd_son", "rfd_son", "rp_son", "ada_fd")
+SECOND_ORDER_NAMES = tuple(SECOND_ORDER)
 
 
 def make_learner(name: str, **options) -> LinearLearner:
     """The learner ``name`` of :data:`LEARNERS` or of
     :data:`sketchopt.stream.second_order.SECOND_ORDER` with ``options`` (its keyword
     arguments)."""
-    if name in SECOND_ORDER_NAMES:
-        from sketchopt.stream.second_order import SECOND_ORDER  # (it builds on this module)
-
+    if name in SECOND_ORDER:
         return SECOND_ORDER[name](**options)
     if name not in LEARNERS:
         names = ", ".join([*LEARNERS, *SECOND_ORDER_NAMES])

@@ -70,6 +70,7 @@ compaction runs once for the whole grid when any configuration needs it, so that
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from typing import NamedTuple
 
@@ -88,14 +89,15 @@ from sketchopt._numerics import (
     state_dtype,
     zero_round_off_eigenvalues,
 )
-from sketchopt.stream.examples import flat_segment
-from sketchopt.stream.learners import (
-    LOSSES,
+from sketchopt.stream._base import (
     LinearLearner,
     check_each,
     class_label,
     grid_shape,
+    loss_function,
+    segment_count,
 )
+from sketchopt.stream.examples import flat_segment
 
 __all__ = [
     "SECOND_ORDER",
@@ -297,11 +299,36 @@ def _fd_absorb(small, zg, gg, *, robust, max_growth):
 
 def _fd_spec(kind, rule, m, spare, *, eta, curvature, robust, max_growth):
     """The FD family's :class:`_Spec`; ``kind`` "son" or "ada_fd", ``rule`` "md" or "da"."""
-    rows = m + spare
-    dual = rule == "da"
+    fd = _FdFamily(kind, rule, m, spare, eta, curvature, robust, max_growth)
+    columns = ("gsum",) if fd.dual else ("w",)
+    return _Spec(fd.rows, columns, fd.init, fd.predict, fd.learn, fd.compact, fd.weights)
 
-    def init(dim, dtype, key, h):
+
+def _son_root(eta, curvature, t, dtype):
+    """``sqrt(eta_t + sigma_t)``: SON's sketched gradient is ``ghat = sqrt(eta_t + sigma_t) g``
+    (SON Alg. 1 line 7, with ``t`` the 0-based count of the schedules)."""
+    return jnp.sqrt(_at(eta, t, dtype) + _at(curvature, t, dtype))
+
+
+def _split_weights(table, rows, b):
+    """``w = wbar + Z^T b`` (SON eq. 5-6, the split of the module docstring): ``Z`` the first
+    ``rows`` columns of the table, ``wbar`` the next one."""
+    return table[:, rows] + jnp.matmul(table[:, :rows], b, precision=_HI)
+
+
+class _FdFamily:
+    """FD-SON, RFD-SON and Ada-FD in the ``F Z`` form (module docstring): the functions of their
+    :class:`_Spec`, one method each. ``kind`` is ``"son"`` (SON Alg. 1 with the FD sketch of
+    Alg. 2; RFD paper Alg. 3 when ``robust``) or ``"ada_fd"`` (Ada-FD paper Alg. 2, mirror
+    descent, ``rule="md"``; Alg. 1, dual averaging, ``rule="da"``)."""
+
+    def __init__(self, kind, rule, m, spare, eta, curvature, robust, max_growth):
+        self.kind, self.m, self.rows, self.dual = kind, m, m + spare, rule == "da"
+        self.eta, self.curvature, self.robust, self.max_growth = eta, curvature, robust, max_growth
+
+    def init(self, dim, dtype, key, h):
         del key
+        m, rows = self.m, self.rows
         small = {
             "F": jnp.zeros((m, rows), dtype),
             "K": jnp.zeros((rows, rows), dtype),
@@ -309,76 +336,101 @@ def _fd_spec(kind, rule, m, spare, *, eta, curvature, robust, max_growth):
             "free": jnp.ones((rows,), bool),
             "alpha_rfd": jnp.asarray(h.get("alpha0", 0.0), dtype),
         }
-        if dual:
+        if self.dual:
             small |= {"p": jnp.zeros((rows,), dtype), "gam": jnp.zeros((m,), dtype)}
             small["scale"] = jnp.zeros((), dtype)
         else:
             small["b"] = jnp.zeros((rows,), dtype)
         return None, small
 
-    def growth_limit(dtype):
-        return _default_growth(dtype) if max_growth is None else max_growth
+    def growth_limit(self, dtype):
+        return _default_growth(dtype) if self.max_growth is None else self.max_growth
 
-    def predict(small, s, h, t):
+    def solve_terms(self, small, h):
+        """The metric's solve through the sketch in ``small`` (:func:`_fd_solve_terms`)."""
+        return _fd_solve_terms(small["lam"], _fd_ridge(small, h, self.kind), h, self.kind)
+
+    def predict(self, small, s, h, t):
+        """The prediction; under SON the bounded-prediction projection's (SON Lemma 1)."""
         del t
-        if dual:
+        if self.dual:
             bx = jnp.matmul(small["F"], s["zx"], precision=_HI)
             return small["scale"] * s["x_gsum"] + jnp.dot(small["gam"], bx), None
         u_x = s["x_w"] + jnp.dot(small["b"], s["zx"])
-        if kind != "son":
+        if self.kind != "son":
             return u_x, None
-        f0, mul = _fd_solve_terms(small["lam"], _fd_ridge(small, h, kind), h, kind)
+        f0, mul = self.solve_terms(small, h)
         bx = jnp.matmul(small["F"], s["zx"], precision=_HI)
         gamma, p = _projection(u_x, s["xx"], bx, f0, mul, h["bound"])
         return p, (gamma, f0, mul, bx)
 
-    def learn(small, s, slope, pre, h, t):
+    def rates(self, h, t, dtype):
+        """``(root, step)``: SON sketches ``ghat = sqrt(eta_t + sigma_t) g`` and steps by its
+        metric's solve alone; Ada-FD sketches ``g`` and steps by ``eta_t``."""
+        if self.kind == "son":
+            return _son_root(self.eta, self.curvature, t, dtype), jnp.ones((), dtype)
+        step = h["learning_rate"] if "learning_rate" in h else _at(self.eta, t, dtype)
+        return jnp.ones((), dtype), step
+
+    def learn(self, small, s, slope, pre, h, t):
+        """One example: the projection's move (SON), FD's step on ``ghat`` (:func:`_fd_absorb`),
+        then the rule's step through the new sketch (:meth:`mirror_step`, :meth:`dual_step`).
+        ``t`` is the number of examples learned before this one, the schedules' count."""
         dtype = small["F"].dtype
-        count = t  # examples learned before this one: the schedules' 0-based count
-        if kind == "son":
-            root = jnp.sqrt(_at(eta, count, dtype) + _at(curvature, count, dtype))
-            step = jnp.ones((), dtype)
-        else:
-            root = jnp.ones((), dtype)
-            step = h["learning_rate"] if "learning_rate" in h else _at(eta, count, dtype)
+        root, step = self.rates(h, t, dtype)
         coef_w = jnp.zeros((), dtype)
-        if kind == "son" and not dual:  # the projection's move: wbar -= gamma f0 x, b -= ...
+        if self.kind == "son" and not self.dual:  # the projection's move: wbar -= gamma f0 x, b
             gamma, f0p, mulp, bxp = pre
             coef_w = -gamma * f0p
             small = dict(small, b=small["b"] - gamma * (small["F"].T @ mulp(bxp)))
         gh = root * slope  # ghat = gh x
         zg, gg = gh * s["zx"], jnp.square(gh) * s["xx"]
         new, delta, compact = _fd_absorb(
-            small, zg, gg, robust=robust, max_growth=growth_limit(dtype)
+            small, zg, gg, robust=self.robust, max_growth=self.growth_limit(dtype)
         )
         zx_new = s["zx"] + delta * gh * s["xx"]  # Z' x
-        f0, mul = _fd_solve_terms(new["lam"], _fd_ridge(new, h, kind), h, kind)
-        f_new = new["F"]
-        if dual:
-            p = small["p"] + delta * gh * s["x_gsum"]  # Z += delta g^T (gbar before g)
-            p = p + slope * zx_new  # gbar += g
-            bp = jnp.matmul(f_new, p, precision=_HI)
-            new |= {"p": p, "gam": -step * mul(bp), "scale": -step * f0}  # w = scale gbar + B^T gam
-            coef = jnp.concatenate([delta * gh, slope[None]])
+        f0, mul = self.solve_terms(new, h)
+        if self.dual:
+            new, coef = self.dual_step(small, new, s, slope, gh, delta, zx_new, step, f0, mul)
         else:
-            bgrad = jnp.matmul(f_new, slope * zx_new, precision=_HI)  # B' g
-            coef_w = coef_w - jnp.dot(delta, small["b"]) * gh - step * f0 * slope
-            new["b"] = small["b"] - step * (f_new.T @ mul(bgrad))
-            coef = jnp.concatenate([delta * gh, coef_w[None]])
+            new, coef = self.mirror_step(
+                small, new, slope, gh, delta, zx_new, step, f0, mul, coef_w
+            )
         return new, coef, compact, ()
 
-    def compact(table, small, h, aux, x):
+    @staticmethod
+    def dual_step(small, new, s, slope, gh, delta, zx_new, step, f0, mul):
+        """Dual averaging (Ada-FD paper Alg. 1): ``gbar += g``, ``p = Z gbar`` kept, and
+        ``w = scale gbar + B^T gam`` with ``gam = -eta_t mul(B p)``, ``scale = -eta_t f0``."""
+        p = small["p"] + delta * gh * s["x_gsum"]  # Z += delta g^T (gbar before g)
+        p = p + slope * zx_new  # gbar += g
+        bp = jnp.matmul(new["F"], p, precision=_HI)
+        new |= {"p": p, "gam": -step * mul(bp), "scale": -step * f0}  # w = scale gbar + B^T gam
+        return new, jnp.concatenate([delta * gh, slope[None]])
+
+    @staticmethod
+    def mirror_step(small, new, slope, gh, delta, zx_new, step, f0, mul, coef_w):
+        """Mirror descent (SON Alg. 1, Ada-FD paper Alg. 2): ``w -= eta_t (f0 g + B^T mul(B g))``
+        in the split, ``wbar -= eta_t f0 g`` (and ``(delta . b) ghat`` for ``Z``'s change, SON
+        eq. 5) and ``b -= eta_t F^T mul(B' g)``."""
+        bgrad = jnp.matmul(new["F"], slope * zx_new, precision=_HI)  # B' g
+        coef_w = coef_w - jnp.dot(delta, small["b"]) * gh - step * f0 * slope
+        new["b"] = small["b"] - step * (new["F"].T @ mul(bgrad))
+        return new, jnp.concatenate([delta * gh, coef_w[None]])
+
+    def compact(self, table, small, h, aux, x):
         """``Z <- [F Z]_{live}`` and, under mirror descent, ``wbar += Z^T b``: one product of
         the table with a small ``(width x width)`` matrix (one pass over ``d``), then the
         kept rows' Gram matrix."""
         del h, aux, x
+        m, rows = self.m, self.rows
         f = small["F"]
         dtype = f.dtype
         width = table.shape[1]
         live = small["lam"][: m - 1] > 0
         mix = jnp.eye(width, dtype=dtype).at[:rows, :rows].set(0)
         mix = mix.at[:rows, : m - 1].set(jnp.where(live, f.T[:, : m - 1], 0))
-        if not dual:
+        if not self.dual:
             mix = mix.at[:rows, rows].set(small["b"])  # the fold: wbar += Z^T b
         table = jnp.matmul(table, mix, precision=_HI)
         kept = table[:, : m - 1]
@@ -391,22 +443,21 @@ def _fd_spec(kind, rule, m, spare, *, eta, curvature, robust, max_growth):
             K=jnp.zeros_like(small["K"]).at[: m - 1, : m - 1].set(gram),
             free=jnp.concatenate([~live, jnp.ones((rows - m + 1,), bool)]),
         )
-        if dual:  # B (hence B^T gam) is unchanged; p = Z gbar becomes B gbar = F p
+        if self.dual:  # B (hence B^T gam) is unchanged; p = Z gbar becomes B gbar = F p
             new["p"] = jnp.matmul(f_new.T, jnp.matmul(f, small["p"], precision=_HI))
         else:
             new["b"] = jnp.zeros_like(small["b"])
         return table, new
 
-    def weights(table, small, h):
+    def weights(self, table, small, h):
         del h
-        z = table[:, :rows]
-        if dual:
+        rows = self.rows
+        if self.dual:
             beta = small["F"].T @ small["gam"]
-            return small["scale"] * table[:, rows] + jnp.matmul(z, beta, precision=_HI)
-        return table[:, rows] + jnp.matmul(z, small["b"], precision=_HI)
-
-    columns = ("gsum",) if dual else ("w",)
-    return _Spec(rows, columns, init, predict, learn, compact, weights)
+            return small["scale"] * table[:, rows] + jnp.matmul(
+                table[:, :rows], beta, precision=_HI
+            )
+        return _split_weights(table, rows, small["b"])
 
 
 # ----------------------------------------------------------------------------------------------
@@ -414,8 +465,43 @@ def _fd_spec(kind, rule, m, spare, *, eta, curvature, robust, max_growth):
 
 
 def _oja_spec(m, *, eta, curvature, gamma, max_growth):
-    def init(dim, dtype, key, h):
+    """Oja-SON's :class:`_Spec` (SON Alg. 4-5 in the ``F Z`` form of the module docstring)."""
+    oja = _OjaSon(m, eta, curvature, gamma, max_growth)
+    return _Spec(m, ("w",), oja.init, oja.predict, oja.learn, oja.compact, oja.weights)
+
+
+def _oja_stack(rate, pv, rho, m, dtype):
+    """``M^T`` of Oja's step on the orthonormal ``V`` (SON Alg. 5): ``F Z' = M [V; w^T]`` with
+    ``[V; w^T]`` orthonormal, ``ghat = V^T pv + rho w`` and ``c = Gamma_t pv``, so
+    ``M = [I + c pv^T, rho c]``; its QR is Decompose's Gram-Schmidt (module docstring)."""
+    c = rate * pv
+    return jnp.concatenate([(jnp.eye(m, dtype=dtype) + jnp.outer(c, pv)).T, (rho * c)[None]])
+
+
+def _oja_decompose(f, rate, pv, gg):
+    """Decompose (SON Alg. 5; the paper's missing Appendix H): ``F <- L^{-1} F`` with ``L = R^T``
+    of the QR of ``M^T`` (:func:`_oja_stack`), so that ``F Z'`` is the Gram-Schmidt of Oja's
+    un-orthonormalized rows, as the dense sketch's QR, without ``K``'s squared condition
+    number. ``gg = |ghat|^2``, ``pv = V ghat``."""
+    m = f.shape[0]
+    rho = jnp.sqrt(jnp.maximum(gg - jnp.sum(jnp.square(pv)), 0))
+    r = jnp.linalg.qr(_oja_stack(rate, pv, rho, m, f.dtype), mode="r")
+    low = (r * jnp.where(jnp.diagonal(r) < 0, -1, 1).astype(f.dtype)[:, None]).T
+    return solve_triangular(low, f, lower=True)
+
+
+class _OjaSon:
+    """Oja-SON's :class:`_Spec` functions, one method each (SON Alg. 4-5): Oja's step on the
+    sketch as a rank-one change of ``Z`` and a re-orthonormalization of ``F`` (:meth:`learn`),
+    a dense step or a re-basing when ``F`` grows too large (:meth:`compact`)."""
+
+    def __init__(self, m, eta, curvature, gamma, max_growth):
+        self.m, self.eta, self.curvature, self.gamma = m, eta, curvature, gamma
+        self.max_growth = max_growth
+
+    def init(self, dim, dtype, key, h):
         del h
+        m = self.m
         if m > dim:
             raise ValueError(f"sparse oja_son needs sketch_size <= dim, got {m} > {dim}")
         key = jax.random.PRNGKey(0) if key is None else key
@@ -428,51 +514,48 @@ def _oja_spec(m, *, eta, curvature, gamma, max_growth):
         }
         return z, small
 
+    @staticmethod
     def terms(lam, t, h):
         """``A^{-1} y = f0 y + V^T mul(V y)`` for ``A = alpha I + V^T diag(t lam) V``."""
         return _spectral(t * lam, h["alpha"])
 
-    def predict(small, s, h, t):
+    def predict(self, small, s, h, t):
+        """The bounded-prediction projection's prediction (SON Lemma 1)."""
         dtype = small["F"].dtype
         u_x = s["x_w"] + jnp.dot(small["b"], s["zx"])
-        f0, mul = terms(small["lam"], t.astype(dtype), h)
+        f0, mul = self.terms(small["lam"], t.astype(dtype), h)
         vx = jnp.matmul(small["F"], s["zx"], precision=_HI)
         gamma_p, p = _projection(u_x, s["xx"], vx, f0, mul, h["bound"])
         return p, (gamma_p, f0, mul, vx)
 
-    def limit(dtype):
-        return _default_growth(dtype) if max_growth is None else max_growth
+    def limit(self, dtype):
+        return _default_growth(dtype) if self.max_growth is None else self.max_growth
 
-    def learn(small, s, slope, pre, h, t):
+    def learn(self, small, s, slope, pre, h, t):
+        """One example: the projection's move, Oja's step (SON Alg. 5: ``Z += delta ghat^T``,
+        the eigenvalues by SON eq. 4, Decompose), then SON's step through the new sketch; or,
+        where ``F`` would grow past :meth:`limit`, only the projection's move here and the
+        step densely (:meth:`compact`)."""
         f, k, b = small["F"], small["K"], small["b"]
         dtype = f.dtype
         gamma_p, f0p, mulp, vxp = pre
         b = b - gamma_p * (f.T @ mulp(vxp))  # the projection's move
         coef_w = -gamma_p * f0p
         t1 = (t + 1).astype(dtype)
-        root = jnp.sqrt(_at(eta, t, dtype) + _at(curvature, t, dtype))
-        gh = root * slope
+        gh = _son_root(self.eta, self.curvature, t, dtype) * slope
         zg, gg = gh * s["zx"], jnp.square(gh) * s["xx"]
-        rate = jnp.asarray(gamma(t1), dtype)  # Gamma_t
+        rate = jnp.asarray(self.gamma(t1), dtype)  # Gamma_t
         pv = jnp.matmul(f, zg, precision=_HI)  # V ghat
         lam = (1 - rate) * small["lam"] + rate * jnp.square(pv)  # SON eq. 4
-        f0, mul = terms(lam, t1, h)
+        f0, mul = self.terms(lam, t1, h)
         delta = rate * zg  # Alg. 5: A^{-1} Gamma F Z ghat with A = F
         k = k + jnp.outer(delta, zg) + jnp.outer(zg, delta) + gg * jnp.outer(delta, delta)
-        # Decompose: F Z' = M [V; w^T] with [V; w^T] orthonormal (ghat = V^T pv + rho w), so
-        # L = R^T of the QR of M^T (as the dense sketch's Gram-Schmidt, without K's squared
-        # condition number); F <- L^{-1} F.
-        c = rate * pv
-        rho = jnp.sqrt(jnp.maximum(gg - jnp.sum(jnp.square(pv)), 0))
-        mt = jnp.concatenate([(jnp.eye(m, dtype=dtype) + jnp.outer(c, pv)).T, (rho * c)[None]])
-        r = jnp.linalg.qr(mt, mode="r")
-        low = (r * jnp.where(jnp.diagonal(r) < 0, -1, 1).astype(dtype)[:, None]).T
-        f_new = solve_triangular(low, f, lower=True)
-        growth = jnp.sum(jnp.square(f_new)) * jnp.trace(k) / m
+        f_new = _oja_decompose(f, rate, pv, gg)
+        growth = jnp.sum(jnp.square(f_new)) * jnp.trace(k) / self.m
         # A step that would make Z's rows many times larger than the directions they stand
         # for (Gamma_t |ghat|^2 large: e.g. the first steps, Gamma_1 = 1, on unnormalized
         # features) would round Z's information away: it is taken densely instead (compact).
-        dense = ~(growth <= limit(dtype))
+        dense = ~(growth <= self.limit(dtype))
         zx_new = s["zx"] + delta * gh * s["xx"]
         vg = jnp.matmul(f_new, slope * zx_new, precision=_HI)
         b_new = b - f_new.T @ mul(vg)
@@ -485,54 +568,55 @@ def _oja_spec(m, *, eta, curvature, gamma, max_growth):
         }
         coef = jnp.where(
             dense,
-            jnp.concatenate([jnp.zeros((m,), dtype), (coef_w - f0 * slope)[None]]),
+            jnp.concatenate([jnp.zeros((self.m,), dtype), (coef_w - f0 * slope)[None]]),
             jnp.concatenate([delta * gh, coef_w_sparse[None]]),
         )
         aux = {"dense": dense, "gh": gh, "rate": rate, "slope": slope, "t1": t1}
         return new, coef, dense, aux
 
-    def compact(table, small, h, aux, x):
-        """The dense step (``aux["dense"]``: Oja's update on ``V = F Z`` as the dense sketch
-        takes it, then ``w``'s step) or a re-basing ``Z <- F Z`` re-orthonormalized by QR;
-        ``O(m^2 d)`` either way, with ``wbar += Z^T b`` folded."""
+    def dense_step(self, v_t, small, h, aux, x):
+        """Oja's step on ``V = F Z`` as the dense sketch takes it (SON Alg. 5: Gram-Schmidt of
+        ``V + Gamma_t V ghat ghat^T`` by the QR of :func:`_oja_stack`), then ``b``'s step:
+        ``(V'^T, b')`` with ``V'`` orthonormal."""
+        m, dtype = self.m, v_t.dtype
+        xd = x().astype(dtype)
+        u = aux["gh"] * xd  # ghat
+        p = jnp.matmul(u, v_t, precision=_HI)
+        w = u - jnp.matmul(v_t, p, precision=_HI)
+        p2 = jnp.matmul(w, v_t, precision=_HI)  # twice is enough
+        w = w - jnp.matmul(v_t, p2, precision=_HI)
+        p = p + p2
+        rho = jnp.linalg.norm(w)
+        w = w / jnp.where(rho > 0, rho, 1)
+        q, r = jnp.linalg.qr(_oja_stack(aux["rate"], p, rho, m, dtype))
+        q = q * jnp.where(jnp.diagonal(r) < 0, -1, 1).astype(dtype)
+        v_new = jnp.matmul(v_t, q[:m], precision=_HI) + jnp.outer(w, q[m])
+        f0, mul = self.terms(small["lam"], aux["t1"], h)
+        vg = jnp.matmul(aux["slope"] * xd, v_new, precision=_HI)
+        return v_new, -mul(vg)
+
+    def compact(self, table, small, h, aux, x):
+        """The dense step (``aux["dense"]``: :meth:`dense_step`) or a re-basing ``Z <- F Z``
+        re-orthonormalized by QR; ``O(m^2 d)`` either way, with ``wbar += Z^T b`` folded."""
+        m = self.m
         f, b = small["F"], small["b"]
         dtype = f.dtype
         v_t = jnp.matmul(table[:, :m], f.T, precision=_HI)  # V^T (d, m)
-        wbar = table[:, m] + jnp.matmul(table[:, :m], b, precision=_HI)
-
-        def dense_step():
-            xd = x().astype(dtype)
-            u = aux["gh"] * xd  # ghat
-            p = jnp.matmul(u, v_t, precision=_HI)
-            w = u - jnp.matmul(v_t, p, precision=_HI)
-            p2 = jnp.matmul(w, v_t, precision=_HI)  # twice is enough
-            w = w - jnp.matmul(v_t, p2, precision=_HI)
-            p = p + p2
-            rho = jnp.linalg.norm(w)
-            w = w / jnp.where(rho > 0, rho, 1)
-            c = aux["rate"] * p
-            mt = jnp.concatenate([(jnp.eye(m, dtype=dtype) + jnp.outer(c, p)).T, (rho * c)[None]])
-            q, r = jnp.linalg.qr(mt)
-            q = q * jnp.where(jnp.diagonal(r) < 0, -1, 1).astype(dtype)
-            v_new = jnp.matmul(v_t, q[:m], precision=_HI) + jnp.outer(w, q[m])
-            f0, mul = terms(small["lam"], aux["t1"], h)
-            vg = jnp.matmul(aux["slope"] * xd, v_new, precision=_HI)
-            return v_new, -mul(vg)
+        wbar = _split_weights(table, m, b)
 
         def rebase():
             q, r = jnp.linalg.qr(v_t)  # V^T = Q R: Z = Q^T orthonormal, F = R^T
             sign = jnp.where(jnp.diagonal(r) < 0, -1, 1).astype(dtype)
             return q * sign, jnp.zeros_like(b)
 
-        v_new, b_new = jax.lax.cond(aux["dense"], dense_step, rebase)
+        dense = functools.partial(self.dense_step, v_t, small, h, aux, x)
+        v_new, b_new = jax.lax.cond(aux["dense"], dense, rebase)
         new = dict(small, F=jnp.eye(m, dtype=dtype), K=jnp.eye(m, dtype=dtype), b=b_new)
         return jnp.concatenate([v_new, wbar[:, None], table[:, m + 1 :]], 1), new
 
-    def weights(table, small, h):
+    def weights(self, table, small, h):
         del h
-        return table[:, m] + jnp.matmul(table[:, :m], small["b"], precision=_HI)
-
-    return _Spec(m, ("w",), init, predict, learn, compact, weights)
+        return _split_weights(table, self.m, small["b"])
 
 
 # ----------------------------------------------------------------------------------------------
@@ -568,8 +652,7 @@ def _rp_spec(m, *, eta, curvature):
         b = b + gamma_p * hz / a  # the projection's move
         key, sub = jax.random.split(small["key"])
         r = jax.random.normal(sub, (m,), dtype) * jnp.asarray(1 / np.sqrt(m), dtype)
-        root = jnp.sqrt(_at(eta, t, dtype) + _at(curvature, t, dtype))
-        gh = root * slope
+        gh = _son_root(eta, curvature, t, dtype) * slope
         zg, gg = gh * s["zx"], jnp.square(gh) * s["xx"]
         q = zg + 0.5 * gg * r  # S S^T += r q^T + q r^T (SON sec. 3)
         k = k + jnp.outer(r, q) + jnp.outer(q, r)
@@ -593,7 +676,7 @@ def _rp_spec(m, *, eta, curvature):
 
     def weights(table, small, h):
         del h
-        return table[:, m] + jnp.matmul(table[:, :m], small["b"], precision=_HI)
+        return _split_weights(table, m, small["b"])
 
     return _Spec(m, ("w",), init, predict, learn, compact, weights)
 
@@ -610,59 +693,99 @@ def _learner(
     ``ds = D^{1/2}`` (``D_1 = 0.1 I``), the spec sees the example ``x / ds``, and after each step
     ``D += g^2`` on the example's coordinates, each of them re-expressed (``u_i`` scales by
     ``ds_new / ds_old``): ``O(s (R + k))``, as the dense ``diagonal_rescaling``."""
-    if loss not in LOSSES:
-        raise ValueError(f"unknown loss {loss!r}; use one of {sorted(LOSSES)}")
-    loss_fn = LOSSES[loss]
-    derivative = jax.grad(loss_fn)
-    rows = spec.rows
-    batched = bool(grid)
-    width = rows + len(spec.columns) + int(rescaled)
-    ds_col = width - 1  # (rescaled only)
+    s = _SketchedLearner(loss, spec, hyper, grid, rescaled)
+    # Compiled once per learner: called outside jit, the conds and loops of the steps would
+    # otherwise be traced and compiled again at every call (their branches are fresh closures).
+    step, update, predict, weights = map(jax.jit, (s.step, s.update, s.predict, s.weights))
+    step_flat = jax.jit(s.step_flat, static_argnames="width")
+    columns = s.columns
+    return LinearLearner(
+        name, loss, s.init, predict, update, step, weights, columns, grid, (columns,), step_flat
+    )
 
-    def h_of(dtype):
-        return {k: jnp.asarray(v, dtype) for k, v in hyper.items()}
 
-    def init_one(dim, dtype, key, h):
-        z, small = spec.init(dim, dtype, key, h)
-        table = jnp.zeros((dim, width), dtype)
+class _Flat(NamedTuple):
+    """One example of a flat chunk (:class:`~sketchopt.stream.examples.FlatExamples`): its
+    non-zeros ``indices[start:stop]``, read and written in ``segments`` segments of ``width``."""
+
+    indices: jax.Array
+    values: jax.Array
+    start: jax.Array
+    stop: jax.Array
+    width: int
+    dim: int
+    segments: jax.Array  # how many (:func:`sketchopt.stream._base.segment_count`)
+
+    def segment(self, j):
+        return flat_segment(
+            self.indices, self.values, self.start, self.stop, j, self.width, self.dim
+        )
+
+
+class _SketchedLearner:
+    """The functions of :func:`_learner`'s learner, one method each: an example's rows are read
+    (:meth:`read`), the spec's small ``O(m^2)`` work predicts and learns (:meth:`one`), ``x``
+    times one ``(R + k)``-vector is added to its rows (:meth:`scatter`), a compaction runs where
+    the spec asks for one (:meth:`settle`) and, with diagonal rescaling, ``D`` grows
+    (:meth:`rescale`). A grid runs the configurations by ``vmap`` (module docstring)."""
+
+    def __init__(self, loss, spec: _Spec, hyper: dict, grid: tuple[int, ...], rescaled: bool):
+        self.loss, self.spec, self.hyper, self.rescaled = loss, spec, hyper, rescaled
+        self.derivative = jax.grad(loss_function(loss))
+        self.rows = spec.rows
+        self.batched = bool(grid)
+        self.grid = grid
+        self.width = spec.rows + len(spec.columns) + int(rescaled)
+        self.ds_col = self.width - 1  # (rescaled only)
+        zs = tuple(f"z{i}" for i in range(spec.rows))
+        self.columns = zs + spec.columns + (("ds",) if rescaled else ())
+
+    def h_of(self, dtype):
+        return {k: jnp.asarray(v, dtype) for k, v in self.hyper.items()}
+
+    def init_one(self, dim, dtype, key, h):
+        z, small = self.spec.init(dim, dtype, key, h)
+        table = jnp.zeros((dim, self.width), dtype)
         if z is not None:
-            table = table.at[:, :rows].set(z.T)
-        if rescaled:
-            table = table.at[:, ds_col].set(np.sqrt(_DIAGONAL_INIT))
+            table = table.at[:, : self.rows].set(z.T)
+        if self.rescaled:
+            table = table.at[:, self.ds_col].set(np.sqrt(_DIAGONAL_INIT))
         # three arrays (not one thrice: a donated state may not hold a buffer twice)
         return SketchedState(table, small, *(jnp.zeros((), jnp.int32) for _ in range(3)))
 
-    def init(dim: int, dtype=jnp.float32, key=None) -> SketchedState:
+    def init(self, dim: int, dtype=jnp.float32, key=None) -> SketchedState:
         dim, dtype = int(dim), state_dtype(dtype)
         if dim < 1:
             raise ValueError(f"dim must be a positive integer, got {dim}")
-        h = h_of(dtype)
-        if not batched:
-            return init_one(dim, dtype, key, h)
-        keys = key if key is not None else jnp.stack([jax.random.PRNGKey(0)] * grid[0])
-        return jax.vmap(lambda k, hh: init_one(dim, dtype, k, hh))(keys, h)
+        h = self.h_of(dtype)
+        if not self.batched:
+            return self.init_one(dim, dtype, key, h)
+        keys = key if key is not None else jnp.stack([jax.random.PRNGKey(0)] * self.grid[0])
+        return jax.vmap(lambda k, hh: self.init_one(dim, dtype, k, hh))(keys, h)
 
-    def read(table, x):
+    def read(self, table, x):
         """One example's rows and the sums every spec reads."""
+        rows, spec = self.rows, self.spec
         dim = table.shape[0]
         indices, values = jnp.asarray(x[0]), jnp.asarray(x[1])
         ok = jnp.all((indices >= 0) & (indices <= dim) & jnp.isfinite(values))
         idx = jnp.where(ok, indices, dim)
         vals = jnp.where(ok, values, 0).astype(table.dtype)
         got = table.at[idx].get(mode="fill", fill_value=0)  # (s, width)
-        if rescaled:  # the example in the coordinates z = D^{1/2} w
-            ds = got[:, ds_col]
+        if self.rescaled:  # the example in the coordinates z = D^{1/2} w
+            ds = got[:, self.ds_col]
             vals = jnp.where(ds > 0, vals / jnp.where(ds > 0, ds, 1), 0)
         sums = jnp.matmul(vals, got, precision=_HI)
         out = {"zx": sums[:rows], "xx": jnp.dot(vals, vals)}
         out |= {f"x_{c}": sums[rows + i] for i, c in enumerate(spec.columns)}
         return idx, vals, out, ok
 
-    def one(state, sums, ok, label, active, h):
+    def one(self, state, sums, ok, label, active, h):
         """The small work of one configuration: prediction, then learning."""
+        spec = self.spec
         p, pre = spec.predict(state.small, sums, h, state.t)
-        y = class_label(loss, jnp.asarray(label, p.dtype))
-        slope = derivative(p, y)
+        y = class_label(self.loss, jnp.asarray(label, p.dtype))
+        slope = self.derivative(p, y)
         small, coef, need, aux = spec.learn(state.small, sums, slope, pre, h, state.t)
         fine = jax.tree.reduce(
             lambda acc, a: acc & jnp.all(jnp.isfinite(a)) if jnp.issubdtype(a.dtype, jnp.floating)
@@ -677,12 +800,12 @@ def _learner(
             t=jnp.where(learn, state.t + 1, state.t),
             nonfinite_count=state.nonfinite_count + (active & ~ok).astype(jnp.int32),
         )
-        if rescaled:
+        if self.rescaled:
             coef = jnp.concatenate([coef, jnp.zeros((1,), coef.dtype)])  # (ds: not additive)
         return new, coef, p, need & learn, aux, jnp.where(learn, slope, 0)
 
-    def compact_where(state, h, need, aux, x):
-        table, small = spec.compact(state.table, state.small, h, aux, x)
+    def compact_where(self, state, h, need, aux, x):
+        table, small = self.spec.compact(state.table, state.small, h, aux, x)
         small = jax.tree.map(lambda a, b: jnp.where(need, a, b), small, state.small)
         return state._replace(
             table=jnp.where(need, table, state.table),
@@ -690,39 +813,40 @@ def _learner(
             compactions=state.compactions + need.astype(jnp.int32),
         )
 
-    def compact_one(state, h, aux, x):
-        table, small = spec.compact(state.table, state.small, h, aux, x)
+    def compact_one(self, state, h, aux, x):
+        table, small = self.spec.compact(state.table, state.small, h, aux, x)
         return state._replace(table=table, small=small, compactions=state.compactions + 1)
 
-    def settle(state, need, h, aux, xarg, make_x):
+    def settle(self, state, need, h, aux, xarg, make_x):
         """The compaction, where needed: one ``cond`` for the whole grid (module docstring).
         ``make_x(xarg)`` builds the example (as the spec saw it) as a dense vector, inside the
         rare branch only; ``xarg`` is per configuration in a grid."""
-        if not batched:
+        if not self.batched:
             return jax.lax.cond(
-                need, lambda s: compact_one(s, h, aux, lambda: make_x(xarg)), lambda s: s, state
+                need,
+                lambda s: self.compact_one(s, h, aux, lambda: make_x(xarg)),
+                lambda s: s,
+                state,
             )
 
         def run(s):
             return jax.vmap(
-                lambda st, hh, n, a, xa: compact_where(st, hh, n, a, lambda: make_x(xa))
+                lambda st, hh, n, a, xa: self.compact_where(st, hh, n, a, lambda: make_x(xa))
             )(s, h, need, aux, xarg)
 
         return jax.lax.cond(jnp.any(need), run, lambda s: s, state)
 
-    def scatter(table, idx, vals, coef):
+    def scatter(self, table, idx, vals, coef):
         """``table[idx] += vals coef^T``: ``x`` times one ``(R + k)``-vector per configuration
         (``vals`` too is per configuration in a grid: ``x / ds`` when rescaled)."""
-        if batched:
-            return jax.vmap(lambda tb, vs, cf: scatter_one(tb, idx, vs, cf))(table, vals, coef)
-        return scatter_one(table, idx, vals, coef)
+        if self.batched:
+            return jax.vmap(lambda tb, vs, cf: _scatter_one(tb, idx, vs, cf))(table, vals, coef)
+        return _scatter_one(table, idx, vals, coef)
 
-    def scatter_one(table, idx, vals, coef):
-        return table.at[idx].add(vals[:, None] * coef[None, :].astype(table.dtype), mode="drop")
-
-    def rescale_one(table, small, idx, xt, slope):
+    def rescale_one(self, table, small, idx, xt, slope):
         """``D += g^2`` on the example's coordinates (``g = slope x``, ``x = ds xt``), each
-        ``u_i = wbar_i + Z_i . b`` re-expressed: ``u_i <- u_i ds_new / ds_old``."""
+        ``u_i = wbar_i + Z_i . b`` re-expressed: ``u_i <- u_i ds_new / ds_old`` (SON sec. 5.2)."""
+        rows, ds_col = self.rows, self.ds_col
         got = table.at[idx].get(mode="fill", fill_value=0)
         ds = got[:, ds_col]
         ds_new = jnp.hypot(ds, slope * xt * ds)
@@ -733,137 +857,136 @@ def _learner(
         table = table.at[idx, rows].set(w_new, mode="drop")
         return table.at[idx, ds_col].set(ds_new, mode="drop")
 
-    def rescale(state, idx, xt, slope):
-        if not rescaled:
+    def rescale(self, state, idx, xt, slope):
+        if not self.rescaled:
             return state
-        if batched:
-            table = jax.vmap(lambda tb, sm, xs, sl: rescale_one(tb, sm, idx, xs, sl))(
+        if self.batched:
+            table = jax.vmap(lambda tb, sm, xs, sl: self.rescale_one(tb, sm, idx, xs, sl))(
                 state.table, state.small, xt, slope
             )
         else:
-            table = rescale_one(state.table, state.small, idx, xt, slope)
+            table = self.rescale_one(state.table, state.small, idx, xt, slope)
         return state._replace(table=table)
 
-    def small_work(state, sums, ok, label, active, h):
-        if batched:
-            return jax.vmap(one, in_axes=(0, 0, 0, None, None, 0))(
+    def small_work(self, state, sums, ok, label, active, h):
+        if self.batched:
+            return jax.vmap(self.one, in_axes=(0, 0, 0, None, None, 0))(
                 state, sums, ok, label, active, h
             )
-        return one(state, sums, ok, label, active, h)
+        return self.one(state, sums, ok, label, active, h)
 
-    def step(state, x, label, active=True):
-        h = h_of(state.table.dtype)
-        if batched:
-            idx, vals, sums, ok = jax.vmap(lambda tb: read(tb, x))(state.table)
+    def step(self, state, x, label, active=True):
+        h = self.h_of(state.table.dtype)
+        if self.batched:
+            idx, vals, sums, ok = jax.vmap(lambda tb: self.read(tb, x))(state.table)
             idx = idx[0]  # the same coordinates for every configuration
         else:
-            idx, vals, sums, ok = read(state.table, x)
-        new, coef, p, need, aux, slope = small_work(state, sums, ok, label, active, h)
-        new = new._replace(table=scatter(new.table, idx, vals, coef))
+            idx, vals, sums, ok = self.read(state.table, x)
+        new, coef, p, need, aux, slope = self.small_work(state, sums, ok, label, active, h)
+        new = new._replace(table=self.scatter(new.table, idx, vals, coef))
 
         def dense_x(v):  # (the example as the spec saw it: x / ds when rescaled)
             dim = state.table.shape[-2]
             return jnp.zeros((dim,), v.dtype).at[idx].add(v, mode="drop")
 
-        return rescale(settle(new, need, h, aux, vals, dense_x), idx, vals, slope), p
+        return self.rescale(self.settle(new, need, h, aux, vals, dense_x), idx, vals, slope), p
 
-    def step_flat(state, indices, values, start, stop, label, active=True, *, width: int):
-        """:func:`step` on one example of a flat chunk: read in segments of ``width`` (the sums
+    def flat_sums(self, table, flat: _Flat):
+        """The sums of :meth:`read` over the segments of a flat example (they are additive),
+        from one configuration's ``table``, and whether every segment is fine."""
+
+        def body(j, carry):
+            sums, ok = carry
+            _, _, s_j, ok_j = self.read(table, flat.segment(j))
+            return jax.tree.map(jnp.add, sums, s_j), ok & ok_j
+
+        zero = jax.tree.map(jnp.zeros_like, self.read(table, flat.segment(0))[2])
+        return jax.lax.fori_loop(0, flat.segments, body, (zero, jnp.bool_(True)))
+
+    def segment_read(self, table, flat: _Flat, j):
+        """Segment ``j`` as the spec saw it, from one configuration's current ``table``
+        (``x / ds`` when rescaled: ``ds`` of a segment's coordinates changes only in its own
+        rescale, the segments' coordinates being distinct). Never the pre-step table: read
+        after the scatter it would make XLA copy the whole table. A bad example's
+        out-of-range indices and non-finite values are dropped (it learns nothing)."""
+        dim = flat.dim
+        seg = flat.segment(j)
+        idx = jnp.where((seg.indices >= 0) & (seg.indices <= dim), seg.indices, dim)
+        vals = jnp.where(jnp.isfinite(seg.values), seg.values, 0).astype(table.dtype)
+        if self.rescaled:
+            ds = table.at[idx, self.ds_col].get(mode="fill", fill_value=0)
+            vals = jnp.where(ds > 0, vals / jnp.where(ds > 0, ds, 1), 0)
+        return idx, vals
+
+    def segment_values(self, table, flat: _Flat, j):
+        """``(idx, x / ds per configuration)`` of segment ``j`` (:meth:`segment_read`)."""
+        if self.batched:
+            idx, xt = jax.vmap(lambda tb: self.segment_read(tb, flat, j))(table)
+            return idx[0], xt
+        return self.segment_read(table, flat, j)
+
+    def flat_dense_x(self, flat: _Flat, table):
+        """The flat example as the spec saw it, dense, from one configuration's table (``ds``
+        as before the step)."""
+
+        def add(j, acc):
+            idx, xt = self.segment_read(table, flat, j)
+            return acc.at[idx].add(xt.astype(acc.dtype), mode="drop")
+
+        return jax.lax.fori_loop(0, flat.segments, add, jnp.zeros((flat.dim,), table.dtype))
+
+    def step_flat(self, state, indices, values, start, stop, label, active=True, *, width: int):
+        """:meth:`step` on one example of a flat chunk: read in segments of ``width`` (the sums
         are additive), the small work once, then the scatter in the same segments."""
         dim = state.table.shape[-2]
-        count = jnp.maximum((stop - start + width - 1) // width, 1)
-        h = h_of(state.table.dtype)
-
-        def segment(j):
-            return flat_segment(indices, values, start, stop, j, width, dim)
-
-        def read_all(table):
-            def body(j, carry):
-                sums, ok = carry
-                _, _, s_j, ok_j = read(table, segment(j))
-                return jax.tree.map(jnp.add, sums, s_j), ok & ok_j
-
-            zero = jax.tree.map(jnp.zeros_like, read(table, segment(0))[2])
-            return jax.lax.fori_loop(0, count, body, (zero, jnp.bool_(True)))
-
-        sums, ok = jax.vmap(read_all)(state.table) if batched else read_all(state.table)
-        new, coef, p, need, aux, slope = small_work(state, sums, ok, label, active, h)
-
-        def seg_read(table, j):
-            """Segment ``j`` as the spec saw it, from one configuration's current ``table``
-            (``x / ds`` when rescaled: ``ds`` of a segment's coordinates changes only in its own
-            rescale, the segments' coordinates being distinct). Never the pre-step table: read
-            after the scatter it would make XLA copy the whole table. A bad example's
-            out-of-range indices and non-finite values are dropped (it learns nothing)."""
-            seg = segment(j)
-            idx = jnp.where((seg.indices >= 0) & (seg.indices <= dim), seg.indices, dim)
-            vals = jnp.where(jnp.isfinite(seg.values), seg.values, 0).astype(table.dtype)
-            if rescaled:
-                ds = table.at[idx, ds_col].get(mode="fill", fill_value=0)
-                vals = jnp.where(ds > 0, vals / jnp.where(ds > 0, ds, 1), 0)
-            return idx, vals
-
-        def seg_vals(table, j):  # (idx, x / ds per configuration)
-            if batched:
-                idx, xt = jax.vmap(lambda tb: seg_read(tb, j))(table)
-                return idx[0], xt
-            return seg_read(table, j)
+        flat = _Flat(indices, values, start, stop, width, dim, segment_count(start, stop, width))
+        h = self.h_of(state.table.dtype)
+        read = functools.partial(self.flat_sums, flat=flat)
+        sums, ok = jax.vmap(read)(state.table) if self.batched else read(state.table)
+        new, coef, p, need, aux, slope = self.small_work(state, sums, ok, label, active, h)
 
         def write(j, table):
-            idx, xt = seg_vals(table, j)
-            return scatter(table, idx, xt, coef)
+            idx, xt = self.segment_values(table, flat, j)
+            return self.scatter(table, idx, xt, coef)
 
-        new = new._replace(table=jax.lax.fori_loop(0, count, write, new.table))
-
-        def dense_x(table):  # one configuration's table (ds as before the step)
-            def add(j, acc):
-                idx, xt = seg_read(table, j)
-                return acc.at[idx].add(xt.astype(acc.dtype), mode="drop")
-
-            return jax.lax.fori_loop(0, count, add, jnp.zeros((dim,), table.dtype))
-
-        new = settle(new, need, h, aux, new.table, dense_x)
-        if rescaled:
+        new = new._replace(table=jax.lax.fori_loop(0, flat.segments, write, new.table))
+        new = self.settle(new, need, h, aux, new.table, functools.partial(self.flat_dense_x, flat))
+        if self.rescaled:
 
             def scale(j, st):
-                idx, xt = seg_vals(st.table, j)
-                return rescale(st, idx, xt, slope)
+                idx, xt = self.segment_values(st.table, flat, j)
+                return self.rescale(st, idx, xt, slope)
 
-            new = jax.lax.fori_loop(0, count, scale, new)
+            new = jax.lax.fori_loop(0, flat.segments, scale, new)
         return new, p
 
-    def predict(state, x):
-        h = h_of(state.table.dtype)
+    def predict(self, state, x):
+        h = self.h_of(state.table.dtype)
 
         def one_p(st, hh):
-            _, _, sums, _ = read(st.table, x)
-            return spec.predict(st.small, sums, hh, st.t)[0]  # (projected: clip(u . x))
+            _, _, sums, _ = self.read(st.table, x)
+            return self.spec.predict(st.small, sums, hh, st.t)[0]  # (projected: clip(u . x))
 
-        if batched:
+        if self.batched:
             return jax.vmap(one_p)(state, h)
         return one_p(state, h)
 
-    def update(state, x, label):
-        return step(state, x, label)[0]
+    def update(self, state, x, label):
+        return self.step(state, x, label)[0]
 
-    def weights_one(table, small, h):
-        u = spec.weights(table, small, h)
-        return u / table[:, ds_col] if rescaled else u  # w = D^{-1/2} u
+    def weights_one(self, table, small, h):
+        u = self.spec.weights(table, small, h)
+        return u / table[:, self.ds_col] if self.rescaled else u  # w = D^{-1/2} u
 
-    def weights(state):
-        h = h_of(state.table.dtype)
-        if batched:
-            return jax.vmap(weights_one)(state.table, state.small, h).T
-        return weights_one(state.table, state.small, h)
+    def weights(self, state):
+        h = self.h_of(state.table.dtype)
+        if self.batched:
+            return jax.vmap(self.weights_one)(state.table, state.small, h).T
+        return self.weights_one(state.table, state.small, h)
 
-    columns = tuple(f"z{i}" for i in range(rows)) + spec.columns + (("ds",) if rescaled else ())
-    # Compiled once per learner: called outside jit, the conds and loops above would otherwise
-    # be traced and compiled again at every call (their branches are fresh closures).
-    step, update, predict, weights = map(jax.jit, (step, update, predict, weights))
-    step_flat = jax.jit(step_flat, static_argnames="width")
-    return LinearLearner(
-        name, loss, init, predict, update, step, weights, columns, grid, (columns,), step_flat
-    )
+
+def _scatter_one(table, idx, vals, coef):
+    return table.at[idx].add(vals[:, None] * coef[None, :].astype(table.dtype), mode="drop")
 
 
 # ----------------------------------------------------------------------------------------------
