@@ -37,7 +37,7 @@ eigendecomposition safeguard would then run at every step):
 * ``pfd_son``: PFD-SON, the RFD paper's parameterized-FD baseline (Desai et al. 2016): SON's
   Newton metric on a PFD sketch, ``mirror_descent(1.0, son.newton_metric(
   sketches.parameterized_frequent_directions(m, beta, fast=True), alpha, eta=1/t))`` (equal to
-  ``fd_son`` when the sketch is FD: README "Layout", tests/test_son.py); ``beta = 0.2`` as the
+  ``fd_son`` when the sketch is FD: docs/guides/son.md, tests/test_son.py); ``beta = 0.2`` as the
   paper ("we let beta = 0.2 heuristically"), ``alpha`` tuned on FD-SON's grid. Its projection
   wraps the mirror-descent state's metric states in a ``SONState`` (the same per-leaf states).
 * ``fd_son/m=0``: SON without a sketch (``fd_son`` with ``sketch_size = 1`` keeps no direction,

@@ -1,6 +1,6 @@
 """Sparse high-dimensional streams: sparse examples, linear learners in ``O(s)`` per example, a
-stream runner and a command line (``python -m sketchopt.stream``; see the README's "Sparse
-streams").
+stream runner and a command line (``python -m sketchopt.stream``; see the streams guide,
+``docs/guides/streams.md``).
 
 * :mod:`sketchopt.stream.examples` -- :class:`SparseExamples`, padded ``(indices, values)``;
 * :mod:`sketchopt.stream.data` -- LIBSVM/svmlight files in chunks, VW's text format, hashing;

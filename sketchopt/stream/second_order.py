@@ -42,7 +42,7 @@ numerical checks behind them and the cost of every branch are written out in
   to, i.e. the round-off's amplification) exceeds ``max_growth``, the learner **compacts**:
   ``Z <- F Z``, ``F <- I`` (``wbar += Z^T b``, ``b <- 0`` under mirror descent), an ``O(R m d)``
   pass, counted in ``compactions``. The exact algebra needs it; how often it happens decides
-  whether the time per example stays flat in ``d`` (README, "Sparse streams").
+  whether the time per example stays flat in ``d`` (``docs/benchmarks/streams.md``).
 * **Ada-FD** (Ada-FD paper Alg. 2, mirror descent; Alg. 1, dual averaging), no regularizer:
   ``H_t = delta I + (B^T B + alpha I)^{1/2}`` (``alpha`` RFD's ridge when ``robust``, else 0), so
   ``f0 = 1 / (delta + sqrt(alpha))`` and ``c_i = (1/(delta + sqrt(lam_i + alpha)) - f0)/lam_i``.
