@@ -51,7 +51,8 @@ which
 
 After every command, ``OUT/reproductions.md`` is rewritten from the claims of every
 ``OUT/NAME.json`` present (so running one experiment updates its rows), and ``summary.md`` opens
-with the same table: the README's "Reproductions" table condenses its headline rows at the default size.
+with the same table: the README's "Reproductions" table condenses its headline rows at the
+default size.
 
 Modules are imported lazily, one at a time, so an experiment that is not written yet (or whose
 algorithms have not landed) does not stop the others: a registered module that does not exist is
@@ -90,8 +91,9 @@ EXPERIMENTS = (
 )
 #: What ``all`` (``make run``) runs: every paper reproduction (``networks`` by name only).
 IN_ALL = tuple(name for name in EXPERIMENTS if name != "networks")
-#: The headline claims (the README's "Reproductions" table condenses them): one or two claims per finding of the claims issue (every
-#: claim is in ``OUT/reproductions.md`` below it, and in each ``NAME.json``).
+#: The headline claims (the README's "Reproductions" table condenses them): one or two claims
+#: per finding of the claims issue (every claim is in ``OUT/reproductions.md`` below it, and in
+#: each ``NAME.json``).
 HEADLINE = (
     "regret/close_to_full",
     "regret/time_vs_radagrad",

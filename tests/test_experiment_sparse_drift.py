@@ -10,7 +10,8 @@ pytestmark = pytest.mark.slow
 
 def test_sparse_drift_json(tmp_path_factory):
     """The float32 drift of the sparse second-order learners' ``F Z`` (the streams benchmark page
-    quotes the default size's 10^6 examples): the form, and drift far below float32's round-off growth."""
+    quotes the default size's 10^6 examples): the form, and drift far below float32's round-off
+    growth."""
     out, summary = run("sparse_drift", tmp_path_factory)
     payload = load(out, "sparse_drift")
     assert set(payload["algorithms"]) == {"oja_son", "fd_son", "rfd_son", "ada_fd"}

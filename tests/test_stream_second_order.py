@@ -279,7 +279,8 @@ def test_bad_examples_are_skipped_and_counted(name):
 
 def test_huge_and_tiny_values_give_finite_steps():
     """Features scaled by 1e-15 or 1e6 are learned from, with finite weights; at 1e15 (squares
-    near float32's range) the state stays finite whatever is skipped (docs/sparse_second_order.md)."""
+    near float32's range) the state stays finite whatever is skipped
+    (docs/sparse_second_order.md)."""
     stream, _, _ = sparse_stream(n=40, seed=8, dtype=np.float32)
     for name in so2.SECOND_ORDER:
         learner = ln.make_learner(name)
@@ -354,8 +355,8 @@ def drift(learner, state):
 
 @pytest.mark.parametrize("name", ["oja_son", "fd_son"])
 def test_float32_drift_stays_small(name):
-    """A longer float32 stream (the streams benchmark page reports the 1e6-example run): ``F Z`` stays
-    what the small state says it is."""
+    """A longer float32 stream (the streams benchmark page reports the 1e6-example run): ``F Z``
+    stays what the small state says it is."""
     rng = np.random.default_rng(10)
     n, dim, s = 6000, 2000, 12
     indices = np.stack([rng.choice(dim, s, replace=False) for _ in range(n)]).astype(np.int32)
