@@ -95,10 +95,13 @@ autodoc_default_options = {"member-order": "bysource"}
 autodoc_typehints = "signature"
 autodoc_typehints_format = "short"
 autodoc_preserve_defaults = True
+# Long signatures one parameter per line.
+maximum_signature_line_length = 90
 napoleon_google_docstring = True
 napoleon_numpy_docstring = False
 napoleon_use_rtype = False
 napoleon_custom_sections = [("References", "notes_style")]
+napoleon_attr_annotations = False  # the class signature shows the fields' types already
 add_module_names = False
 python_display_short_literal_types = True
 

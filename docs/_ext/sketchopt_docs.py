@@ -299,6 +299,21 @@ def _check_reference(app: Sphinx, env) -> None:
                 )
 
 
+def _signature_aliases(app, what, name, obj, options, signature, return_annotation):
+    """Optax's ``ScalarOrSchedule`` by its name in signatures, not its 150-character expansion.
+    (``autodoc_type_aliases`` would do it but renders ``ScalarOrSchedule | None`` as a
+    ``TypeAliasForwardRef`` in Sphinx 9.)"""
+    if signature is None:
+        return None
+    import optax
+    from sphinx.util.typing import stringify_annotation
+
+    expanded = stringify_annotation(optax.ScalarOrSchedule, "smart")
+    if expanded not in signature:
+        return None
+    return signature.replace(expanded, "~optax.ScalarOrSchedule"), return_annotation
+
+
 def _skip_member(app, what, name, obj, skip, options):
     """Skip a ``NamedTuple``'s field accessors ("Alias for field number N"): the class's
     signature and its docstring's Attributes already say what each field holds."""
@@ -353,12 +368,17 @@ class ResultsTable(SphinxDirective):
             lines += self._experiment(out, name, common)
         if not lines:
             missing = "" if name in ("reproductions", "claims") else f" `{name}.json`"
-            lines = [
-                ":::{admonition} Results not generated",
-                ":class: note",
-                f"No results{missing} in `{self._shown(out)}`. {HOW_TO}",
-                ":::",
-            ]
+            shown = self.env.temp_data.setdefault("sketchopt_how_to_shown", [])
+            if shown:  # said once per page, in full
+                lines = [f"*Not generated: no results{missing} in `{self._shown(out)}`.*"]
+            else:
+                shown.append(True)
+                lines = [
+                    ":::{admonition} Results not generated",
+                    ":class: note",
+                    f"No results{missing} in `{self._shown(out)}`. {HOW_TO}",
+                    ":::",
+                ]
         container = nodes.container(classes=["sketchopt-results"])
         self.state.nested_parse(
             StringList("\n".join(lines).splitlines(), source=self.get_source_info()[0]),
@@ -410,11 +430,61 @@ def _summary_section(summary: pathlib.Path, name: str) -> str | None:
     return "\n".join(rows) or None
 
 
+# The papers' abbreviations, which end no sentence: autosummary's one-line summaries would stop
+# at "(Ada-FD eq." otherwise (it knows "e.g.", "i.e.", "et al." and "vs." only).
+ABBREVIATIONS = tuple(
+    f"{lead}{word}."
+    for word in ("eq", "eqs", "Eq", "sec", "secs", "Sec", "Fig", "Figs", "fig", "Alg", "Algs")
+    + ("alg", "Thm", "Cor", "Prop", "cf", "approx", "resp", "Tab")
+    for lead in (" ", "(")
+)
+
+
+def _extract_summary(doc, settings) -> str:
+    """autosummary's one-line summary, its first sentence, cut at a period that is neither an
+    abbreviation (:data:`ABBREVIATIONS`) nor inside inline markup (``|w . x|``): autosummary
+    9.0's own check of the markup parses the whole paragraph instead of the cut."""
+    from sphinx.ext import autosummary
+
+    stanza: list[str] = []
+    for line in doc:
+        if line.strip():
+            stanza.append(line.strip())
+        elif stanza:
+            break
+    if not stanza:
+        return ""
+    if not isinstance(autosummary._parse_summary(stanza, settings)[0], nodes.paragraph):
+        return _ORIGINAL_EXTRACT_SUMMARY(doc, settings)
+    text = " ".join(stanza)
+    pieces = autosummary.periods_re.split(text)
+    for i in range(1, len(pieces)):
+        summary = ". ".join(pieces[:i]).rstrip(".") + "."
+        if summary.endswith(autosummary.WELL_KNOWN_ABBREVIATIONS + ABBREVIATIONS):
+            continue
+        parsed = autosummary._parse_summary([summary], settings)
+        if not any(parsed.findall(nodes.system_message)) and not any(
+            parsed.findall(nodes.problematic)
+        ):
+            return autosummary.literal_re.sub(".", summary)
+    return autosummary.literal_re.sub(".", text)
+
+
+_ORIGINAL_EXTRACT_SUMMARY = None
+
+
 def setup(app: Sphinx) -> dict[str, Any]:
+    global _ORIGINAL_EXTRACT_SUMMARY
+    from sphinx.ext import autosummary
+
+    if _ORIGINAL_EXTRACT_SUMMARY is None:
+        _ORIGINAL_EXTRACT_SUMMARY = autosummary.extract_summary
+        autosummary.extract_summary = _extract_summary
     app.add_config_value("sketchopt_results_dir", "results", "env", types=frozenset({str}))
     app.connect("config-inited", _config_inited)
     app.connect("missing-reference", _missing_reference)
     app.connect("env-check-consistency", _check_reference)
     app.connect("autodoc-skip-member", _skip_member)
+    app.connect("autodoc-process-signature", _signature_aliases)
     app.add_directive("results-table", ResultsTable)
     return {"version": "1", "parallel_read_safe": True, "parallel_write_safe": True}
