@@ -502,7 +502,7 @@ def claims_markdown(
         ours = f"{row['ours']} ({size} size)" if size else row["ours"]
         cells.append(
             [
-                f"{row['claim']} ({row['source']}; `{row['id']}`)",
+                f"{row['claim']} ({row['source']}; `{row['id']}`)".replace("|", "\\|"),
                 row["paper"].replace("|", "\\|"),
                 ours.replace("|", "\\|"),
                 f"**{row['verdict']}**: " + row["reason"].replace("|", "\\|"),

@@ -13,12 +13,19 @@ old import paths ``baselines`` and ``transforms``, the ``sketchopt.stream`` pack
 a table of re-exports that links to the home. That plan is handed to the autosummary templates
 (``docs/_templates/autosummary/module.rst``) as the context variable ``api``.
 
-* A cross-reference to a re-exported or private path (``{func}`sketchopt.ada_fd```,
-  ``sketchopt._leafwise.LeafGroups`` in a signature, ``:func:`ada_fd``` in another module's
-  docstring) resolves to the home's entry (``missing-reference``).
+* A cross-reference Sphinx does not find (``missing-reference``) is looked up as Python: a path
+  naming a documented object another way (the re-export ``{func}`sketchopt.ada_fd```,
+  ``_sketches.RandomProjectionState`` in a signature, ``:func:`ada_fd``` in another module's
+  docstring, a name in the defining private module's namespace) links to its home; a path
+  naming an existing object of the package that is not public (a private module or function, a
+  constant not in ``__all__``) renders as code without a link; a name that exists nowhere stays
+  unresolved, and Sphinx warns (an error under ``-W``).
 * After the sources are read, a public module missing from the reference, or a public name whose
   home has no entry in it, is a warning of type ``sketchopt.api`` -- an error under ``-W``
   (``make docs``).
+
+**Summaries.** autosummary's one-line summaries are cut at the first sentence end that is not a
+paper abbreviation ("eq.", "sec.", "Alg.", ...) or inside inline markup (``_extract_summary``).
 
 **The experiments' tables.** The directive ``results-table`` renders the tables of
 ``experiments/run.py``'s output (``results/NAME.json``, written by ``make run``) in a MyST page::
@@ -278,6 +285,7 @@ def _check_reference(app: Sphinx, env) -> None:
     domain = env.get_domain("py")
     objects, documented_modules = domain.objects, domain.modules
     plan = app.sketchopt_plan
+    reported: set[str] = set()
     for module in plan.modules:
         if module not in documented_modules:
             logger.warning(
@@ -290,8 +298,9 @@ def _check_reference(app: Sphinx, env) -> None:
         homes = [f"{module}.{n}" for n in entry["functions"] + entry["classes"]]
         homes += [f"{module}.{n}" for n, _ in entry["data"]]
         homes += [target for _, rows in entry["reexported"] for _, target in rows]
-        for path in homes:
-            if path not in objects:
+        for path in dict.fromkeys(homes):
+            if path not in objects and path not in reported:
+                reported.add(path)
                 logger.warning(
                     f"public name {path} is missing from the API reference",
                     type="sketchopt",
