@@ -13,6 +13,8 @@ old import paths ``baselines`` and ``transforms``, the ``sketchopt.stream`` pack
 a table of re-exports that links to the home. That plan is handed to the autosummary templates
 (``docs/_templates/autosummary/module.rst``) as the context variable ``api``.
 
+* Each re-export path is registered in Python's domain as an alias of its home (so
+  ``sketchopt.ada_fd`` is in ``objects.inv`` and resolves like any documented name).
 * A cross-reference Sphinx does not find (``missing-reference``) is looked up as Python: a path
   naming a documented object another way (the re-export ``{func}`sketchopt.ada_fd```,
   ``_sketches.RandomProjectionState`` in a signature, ``:func:`ada_fd``` in another module's
@@ -73,6 +75,7 @@ from docutils import nodes
 from docutils.parsers.rst import directives
 from docutils.statemachine import StringList
 from sphinx.application import Sphinx
+from sphinx.domains.python import ObjectEntry
 from sphinx.util import logging
 from sphinx.util.docutils import SphinxDirective
 
@@ -285,6 +288,12 @@ def _check_reference(app: Sphinx, env) -> None:
     domain = env.get_domain("py")
     objects, documented_modules = domain.objects, domain.modules
     plan = app.sketchopt_plan
+    # Every re-export path is an alias of its home's entry: it resolves as a cross-reference and
+    # is in objects.inv (as Python's domain keeps a documented ``:canonical:`` name).
+    for path, home in plan.aliases.items():
+        if home in objects and path not in objects:
+            entry = objects[home]
+            objects[path] = ObjectEntry(entry.docname, entry.node_id, entry.objtype, aliased=True)
     reported: set[str] = set()
     for module in plan.modules:
         if module not in documented_modules:
