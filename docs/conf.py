@@ -21,8 +21,12 @@ DOCS = pathlib.Path(__file__).resolve().parent
 REPO = DOCS.parent
 sys.path.insert(0, str(REPO))  # sketchopt and experiments/, from this checkout
 sys.path.insert(0, str(DOCS / "_ext"))
-# The doctest builder runs the guides' examples on the CPU, like the test suite.
+# The doctest builder runs the guides' examples on the CPU, like the test suite, with 8 simulated
+# devices for the many-devices guide (as tests/test_sharding.py has them); set before JAX loads.
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
+if "xla_force_host_platform_device_count" not in os.environ.get("XLA_FLAGS", ""):
+    flags = os.environ.get("XLA_FLAGS", "")
+    os.environ["XLA_FLAGS"] = f"{flags} --xla_force_host_platform_device_count=8".strip()
 
 import sketchopt  # noqa: E402
 
@@ -111,7 +115,7 @@ python_display_short_literal_types = True
 # (pytest --doctest-modules), so they are not run a second time here.
 doctest_test_doctest_blocks = ""
 doctest_global_setup = """
-import jax
+import jax  # jax.devices(): 8 CPU devices (above)
 import jax.numpy as jnp
 import numpy as np
 import optax
