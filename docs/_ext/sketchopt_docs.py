@@ -406,10 +406,12 @@ class ResultsTable(SphinxDirective):
         return [container]
 
     def _shown(self, out: pathlib.Path) -> str:
+        """``out`` relative to the repository when it is inside it (``results``)."""
         try:
-            return os.path.relpath(out, pathlib.Path(self.env.srcdir).parent)
-        except ValueError:
+            shown = os.path.relpath(out, pathlib.Path(self.env.srcdir).parent)
+        except ValueError:  # another drive
             return str(out)
+        return str(out) if shown.startswith("..") else shown
 
     def _experiment(self, out: pathlib.Path, name: str, common) -> list[str]:
         path = out / f"{name}.json"
@@ -417,8 +419,9 @@ class ResultsTable(SphinxDirective):
             return []
         payload = json.loads(path.read_text())
         table = payload.get("table") or _summary_section(out / "summary.md", name)
-        size, seed = payload.get("size", "?"), payload.get("seed", "?")
-        lines = [f"*{payload.get('paper', name)}: {size} size, seed {seed} (`{name}.json`).*", ""]
+        size = payload.get("size", "?")
+        seed = f", seed {payload['seed']}" if "seed" in payload else ""
+        lines = [f"*{payload.get('paper', name)}: {size} size{seed} (`{name}.json`).*", ""]
         if table:
             lines += [table, ""]
         else:
