@@ -122,10 +122,6 @@ import optax
 import sketchopt as so
 """
 
-# Command-line flags (``--quick``, VW's ``--oja_newton``) in the experiments' tables and the prose
-# stay as typed: no "--" to en dash, no curly quotes.
-smartquotes = False
-
 # --- HTML -----------------------------------------------------------------------------------------
 html_theme = "furo"
 html_title = f"sketchopt {release}"

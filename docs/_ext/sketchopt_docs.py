@@ -397,6 +397,7 @@ class ResultsTable(SphinxDirective):
                     f"No results{missing} in `{self._shown(out)}`. {HOW_TO}",
                     ":::",
                 ]
+        lines = [_flags_as_code(line) for line in lines]
         container = nodes.container(classes=["sketchopt-results"])
         self.state.nested_parse(
             StringList("\n".join(lines).splitlines(), source=self.get_source_info()[0]),
@@ -437,6 +438,17 @@ class ResultsTable(SphinxDirective):
             rel = os.path.relpath((out / f"{name}.png").resolve(), docdir)
             lines += [f"```{{image}} {rel}", f":alt: {name}", "```", ""]
         return lines
+
+
+FLAG = re.compile(r"(?<![\w-])(--[A-Za-z][\w-]*)")
+
+
+def _flags_as_code(line: str) -> str:
+    """Command-line flags outside code spans as code (``VW --OjaNewton``), so that Sphinx's smart
+    quotes do not make their ``--`` a dash."""
+    parts = line.split("`")
+    parts[::2] = [FLAG.sub(r"`\1`", part) for part in parts[::2]]
+    return "`".join(parts)
 
 
 def _summary_section(summary: pathlib.Path, name: str) -> str | None:
