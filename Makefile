@@ -1,10 +1,12 @@
 # The two commands of the README (`make run`, `make test`); each creates (or reuses) .venv and
-# installs what it needs. `make ci` is what .ci/run runs on a fresh machine: the tests, then the
-# packaging checks (the lowest declared dependency versions; the built wheel against the newest
-# JAX, Optax and Flax).
+# installs what it needs. `make ci` is what .ci/run runs on a fresh machine: the tests, the
+# conformance battery, the documentation site (`make docs`), then the packaging checks (the lowest
+# declared dependency versions; the built wheel against the newest JAX, Optax and Flax).
 PYTHON ?= python3
 VENV := .venv
 STAMP := $(VENV)/.installed
+DOCS_STAMP := $(VENV)/.docs-installed
+DOCS_BUILD := build/docs
 CI_DIR := build/ci
 # --dist loadgroup: a family's tests are marked to share one worker (tests/conftest.py; not
 # honoured by pytest-xdist 3.8 here, see the README).
@@ -18,7 +20,13 @@ $(STAMP): pyproject.toml
 	$(VENV)/bin/pip install --quiet -e '.[dev]'
 	touch $(STAMP)
 
-.PHONY: venv run test test-fast conformance lint ci smoke-lowest smoke-wheel
+# The docs extra (Sphinx, MyST-NB, the theme) on top of dev, which the API pages and the guides'
+# examples import.
+$(DOCS_STAMP): $(STAMP) pyproject.toml
+	$(VENV)/bin/pip install --quiet -e '.[docs]'
+	touch $(DOCS_STAMP)
+
+.PHONY: venv run test test-fast conformance docs lint ci smoke-lowest smoke-wheel
 venv: $(STAMP)
 
 # Main job: the default experiment suite; plots, JSON and a summary land in results/.
@@ -43,10 +51,21 @@ test-fast: $(STAMP)
 conformance: $(STAMP)
 	SKETCHOPT_TEST_TIER=conformance $(PYTEST) --durations=15 tests/test_conformance.py
 
+# The documentation site (docs/, offline) into build/docs/html, from scratch, with every warning an
+# error (a broken cross-reference, a public name missing from the API reference); then the
+# doctest builder runs the pages' examples on the environment the first build pickled. The
+# experiments' tables come from results/ (make run) when it is there, SKETCHOPT_RESULTS=DIR for
+# another folder.
+docs: $(DOCS_STAMP)
+	rm -rf $(DOCS_BUILD) docs/api/generated
+	$(VENV)/bin/sphinx-build -W --keep-going -q -b html -d $(DOCS_BUILD)/doctrees docs \
+		$(DOCS_BUILD)/html
+	$(VENV)/bin/sphinx-build -W -q -b doctest -d $(DOCS_BUILD)/doctrees docs $(DOCS_BUILD)/doctest
+
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .
 
-ci: test conformance smoke-lowest smoke-wheel
+ci: test conformance docs smoke-lowest smoke-wheel
 
 # The lowest declared versions of every dependency ("lowest direct" resolution, pins written by
 # .ci/lowest_requirements.py) in a separate environment, and the smoke subset of the tests. These

@@ -502,7 +502,7 @@ def claims_markdown(
         ours = f"{row['ours']} ({size} size)" if size else row["ours"]
         cells.append(
             [
-                f"{row['claim']} ({row['source']}; `{row['id']}`)",
+                f"{row['claim']} ({row['source']}; `{row['id']}`)".replace("|", "\\|"),
                 row["paper"].replace("|", "\\|"),
                 ours.replace("|", "\\|"),
                 f"**{row['verdict']}**: " + row["reason"].replace("|", "\\|"),
@@ -546,13 +546,14 @@ def finish_run(
     *,
     claims: Sequence[Mapping[str, str]] = (),
 ) -> dict:
-    """Write ``out/NAME.json`` (with ``"claims"``, rows of :func:`claim`) and ``out/NAME.png``,
-    print the table and the claims, return the summary dict."""
+    """Write ``out/NAME.json`` (with ``"claims"``, rows of :func:`claim`, and ``"table"``, the
+    markdown table the documentation site renders) and ``out/NAME.png``, print the table and the
+    claims, return the summary dict."""
     out.mkdir(parents=True, exist_ok=True)
     ids = [c["id"] for c in claims]
     if len(set(ids)) != len(ids) or any(not i.startswith(f"{name}/") for i in ids):
         raise ValueError(f"claim ids must be unique and start with {name!r}/: {ids}")
-    payload = {**payload, "claims": list(claims)}
+    payload = {**payload, "table": table, "claims": list(claims)}
     save_json(out / f"{name}.json", payload)
     fig.savefig(out / f"{name}.png", bbox_inches="tight")
     import matplotlib.pyplot as plt

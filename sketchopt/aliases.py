@@ -547,9 +547,9 @@ def kron_fd(
       sketch_size: ``k >= 1`` rows per side.
       delta: the epsilon inside each root (``>= 0``).
       robust: RFD's ridge (default) or plain FD.
-      exponents, decay, update_every, refresh_every, start_step, graft, graft_decay, graft_eps,
-        block_size, compress, relative_delta, stacked, factoring: the keyword options of
-        :func:`sketchopt.metrics.kron_sketched`, each off by default. The three step counts
+      exponents, decay, update_every, refresh_every, start_step, graft: see the next entry.
+      graft_decay, graft_eps, block_size, compress, relative_delta, stacked, factoring: options
+        of :func:`sketchopt.metrics.kron_sketched`, each off by default. The three step counts
         ``update_every``, ``refresh_every`` and ``start_step`` fix the compiled program, so they
         must be static: their default ``None`` (``kron_sketched``'s 1, 1 and 0) is, and so under
         ``optax.inject_hyperparams(sketchopt.kron_fd, static_args=("sketch_size",))``

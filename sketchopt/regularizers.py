@@ -56,6 +56,7 @@ Diagonal metric (``DiagonalOperator``, ADA-DIAG): the closed forms of the paper
   iterates increase monotonically and converge quadratically to machine precision (typically
   4-8 steps of O(d)).
 * mixed norms: the same, row by row (sec. 6.6), vectorized over rows.
+
 Coordinates with ``h_i = 0`` (ADA-DIAG with ``delta = 0``, where ``u_i = 0`` too) give ``x_i = 0``.
 
 Low-rank-plus-identity metric (``LowRankOperator``, ADA-FD and ADA-FULL)
