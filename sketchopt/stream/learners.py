@@ -53,8 +53,8 @@ import jax.numpy as jnp
 from sketchopt import _validation
 from sketchopt._numerics import state_dtype
 from sketchopt.regularizers import soft_threshold
+from sketchopt.stream import _base
 from sketchopt.stream._base import (
-    LOSSES,
     LinearLearner,
     LinearState,
     check_each,
@@ -68,6 +68,11 @@ from sketchopt.stream._base import (
 )
 from sketchopt.stream.examples import flat_segment
 from sketchopt.stream.second_order import SECOND_ORDER
+
+#: The losses by name, ``loss(prediction, label)``: Optax's where it has one. Logistic and the
+#: hinges take labels in ``{-1, +1}``; squared takes any real label and is ``(p - y)^2`` (VW's
+#: squared loss). (Defined in the base module the first- and second-order learners share.)
+LOSSES = _base.LOSSES
 
 __all__ = [
     "LEARNERS",
