@@ -53,7 +53,7 @@ import jax.numpy as jnp
 from sketchopt import _validation
 from sketchopt._numerics import state_dtype
 from sketchopt.regularizers import soft_threshold
-from sketchopt.stream import _base
+from sketchopt.stream._base import LOSSES as _SHARED_LOSSES
 from sketchopt.stream._base import (
     LinearLearner,
     LinearState,
@@ -72,7 +72,7 @@ from sketchopt.stream.second_order import SECOND_ORDER
 #: The losses by name, ``loss(prediction, label)``: Optax's where it has one. Logistic and the
 #: hinges take labels in ``{-1, +1}``; squared takes any real label and is ``(p - y)^2`` (VW's
 #: squared loss). (Defined in the base module the first- and second-order learners share.)
-LOSSES = _base.LOSSES
+LOSSES = _SHARED_LOSSES
 
 __all__ = [
     "LEARNERS",
