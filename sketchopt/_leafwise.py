@@ -576,11 +576,10 @@ class _Fields:
     from their leaves for the step and written back to them.
     """
 
-    def __init__(self, rule, layout, treedef, state):
-        self.rule, self.layout, self.treedef = rule, layout, treedef
+    def __init__(self, rule, layout, treedef, state, leaves):
+        self.layout, self.treedef, self.state = layout, treedef, state
         self.names = tuple(rule.fields)
-        self.leaves = {f: _param_field_leaves(rule, f, treedef, state) for f in rule.param_fields}
-        self.state = state
+        self.leaves = leaves  # {parameter-shaped field: its per-leaf values}
 
     def group(self, j):
         """Group ``j``'s values, one per field, stacked along a leading axis (flat leaves)."""
@@ -616,7 +615,7 @@ class _Fields:
                         lambda a, k=k, shape=shape, spec=spec: _unflatten(a[k], shape, spec),
                         stepped[j][f_index],
                     )
-            fields[f] = pack_leaves(self.treedef, per_leaf) if per_leaf else getattr(self.state, f)
+            fields[f] = pack_leaves(self.treedef, per_leaf)
         return fields
 
 
@@ -673,10 +672,11 @@ def _merged_step(rule, layout, steps, count, hyper, fields, flat, x_leaves):
     return out
 
 
-def _layout_of_state(rule, state, treedef, updates) -> Layout:
+def _layout_of_state(rule, state, treedef, updates, param_leaves) -> Layout:
     """The layout an update steps by: that of the state's stacked fields; for a state of
-    parameter-shaped fields only, the grouping of those fields' arrays (shape, state dtype and
-    layout: the grouping is then only a plan of the step, nothing stored depends on it)."""
+    parameter-shaped fields only (``param_leaves``: each field's per-leaf values), the grouping
+    of those fields' arrays (shape, state dtype and layout: the grouping is then only a plan of
+    the step, nothing stored depends on it)."""
     layouts = {
         getattr(state, f).layout for f in rule.fields if isinstance(getattr(state, f), LeafGroups)
     }
@@ -685,8 +685,7 @@ def _layout_of_state(rule, state, treedef, updates) -> Layout:
     if layouts:
         return layouts.pop()
     if rule.param_fields and treedef.num_leaves:
-        per_leaf = _param_field_leaves(rule, rule.param_fields[0], treedef, state)
-        stored = [jax.tree.leaves(v)[0] for v in per_leaf]
+        stored = [jax.tree.leaves(v)[0] for v in param_leaves[rule.param_fields[0]]]
         # the step's dtype: the stored state's, widened by the gradient's (a complex gradient of
         # a real accumulator, a float64 one under x64)
         dtypes = [
@@ -816,7 +815,8 @@ def leafwise(rule: LeafRule, state_class: type) -> optax.GradientTransformationE
         if rule.needs_params is not None:
             require_params(params, rule.needs_params)
         flat, treedef = jax.tree.flatten(updates)
-        layout = _layout_of_state(rule, state, treedef, updates)
+        param_leaves = {f: _param_field_leaves(rule, f, treedef, state) for f in rule.param_fields}
+        layout = _layout_of_state(rule, state, treedef, updates, param_leaves)
         if len(flat) != layout.num_leaves:
             raise ValueError(
                 f"the gradients have {len(flat)} leaves, but the optimizer state was built for "
@@ -827,7 +827,7 @@ def leafwise(rule: LeafRule, state_class: type) -> optax.GradientTransformationE
         x_leaves = None if rule.needs_params is None else treedef.flatten_up_to(params)
         count = state.count
         hyper = rule.hyper(count)
-        values = _Fields(rule, layout, treedef, state)
+        values = _Fields(rule, layout, treedef, state, param_leaves)
         stepped = {}
         for steps in step_plan(layout, rule.paddable):
             if len(steps) > 1:
