@@ -33,11 +33,16 @@ LEARNERS = ("adam", "kron_fd", "kron_rfd")
 
 
 def measure(size: str, steps: int) -> dict:
-    cfg = dataclasses.replace(nw.config(size), steps=steps)
+    return measure_config(nw.config(size), steps)
+
+
+def measure_config(cfg: nw.Config, steps: int, learners=LEARNERS) -> dict:
+    """``measure`` for any configuration (``experiments/device_bench.py`` varies the width)."""
+    cfg = dataclasses.replace(cfg, steps=steps)
     train_tokens, held_out = nw.corpus(cfg.corpus_bytes)
     table = nw.learners(cfg.sketch_size)
     rows = {}
-    for name in LEARNERS:
+    for name in learners:
         make, grid, _ = table[name]
         r = nw.train(nw.Trainer(make, cfg), grid[len(grid) // 2], train_tokens, held_out, 0, steps)
         rows[name] = {

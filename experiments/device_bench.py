@@ -1,0 +1,230 @@
+"""The device benchmark (issue "On the accelerators people train on"): what one update costs on
+whatever device JAX finds, side by side with Optax in one process.
+
+    python experiments/device_bench.py [--parts proxy,steps,networks,compile] [--dims 1e6,1e7]
+                                       [--widths 128,256,1024] [--steps 30] [--out FILE.json]
+
+Parts (each printed as it finishes and written to ``--out`` after every part, so a run cut short
+keeps what it measured):
+
+* ``proxy``: the optimized program of one ``update`` over the speed benchmark's 24-layer
+  transformer-shaped tree (193 leaves, ``experiments.speed._transformer_tree``) for ``ada_fd``,
+  ``fd_son``, ``kron_fd(k=32)``, ``ada_diag`` and ``optax.adam``: its dense linear-algebra
+  library calls (``solver_calls``: eigendecomposition, QR factor and form, Cholesky, triangular
+  solve, SVD, LU, as LAPACK or cuSOLVER/cuBLAS custom calls), while loops and fusions; and the
+  seconds to trace and compile it.
+* ``steps``: one jitted, state-donating step (cold cache, ``experiments.speed._time_step``) of
+  ``ada_fd`` (plain, ``fast=True``, dual averaging), ``fd_son`` and ``oja_son`` at
+  ``sketch_size = 10``, and of ``optax.adagrad`` and ``optax.adam``, at each ``--dims``; ratios
+  to ``optax.adagrad``.
+* ``networks``: the ``networks`` transformer's training step (``experiments.network_steps``'s
+  measurement: forward, backward and update; the update alone) of ``kron_fd`` in the
+  ``networks`` configuration (RFD, decay, roots every 10 steps, Adam graft) and of Adam, at each ``--widths`` (128: the default size; 256: the full size; other
+  widths: the default size at that width).
+* ``compile``: the trace and compile seconds of one ``kron_fd`` update over the 24-layer
+  width-1536 model (``experiments.networks.scale_part``).
+
+The device, JAX's version and (on a GPU) CUDA's are recorded beside the numbers.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import pathlib
+import re
+import sys
+import time
+
+import jax
+import numpy as np
+
+if __package__ in (None, ""):  # run as a script
+    sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent))
+
+from experiments import common  # noqa: E402
+
+#: Custom-call targets that are dense linear-algebra library calls (LAPACK on the CPU, cuSOLVER
+#: and cuBLAS's solvers on a GPU): eigendecomposition, QR (factor and form), Cholesky, triangular
+#: solve, SVD, LU.
+SOLVER_PATTERN = re.compile(
+    r"(syevd|syev|heevd|heev|syevj|geqrf|orgqr|ungqr|householder_product|potrf|cholesky|trsm|"
+    r"triangular_solve|gesvd|gesdd|getrf|lu_pivots|eigh|qr)",
+    re.IGNORECASE,
+)
+
+
+def device_info() -> dict:
+    device = jax.devices()[0]
+    info = {"platform": device.platform, "device": device.device_kind, "jax": jax.__version__}
+    try:
+        import jaxlib
+
+        info["jaxlib"] = jaxlib.__version__
+    except ImportError:  # pragma: no cover
+        pass
+    if device.platform == "gpu":
+        try:
+            from jax._src.lib import cuda_versions  # private: only for the record
+
+            if cuda_versions is not None:
+                info["cuda_runtime"] = cuda_versions.cuda_runtime_get_version()
+                info["cusolver"] = cuda_versions.cusolver_get_version()
+        except Exception:  # noqa: BLE001 - a version we cannot read is left out
+            pass
+    return info
+
+
+def program_counts(compiled_text: str) -> dict:
+    """Solver calls, while loops and fusions of an optimized HLO module's text."""
+    targets = re.findall(r'custom_call_target="([^"]+)"', compiled_text)
+    solvers = [t for t in targets if SOLVER_PATTERN.search(t)]
+    kinds: dict[str, int] = {}
+    for t in solvers:
+        kinds[t] = kinds.get(t, 0) + 1
+    return {
+        "solver_calls": len(solvers),
+        "solver_targets": kinds,
+        "while_loops": len(re.findall(r"\bwhile\(", compiled_text)),
+        "fusions": len(re.findall(r"^\s*(?:ROOT )?%?\S+ = \S+ fusion\(", compiled_text, re.M)),
+    }
+
+
+def proxy_part() -> dict:
+    import optax
+
+    import sketchopt as so
+    from experiments import speed
+
+    params = speed._transformer_tree(24)
+    rows = {}
+    for name, tx in (
+        ("ada_fd", so.ada_fd(0.1, 10, 1.0)),
+        ("fd_son", so.fd_son(1.0, 10)),
+        ("kron_fd", so.kron_fd(1e-3, 32)),
+        ("ada_diag", so.ada_diag(0.1, 1e-3)),
+        ("optax.adam", optax.adam(1e-3)),
+    ):
+        state = jax.eval_shape(tx.init, params)
+        start = time.perf_counter()
+        lowered = jax.jit(tx.update).trace(params, state, params).lower()
+        traced = time.perf_counter()
+        compiled = lowered.compile()
+        row = {"trace_seconds": traced - start, "compile_seconds": time.perf_counter() - traced}
+        row.update(program_counts(compiled.as_text()))
+        rows[name] = row
+        print(
+            f"[proxy] {name:11s} solver calls {row['solver_calls']:3d} "
+            f"{row['solver_targets']}, while {row['while_loops']}, fusions {row['fusions']}, "
+            f"trace {row['trace_seconds']:.1f} s, compile {row['compile_seconds']:.1f} s",
+            flush=True,
+        )
+    return {"tree": "speed._transformer_tree(24)", "learners": rows}
+
+
+def steps_part(dims: list[int], repeats: int = 7) -> dict:
+    import jax.numpy as jnp
+    import optax
+
+    import sketchopt as so
+    from experiments import speed
+
+    tau = 10
+    learners = (
+        ("optax.adagrad", lambda: optax.adagrad(0.1)),
+        ("optax.adam", lambda: optax.adam(1e-3)),
+        ("ada_fd", lambda: so.ada_fd(0.1, tau, 1.0)),
+        ("ada_fd(fast=True)", lambda: so.ada_fd(0.1, tau, 1.0, fast=True)),
+        ("ada_fd_dual_averaging", lambda: so.ada_fd_dual_averaging(0.1, tau, 1.0)),
+        ("fd_son", lambda: so.fd_son(1.0, tau)),
+        ("oja_son", lambda: so.oja_son(1.0, tau)),
+    )
+    out = {}
+    for dim in dims:
+        rows = {}
+        for name, make in learners:
+            inner = max(1, min(50, 200_000 // dim))
+            cycle = speed._shrink_period(name, tau)
+            cold, warm, floats = speed._time_step(
+                make(), "tx", dim, jnp.float32, repeats, inner, cycle
+            )
+            rows[name] = {"cold_seconds": cold, "warm_seconds": warm, "state_floats": floats}
+        base = rows["optax.adagrad"]
+        for name, row in rows.items():
+            row["cold_over_adagrad"] = row["cold_seconds"] / base["cold_seconds"]
+            row["warm_over_adagrad"] = row["warm_seconds"] / base["warm_seconds"]
+            print(
+                f"[steps] d={dim:.0e} {name:22s} {1e3 * row['cold_seconds']:8.3f} ms cold "
+                f"({row['cold_over_adagrad']:5.1f}x adagrad), {1e3 * row['warm_seconds']:8.3f} "
+                f"ms warm ({row['warm_over_adagrad']:5.1f}x)",
+                flush=True,
+            )
+        out[str(dim)] = rows
+    return {"sketch_size": tau, "dims": out}
+
+
+def networks_part(widths: list[int], steps: int) -> dict:
+    from experiments import network_steps
+    from experiments import networks as nw
+
+    out = {}
+    for width in widths:
+        size = "full" if width == nw.config("full").width else "default"
+        cfg = nw.config(size)
+        if width != cfg.width:
+            cfg = dataclasses.replace(cfg, width=width, heads=max(1, width // 64))
+        res = network_steps.measure_config(cfg, steps, ("adam", "kron_rfd"))
+        for name, row in res["learners"].items():
+            print(
+                f"[networks] width {width:5d} {name:13s} step {1e3 * row['step_seconds']:8.2f} ms "
+                f"({row['step_over_adam']:.2f}x Adam), update {1e3 * row['update_seconds']:8.2f} "
+                f"ms ({row['update_over_adam']:.1f}x), compile {row['compile_seconds']:.1f} s",
+                flush=True,
+            )
+        out[str(width)] = res
+    return out
+
+
+def compile_part() -> dict:
+    from experiments import networks as nw
+
+    res = nw.scale_part(nw.config("default"), quick=True)
+    kron = res["variants"]["kron_fd"]
+    print(
+        f"[compile] 24-layer width-1536 kron_fd: trace {kron['trace_seconds']:.1f} s, compile "
+        f"{kron['compile_seconds']:.1f} s; state {100 * kron['state_over_adam']:.2f}% of Adam's",
+        flush=True,
+    )
+    return res
+
+
+def main(argv=None) -> dict:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--parts", default="proxy,steps,networks,compile")
+    parser.add_argument("--dims", default="1e6,1e7")
+    parser.add_argument("--widths", default="128,256,1024")
+    parser.add_argument("--steps", type=int, default=30)
+    parser.add_argument("--out", type=pathlib.Path, default=None)
+    args = parser.parse_args(argv)
+    common.limit_blas_threads()
+    out: dict = {"device": device_info()}
+    print(f"[device] {out['device']}", flush=True)
+    parts = {
+        "proxy": proxy_part,
+        "steps": lambda: steps_part([int(float(d)) for d in args.dims.split(",")]),
+        "networks": lambda: networks_part([int(w) for w in args.widths.split(",")], args.steps),
+        "compile": compile_part,
+    }
+    for name in args.parts.split(","):
+        start = time.perf_counter()
+        out[name] = parts[name]()
+        out[name]["seconds"] = time.perf_counter() - start
+        if args.out is not None:
+            args.out.write_text(json.dumps(common.to_jsonable(out), indent=1))
+    return out
+
+
+if __name__ == "__main__":
+    np.set_printoptions(precision=4)
+    main()
