@@ -157,6 +157,192 @@ def best_index(scores) -> int:
 
 
 # ------------------------------------------------------------------------------------------------
+# Learners: the one place the experiments build sketchopt's transforms.
+
+
+@dataclasses.dataclass(frozen=True)
+class Hyper:
+    """A transform argument read from the grid point: ``fn(hyper[name])`` (``hyper[name]`` when
+    ``fn`` is ``None``). Built by :func:`hp`."""
+
+    name: str
+    fn: Callable | None = None
+
+    def __call__(self, hyper: Mapping[str, Any]) -> Any:
+        value = hyper[self.name]
+        return value if self.fn is None else self.fn(value)
+
+
+def hp(name: str, fn: Callable | None = None) -> Hyper:
+    """The grid's hyperparameter ``name`` as a transform argument of :func:`learner`
+    (``hp("alpha", lambda a: 1 / a)``: a step size ``1/alpha`` from the grid's ``alpha``)."""
+    return Hyper(name, fn)
+
+
+class _Key:
+    def __repr__(self) -> str:
+        return "KEY"
+
+
+#: A transform argument that is the learner's PRNG key (:func:`learner`; such a learner is
+#: randomized: its results are averaged over several keys).
+KEY = _Key()
+
+#: The settings the papers fix and the library's defaults may not (issue 42: the library's
+#: defaults follow what works best, the reproductions follow the papers). ADA-FD is the papers'
+#: plain Frequent Directions (``robust=False``).
+PAPER_SETTINGS: dict[str, dict[str, Any]] = {
+    "ada_fd": {"robust": False},
+    "ada_fd_dual_averaging": {"robust": False},
+    "scale_by_ada_fd": {"robust": False},
+}
+
+#: The arguments every reproduction passes explicitly (a library default may change): the step
+#: sizes, sketch sizes, ridges and the SON schedule.
+REQUIRED_ARGUMENTS: dict[str, tuple[str, ...]] = {
+    "ada_fd": ("learning_rate", "sketch_size", "delta"),
+    "ada_fd_dual_averaging": ("learning_rate", "sketch_size", "delta"),
+    "scale_by_ada_fd": ("sketch_size", "delta"),
+    "ada_diag": ("learning_rate", "delta"),
+    "ada_diag_dual_averaging": ("learning_rate", "delta"),
+    "ada_full": ("learning_rate", "delta"),
+    "ada_full_dual_averaging": ("learning_rate", "delta"),
+    "radagrad": ("learning_rate", "sketch_size", "delta", "key"),
+    "ada_lr": ("learning_rate", "sketch_size", "delta", "key"),
+    "fd_son": ("alpha", "sketch_size", "eta", "curvature"),
+    "oja_son": ("alpha", "sketch_size", "eta", "curvature"),
+    "rp_son": ("alpha", "sketch_size", "key", "eta", "curvature"),
+    "rfd_son": ("sketch_size", "alpha0", "eta", "curvature"),
+    "ons": ("alpha", "eta", "curvature"),
+}
+
+
+def transform(api: str, **arguments):
+    """``sketchopt.API(**arguments)`` with the papers' settings (:data:`PAPER_SETTINGS`) unless
+    given; raises ``TypeError`` when an argument of :data:`REQUIRED_ARGUMENTS` is left to a
+    library default."""
+    import sketchopt as so
+
+    if missing := [a for a in REQUIRED_ARGUMENTS.get(api, ()) if a not in arguments]:
+        raise TypeError(f"{api}: pass {missing} explicitly (the paper's settings, not defaults)")
+    return getattr(so, api)(**{**PAPER_SETTINGS.get(api, {}), **arguments})
+
+
+def bounded_projection(bound: float) -> Callable:
+    """``project(state, w, x)``: SON's projection onto ``|w^T x| <= bound`` before a prediction
+    (:func:`sketchopt.project_bounded_prediction` with the learner's state)."""
+
+    def project(state, w, x):
+        import sketchopt as so
+
+        return so.project_bounded_prediction(state, w, x, bound)
+
+    return project
+
+
+def learner(
+    api: str | Callable,
+    label: str,
+    grid: Mapping[str, Sequence[float]],
+    *,
+    name: str | None = None,
+    static: Mapping[str, Any] | None = None,
+    bound: float | None = None,
+    project: Callable | None = None,
+    rule: str = "mirror_descent",
+    mixed: Callable | None = None,
+    **arguments,
+) -> Algorithm:
+    """An :class:`Algorithm` running ``sketchopt.API`` (through :func:`transform`).
+
+    Args:
+      api: a public sketchopt name (``"ada_fd"``, ``"oja_son"``, ...), or a callable taking the
+        same keyword arguments for a composition the library has no name for.
+      label, grid, static, rule: as :class:`Algorithm` (``name`` defaults to ``api``).
+      bound: SON's bounded-prediction projection onto ``|w^T x| <= bound``
+        (:func:`bounded_projection`); or ``project``, any ``project(state, w, x)``.
+      mixed: ``mixed(transform, hyper)`` wraps the transform (``cnn``: ADA-DIAG at
+        ``hyper["diag"]`` on the parameters it does not cover); the learner is then ``mixed``.
+      arguments: the transform's arguments: constants, :func:`hp` for a grid hyperparameter,
+        :data:`KEY` for the PRNG key (which makes the learner randomized).
+    """
+    if bound is not None:
+        project = bounded_projection(bound)
+    build = (lambda **a: transform(api, **a)) if isinstance(api, str) else api
+
+    def make(hyper, key):
+        def value(v):
+            return v(hyper) if isinstance(v, Hyper) else key if v is KEY else v
+
+        tx = build(**{k: value(v) for k, v in arguments.items()})
+        return tx if mixed is None else mixed(tx, hyper)
+
+    return Algorithm(
+        name or api,
+        label,
+        make,
+        grid,
+        dict(static or {}),
+        project=project,
+        random=any(v is KEY for v in arguments.values()),
+        rule=rule,
+        mixed=mixed is not None,
+    )
+
+
+# SON paper sec. 5's protocol (``son_condition``, ``son_real``): the squared loss on predictions
+# projected onto ``|w^T x| <= C = 1``; SON as the Online Newton Step for exp-concave losses,
+# ``curvature sigma = 1/(8 C^2)`` and ``eta = 0``; one grid for every learner, ``alpha = 2^j``,
+# ``j = -3..6`` (ADA-DIAG's step size ``1/alpha``: "1/alpha serves as a stepsize", ``delta =
+# 1e-6``).
+SEC5_BOUND = 1.0
+SEC5_CURVATURE = 1.0 / (8 * SEC5_BOUND**2)
+SEC5_ALPHAS = [float(2.0**j) for j in range(-3, 7)]
+SEC5_DIAG_DELTA = 1e-6
+
+
+def sec5_learner(
+    api: str,
+    label: str,
+    *,
+    name: str,
+    rescaled: bool | None = None,
+    static: Mapping[str, Any] | None = None,
+    grid: Mapping[str, Sequence[float]] | None = None,
+    **arguments,
+) -> Algorithm:
+    """A learner of SON sec. 5's protocol (above) on the grid ``alpha = 2^j`` (or ``grid``).
+
+    ``ada_diag``: ADA-DIAG with step size ``1/alpha``. A SON learner (``fd_son``, ``oja_son``,
+    ``rfd_son``, ``ons``): ``alpha`` from the grid (unless given), ``eta = 0``, ``curvature =
+    1/8``, the projection, ``diagonal_rescaling=rescaled`` when ``rescaled`` is given (and then
+    ``+rescaled`` / ``, rescaled`` after the name and label); ``static`` records those settings,
+    ``diagonal_rescaling`` and ``arguments["sketch_size"]`` (its entries override them).
+    ``arguments`` go to the transform (``sketch_size``, ``key=KEY``).
+    """
+    grid = {"alpha": SEC5_ALPHAS} if grid is None else grid
+    if api == "ada_diag":
+        diag = {"delta": SEC5_DIAG_DELTA, "learning_rate": "1/alpha"}
+        return learner(
+            api, label, grid, name=name, static=diag, delta=SEC5_DIAG_DELTA,
+            learning_rate=hp("alpha", lambda a: 1.0 / a),
+        )  # fmt: skip
+    recorded = {"curvature": SEC5_CURVATURE, "eta": 0.0, "bound": SEC5_BOUND}
+    if "sketch_size" in arguments:
+        recorded["sketch_size"] = arguments["sketch_size"]
+    if rescaled is not None:
+        arguments["diagonal_rescaling"] = recorded["diagonal_rescaling"] = rescaled
+    if rescaled:
+        name, label = name + "+rescaled", label + ", rescaled"
+    if api != "rfd_son":
+        arguments.setdefault("alpha", hp("alpha"))
+    return learner(
+        api, label, grid, name=name, static={**recorded, **(static or {})}, bound=SEC5_BOUND,
+        eta=0.0, curvature=SEC5_CURVATURE, **arguments,
+    )  # fmt: skip
+
+
+# ------------------------------------------------------------------------------------------------
 # One online pass of a linear model, vmapped over hyperparameters and orders.
 
 
@@ -487,6 +673,68 @@ def claim(
 def verdict(holds: bool, *, partly: bool = False) -> str:
     """``"holds"`` if ``holds``, else ``"holds partly"`` if ``partly``, else ``"does not hold"``."""
     return VERDICTS[0] if holds else VERDICTS[1] if partly else VERDICTS[2]
+
+
+#: How many of a rule's settings (kappas, datasets, sketch sizes, ...) must pass: :func:`tally`.
+QUANTIFIERS: dict[str, Callable[[np.ndarray], bool]] = {
+    "every": lambda ok: bool(ok.all()),
+    "majority": lambda ok: 2 * int(ok.sum()) > ok.size,
+    "some": lambda ok: bool(ok.any()),
+}
+
+
+def tally(ok, *, holds: str = "every", partly: str | bool = "some") -> str:
+    """The verdict of a rule checked at several settings: ``"holds"`` when ``ok`` (one bool per
+    setting, or one bool) is true at ``holds`` of them (:data:`QUANTIFIERS`), else ``"holds
+    partly"`` at ``partly`` of them (or when ``partly`` is ``True``), else ``"does not hold"``."""
+    ok = np.atleast_1d(np.asarray(ok, bool))
+    some = QUANTIFIERS[partly](ok) if isinstance(partly, str) else bool(partly)
+    return verdict(QUANTIFIERS[holds](ok), partly=some)
+
+
+def beats(ours, theirs, margin: float = 0.0) -> np.ndarray:
+    """Per setting: ``ours`` below ``theirs`` (errors, regrets, times: lower is better) by more
+    than ``margin``."""
+    return np.asarray(theirs, np.float64) - np.asarray(ours, np.float64) > margin
+
+
+def pct(values, digits: int = 1) -> str:
+    """Fractions as ``/``-joined percentages: ``[0.123, 0.2] -> "12.3/20.0"``."""
+    return "/".join(f"{100 * v:.{digits}f}" for v in np.atleast_1d(np.asarray(values, float)))
+
+
+class Claims(list):
+    """The claim rows of one experiment, built by one rule: ``add(name, ok, ...)``.
+
+    ``Claims("son_real", source="SON sec. 5.2")`` collects rows whose ids start with
+    ``son_real/``; :meth:`add` computes each verdict from the per-setting outcomes ``ok`` by
+    :func:`tally` (or takes ``verdict``), and writes ``reason`` as ``"rule: " + rule`` when given
+    ``rule``. The list is what :func:`finish_run` takes.
+    """
+
+    def __init__(self, experiment: str, *, source: str = ""):
+        super().__init__()
+        self.experiment, self.source = experiment, source
+
+    def add(
+        self,
+        name: str,
+        ok=None,
+        *,
+        holds: str = "every",
+        partly: str | bool = "some",
+        verdict: str | None = None,
+        rule: str | None = None,
+        **fields: str,
+    ) -> dict[str, str]:
+        if verdict is None:
+            verdict = tally(ok, holds=holds, partly=partly)
+        if rule is not None:
+            fields["reason"] = "rule: " + rule
+        fields.setdefault("source", self.source)
+        row = claim(f"{self.experiment}/{name}", verdict=verdict, **fields)
+        self.append(row)
+        return row
 
 
 def claims_markdown(

@@ -63,8 +63,8 @@ import numpy as np
 
 from experiments import common
 
-BOUND = 1.0  # C: predictions are projected onto |w^T x| <= C
-CURVATURE = 1.0 / (8 * BOUND**2)  # sigma of the squared loss on |prediction| <= C, |y| = 1
+BOUND = common.SEC5_BOUND  # C: predictions are projected onto |w^T x| <= C
+CURVATURE = common.SEC5_CURVATURE  # sigma of the squared loss on |prediction| <= C, |y| = 1
 ALPHA_EXPONENTS = list(range(-3, 7))  # SON sec. 5: 2^j, j = -3..6, for every learner
 LABELINGS = ("shared", "literal")  # y = sign(theta^T z) (default) / y = sign(theta^T x)
 
@@ -111,90 +111,41 @@ LITERAL = ("ada_diag", "fd_son/m=0", "oja_son/m=10")  # also run on the literal 
 
 def learners(cfg) -> list[tuple[common.Algorithm, int, bool]]:
     """``(Algorithm, m, rescaled)``; ``Algorithm.name`` is ``API/m=M`` (``+rescaled``)."""
-    import sketchopt as so
+    grid = {"alpha": [float(2.0**j) for j in cfg["alpha_exponents"]]}
 
-    alphas = [float(2.0**j) for j in cfg["alpha_exponents"]]
-
-    def project(state, w, x):
-        return so.project_bounded_prediction(state, w, x, BOUND)
-
-    son = {"curvature": CURVATURE, "eta": 0.0, "bound": BOUND}
-    grid = {"alpha": alphas}
-
-    def plain(m, rescaled):
+    def plain(rescaled):  # m = 0: FD with one slot
         note = {"note": "FD with one slot keeps no direction: A = alpha I"}
-        return (
-            common.Algorithm(
-                "fd_son/m=0" + ("+rescaled" if rescaled else ""),
-                "m = 0" + (", rescaled" if rescaled else ""),
-                lambda h, k: so.fd_son(
-                    h["alpha"], 1, eta=0.0, curvature=CURVATURE, diagonal_rescaling=rescaled
-                ),
-                grid,
-                {**son, "sketch_size": 1, "diagonal_rescaling": rescaled, **note},
-                project=project,
-            ),
-            0,
-            rescaled,
-        )
+        alg = common.sec5_learner(
+            "fd_son", "m = 0", name="fd_son/m=0", grid=grid, rescaled=rescaled, static=note,
+            sketch_size=1,
+        )  # fmt: skip
+        return alg, 0, rescaled
 
+    full = {"sketch_size": "d (full matrix: nothing outside the sketch)"}
     out = [
-        (
-            common.Algorithm(
-                "ada_diag",
-                "ADA-DIAG",
-                lambda h, k: so.ada_diag(1.0 / h["alpha"], 1e-6),
-                grid,
-                {"delta": 1e-6, "learning_rate": "1/alpha"},
-            ),
-            -1,
-            False,
-        ),
-        plain(0, False),
-        (
-            common.Algorithm(
-                "ons",
-                "ONS (m = d)",
-                lambda h, k: so.ons(h["alpha"], eta=0.0, curvature=CURVATURE),
-                grid,
-                {**son, "sketch_size": "d (full matrix: nothing outside the sketch)"},
-                project=project,
-            ),
-            cfg["d"],
-            False,
-        ),
-    ]
+        (common.sec5_learner("ada_diag", "ADA-DIAG", name="ada_diag", grid=grid), -1, False),
+        plain(False),
+        (common.sec5_learner("ons", "ONS (m = d)", name="ons", grid=grid, static=full),
+         cfg["d"], False),
+    ]  # fmt: skip
     if cfg["rescaled_m0"]:
-        out.append(plain(0, True))
-    makers = {"oja_son": ("Oja-SON", so.oja_son), "fd_son": ("FD-SON", so.fd_son)}
+        out.append(plain(True))
+    labels = {"oja_son": "Oja-SON", "fd_son": "FD-SON"}
     for m in cfg["sketch_sizes"]:
         for api in cfg["families"]:
             if api == "rfd_son":
-                out.append((
-                    common.Algorithm(
-                        f"rfd_son/m={m}",
-                        "RFD0-SON",
-                        lambda h, k, m=m: so.rfd_son(m, alpha0=0.0, eta=0.0, curvature=CURVATURE),
-                        {"alpha0": [0.0]},
-                        {**son, "sketch_size": m, "alpha0": 0.0},
-                        project=project,
-                    ), m, False,
-                ))  # fmt: skip
+                alg = common.sec5_learner(
+                    api, "RFD0-SON", name=f"rfd_son/m={m}", grid={"alpha0": [0.0]},
+                    static={"alpha0": 0.0}, sketch_size=m, alpha0=0.0,
+                )  # fmt: skip
+                out.append((alg, m, False))
                 continue
-            label, make = makers[api]
             for rescaled in (False, True) if (api == "oja_son" and m == 10) else (False,):
-                out.append((
-                    common.Algorithm(
-                        f"{api}/m={m}" + ("+rescaled" if rescaled else ""),
-                        label + (", rescaled" if rescaled else ""),
-                        lambda h, k, m=m, make=make, r=rescaled: make(
-                            h["alpha"], m, eta=0.0, curvature=CURVATURE, diagonal_rescaling=r
-                        ),
-                        grid,
-                        {**son, "sketch_size": m, "diagonal_rescaling": rescaled},
-                        project=project,
-                    ), m, rescaled,
-                ))  # fmt: skip
+                alg = common.sec5_learner(
+                    api, labels[api], name=f"{api}/m={m}", grid=grid, rescaled=rescaled,
+                    sketch_size=m,
+                )  # fmt: skip
+                out.append((alg, m, rescaled))
     return out
 
 
@@ -301,60 +252,55 @@ def run(*, quick: bool, full: bool, seed: int, out: pathlib.Path) -> dict:
     return summary
 
 
-def _fmt(values) -> str:
-    return "/".join(f"{100 * v:.1f}" for v in values)
-
-
 def claim_rows(results, kappas, T, families) -> list[dict]:
     """The claims of SON sec. 5.1 / Fig. 1, verdicts computed from the errors (module docstring)."""
     tol = margin(T)
     kappas = list(kappas)
     K = len(kappas)
     top = slice(K - max(1, K // 3), K)  # the largest third of the kappas
-    src = "SON sec. 5.1, Fig. 1"
+    rows = common.Claims("son_condition", source="SON sec. 5.1, Fig. 1")
+    pts = f"{100 * tol:.1f} pts"
 
     def err(name, suffix=""):
         return np.asarray(results[name][f"error{suffix}"])
 
     pick = sorted({0, K // 2, K - 1})
     at = "kappa=" + "/".join(str(kappas[k]) for k in pick)
-    rows = []
+
+    def shown(name_or_values, suffix=""):  # the percentages at the kappas shown
+        values = err(name_or_values, suffix) if isinstance(name_or_values, str) else name_or_values
+        return common.pct(values[pick])
 
     # 1. Sketching helps, more as kappa grows (per family, m = 10 against m = 0).
     for api in [f for f in ("oja_son", "fd_son") if f in families]:
         gain = err("fd_son/m=0") - err(f"{api}/m=10")
-        holds = bool(gain[top].mean() > tol and gain[-1] > gain[0] + tol)
         label = results[f"{api}/m=10"]["label"]
         sizes = [m for m in (0, 5, 10) if m == 0 or f"{api}/m={m}" in results]
-        errs = " / ".join(
-            _fmt(err("fd_son/m=0" if m == 0 else f"{api}/m={m}")[pick]) for m in sizes
-        )
-        rows.append(common.claim(
-            f"son_condition/{api}_vs_m0", source=src,
+        errs = " / ".join(shown("fd_son/m=0" if m == 0 else f"{api}/m={m}") for m in sizes)
+        rows.add(
+            f"{api}_vs_m0", gain[top].mean() > tol and gain[-1] > gain[0] + tol,
+            partly=gain[top].mean() > tol,
             claim=f"{label} m = 10 beats m = 0 (gradient descent), increasingly with kappa",
             paper="m = 0 worse than ADAGRAD; m = 5 'greatly improves'; m = 10 'hardly worsens "
             "with kappa'",
             ours=f"err % m={'/'.join(map(str, sizes))} at {at}: {errs}",
-            verdict=common.verdict(holds, partly=bool(gain[top].mean() > tol)),
-            reason=f"rule: gain m=0 - m=10 > {100 * tol:.1f} pts on the top third of kappa and "
-            f"grows by > {100 * tol:.1f} pts from smallest to largest kappa (partly: first only)",
-        ))  # fmt: skip
+            rule=f"gain m=0 - m=10 > {pts} on the top third of kappa and grows by > {pts} from "
+            "smallest to largest kappa (partly: first only)",
+        )  # fmt: skip
 
     # 2. Oja-SON m = 10 against ADA-DIAG at large kappa, and where it starts to win.
-    diff = err("ada_diag") - err("oja_son/m=10")  # > 0: Oja-SON better
-    wins = diff > 0
+    wins = common.beats(err("oja_son/m=10"), err("ada_diag"))
     cross = next((kappas[k] for k in range(K) if wins[k:].all()), None)
-    rows.append(common.claim(
-        "son_condition/large_kappa", source=src,
+    ahead = common.beats(err("oja_son/m=10"), err("ada_diag"), tol)
+    rows.add(
+        "large_kappa", ahead[top], partly=ahead[-1],
         claim="Oja-SON m = 10 beats ADA-DIAG on ill-conditioned data (large kappa)",
         paper="ADAGRAD degrades with kappa; Oja-SON m = 10 'substantially better'",
-        ours=f"err % ADA-DIAG / Oja m=10 at {at}: {_fmt(err('ada_diag')[pick])} / "
-        f"{_fmt(err('oja_son/m=10')[pick])}; "
+        ours=f"err % ADA-DIAG / Oja m=10 at {at}: {shown('ada_diag')} / {shown('oja_son/m=10')}; "
         + (f"Oja wins from kappa = {cross}" if cross is not None else "Oja wins at no kappa"),
-        verdict=common.verdict(bool((diff[top] > tol).all()), partly=bool(diff[-1] > tol)),
-        reason=f"rule: Oja-SON better by > {100 * tol:.1f} pts at every kappa of the top third "
-        "(partly: at the largest); equal grids 2^-3..2^6",
-    ))  # fmt: skip
+        rule=f"Oja-SON better by > {pts} at every kappa of the top third (partly: at the "
+        "largest); equal grids 2^-3..2^6",
+    )  # fmt: skip
 
     # 3. The small-kappa gap: is it the 1/alpha step outside the sketch? Controlled test: ONS
     # (m = d: the same Newton step with nothing outside the sketch) on the same grid; and the
@@ -363,57 +309,46 @@ def claim_rows(results, kappas, T, families) -> list[dict]:
     gap_ons = err("ons") - err("ada_diag")
     gap_resc = err("oja_son/m=10+rescaled") - err("ada_diag")
     lost = gap_plain > tol
-    if lost.any():
-        closed = gap_ons <= tol
-        holds, partly = bool(closed[lost].all()), bool(closed[lost].any())
-        where = [kappas[k] for k in np.flatnonzero(lost)]
-        why = (f"Oja m=10 loses by > {100 * tol:.1f} pts at kappa {where}; holds if ONS (nothing "
-               "off-sketch) is within that of ADA-DIAG there (partly: somewhere)")  # fmt: skip
-    else:
-        holds, partly = False, False
-        why = f"no gap > {100 * tol:.1f} pts to explain at this size"
-    rows.append(common.claim(
-        "son_condition/complement_step", source="SON sec. 5.1 Fig. 1 and sec. 5.2 discussion",
+    where = [kappas[k] for k in np.flatnonzero(lost)]
+    rows.add(
+        "complement_step", (gap_ons <= tol)[lost] if lost.any() else False,
+        source="SON sec. 5.1 Fig. 1 and sec. 5.2 discussion",
         claim="Oja-SON's gap to ADA-DIAG at small kappa comes from its plain 1/alpha step outside "
         "the sketch",
         paper="sec. 5.2: off the sketch SON 'is essentially doing vanilla gradient descent'",
-        ours=f"err - ADA-DIAG, pts, at {at}: Oja m=10 {_fmt(gap_plain[pick])}; ONS "
-        f"{_fmt(gap_ons[pick])}",
-        verdict=common.verdict(holds, partly=partly),
-        reason="rule: " + why,
-    ))  # fmt: skip
-    ok = gap_resc <= np.minimum(gap_plain, tol)
-    rows.append(common.claim(
-        "son_condition/rescaling", source="SON sec. 5.2 (the fix), on sec. 5.1's data",
+        ours=f"err - ADA-DIAG, pts, at {at}: Oja m=10 {shown(gap_plain)}; ONS {shown(gap_ons)}",
+        rule=f"Oja m=10 loses by > {pts} at kappa {where}; holds if ONS (nothing off-sketch) is "
+        "within that of ADA-DIAG there (partly: somewhere)" if lost.any()
+        else f"no gap > {pts} to explain at this size",
+    )  # fmt: skip
+    rows.add(
+        "rescaling", gap_resc <= np.minimum(gap_plain, tol),
+        source="SON sec. 5.2 (the fix), on sec. 5.1's data",
         claim="Diagonal rescaling (off-sketch step (1/alpha) D_t^{-1} g) brings Oja-SON m = 10 "
         "level with ADA-DIAG",
         paper="on real data 'Oja-SON outperforms ADAGRAD on most of the datasets'",
-        ours=f"err - ADA-DIAG, pts, at {at}: plain {_fmt(gap_plain[pick])}; rescaled "
-        f"{_fmt(gap_resc[pick])}",
-        verdict=common.verdict(bool(ok.all()), partly=bool(ok.any())),
-        reason=f"rule: rescaled within {100 * tol:.1f} pts of ADA-DIAG and no worse than plain at "
-        "every kappa (partly: some); rotated data: D_t ~ t I, so the off-sketch step decays as "
-        "1/t",
-    ))  # fmt: skip
+        ours=f"err - ADA-DIAG, pts, at {at}: plain {shown(gap_plain)}; rescaled {shown(gap_resc)}",
+        rule=f"rescaled within {pts} of ADA-DIAG and no worse than plain at every kappa (partly: "
+        "some); rotated data: D_t ~ t I, so the off-sketch step decays as 1/t",
+    )  # fmt: skip
 
-    # 4. The literal labels y = sign(theta^T x).
+    # 4. The literal labels y = sign(theta^T x): Oja m = 10 against m = 0 and ADA-DIAG.
     lit = "_literal"
-    d_m0 = err("fd_son/m=0", lit) - err("oja_son/m=10", lit)
-    d_ada = err("ada_diag", lit) - err("oja_son/m=10", lit)
-    ok = np.array([d_m0[-1] > tol, d_ada[-1] > tol])
-    rows.append(common.claim(
-        "son_condition/literal_labels", source="SON sec. 5.1 (y = sign(theta^T x) as written)",
+    oja = err("oja_son/m=10", lit)[-1]
+    rows.add(
+        "literal_labels", common.beats(oja, [err("fd_son/m=0", lit)[-1], err("ada_diag", lit)[-1]],
+                                       tol),
+        source="SON sec. 5.1 (y = sign(theta^T x) as written)",
         claim="With y = sign(theta^T x), Oja-SON m = 10 still beats m = 0 and ADA-DIAG at the "
         "largest kappa",
         paper="(the paper's labels are shared across kappa, which the literal formula is not)",
-        ours=f"err % m=0 / ADA-DIAG / Oja m=10 at {at}: {_fmt(err('fd_son/m=0', lit)[pick])} / "
-        f"{_fmt(err('ada_diag', lit)[pick])} / {_fmt(err('oja_son/m=10', lit)[pick])}",
-        verdict=common.verdict(bool(ok.all()), partly=bool(ok.any())),
-        reason=f"rule: Oja m=10 better than both by > {100 * tol:.1f} pts at the largest kappa "
-        "(partly: one); the default labels sign(theta^T z) are the ones the paper's 'same labels "
-        "for every kappa' allows",
-    ))  # fmt: skip
-    return rows
+        ours=f"err % m=0 / ADA-DIAG / Oja m=10 at {at}: {shown('fd_son/m=0', lit)} / "
+        f"{shown('ada_diag', lit)} / {shown('oja_son/m=10', lit)}",
+        rule=f"Oja m=10 better than both by > {pts} at the largest kappa (partly: one); the "
+        "default labels sign(theta^T z) are the ones the paper's 'same labels for every kappa' "
+        "allows",
+    )  # fmt: skip
+    return list(rows)
 
 
 def _plot(results, kappas, cfg):

@@ -46,9 +46,9 @@ import numpy as np
 
 from experiments import common
 
-BOUND = 1.0
-CURVATURE = 1.0 / (8 * BOUND**2)
-ALPHAS = [float(2.0**j) for j in range(-3, 7)]  # SON sec. 5: 2^j, j = -3..6, every learner
+BOUND = common.SEC5_BOUND
+CURVATURE = common.SEC5_CURVATURE
+ALPHAS = common.SEC5_ALPHAS  # SON sec. 5: 2^j, j = -3..6, every learner
 SKETCH = 10
 TEST_FRACTION = 0.2
 NAMES = ("ada_diag", "oja_son/m=0", "oja_son/m=10", "oja_son/m=0+rescaled", "oja_son/m=10+rescaled")
@@ -76,52 +76,20 @@ def dataset(name: str):
 
 
 def learners() -> list[common.Algorithm]:
-    import sketchopt as so
-
-    def project(state, w, x):
-        return so.project_bounded_prediction(state, w, x, BOUND)
-
-    son = {"curvature": CURVATURE, "eta": 0.0, "bound": BOUND}
-    grid = {"alpha": ALPHAS}
-    out = [
-        common.Algorithm(
-            "ada_diag",
-            "ADA-DIAG",
-            lambda h, k: so.ada_diag(1.0 / h["alpha"], 1e-6),
-            grid,
-            {"delta": 1e-6, "learning_rate": "1/alpha"},
-        )
-    ]
+    """ADA-DIAG, then SON with m = 0 and Oja-SON with m = SKETCH, plain and rescaled."""
+    out = [common.sec5_learner("ada_diag", "ADA-DIAG", name="ada_diag")]
+    note = {"sketch_size": 0, "note": "fd_son with one slot: no direction kept, A = alpha I"}
     for rescaled in (False, True):
-        tail = "+rescaled" if rescaled else ""
         out += [
-            common.Algorithm(
-                f"oja_son/m=0{tail}",
-                "SON m = 0" + (", rescaled" if rescaled else ""),
-                lambda h, k, r=rescaled: so.fd_son(
-                    h["alpha"], 1, eta=0.0, curvature=CURVATURE, diagonal_rescaling=r
-                ),
-                grid,
-                {
-                    **son,
-                    "sketch_size": 0,
-                    "diagonal_rescaling": rescaled,
-                    "note": "fd_son with one slot: no direction kept, A = alpha I",
-                },  # fmt: skip
-                project=project,
+            common.sec5_learner(
+                "fd_son", "SON m = 0", name="oja_son/m=0", rescaled=rescaled, static=note,
+                sketch_size=1,
             ),
-            common.Algorithm(
-                f"oja_son/m={SKETCH}{tail}",
-                f"Oja-SON m = {SKETCH}" + (", rescaled" if rescaled else ""),
-                lambda h, k, r=rescaled: so.oja_son(
-                    h["alpha"], SKETCH, eta=0.0, curvature=CURVATURE, key=k, diagonal_rescaling=r
-                ),
-                grid,
-                {**son, "sketch_size": SKETCH, "diagonal_rescaling": rescaled},
-                project=project,
-                random=True,
+            common.sec5_learner(
+                "oja_son", f"Oja-SON m = {SKETCH}", name=f"oja_son/m={SKETCH}", rescaled=rescaled,
+                sketch_size=SKETCH, key=common.KEY,
             ),
-        ]
+        ]  # fmt: skip
     return out
 
 
@@ -216,6 +184,7 @@ def claim_rows(results, data_info, dss) -> list[dict]:
     """The claims of SON sec. 5.2 / Fig. 3, verdicts computed from the online errors."""
     src = "SON sec. 5.2"
     tol = np.array([margin(data_info[d]["train"]) for d in dss])
+    rows = common.Claims("son_real", source=f"{src}, Fig. 3(a)")
 
     def on(name):
         return np.array([results[name]["datasets"][d]["online_error"] for d in dss])
@@ -223,73 +192,66 @@ def claim_rows(results, data_info, dss) -> list[dict]:
     def te(name):
         return np.array([results[name]["datasets"][d]["test_error"] for d in dss])
 
-    def pct(v):
-        return "/".join(f"{100 * x:.1f}" for x in v)
-
+    pct = common.pct
     names = "/".join(dss)
-    tols = "/".join(f"{100 * t:.1f}" for t in tol)
-    rows = []
+    tols = f"({pct(tol)} pts)"
 
     # 1. Fig. 3(a): m = 10 vs m = 0, plain.
-    gain = on("oja_son/m=0") - on("oja_son/m=10")
-    better, worse = gain > tol, gain < -tol
-    rows.append(common.claim(
-        "son_real/sketch_plain", source=f"{src}, Fig. 3(a)",
+    better = common.beats(on("oja_son/m=10"), on("oja_son/m=0"), tol)
+    worse = common.beats(on("oja_son/m=0"), on("oja_son/m=10"), tol)
+    rows.add(
+        "sketch_plain", better.any() and not worse.any(), partly=better.any(),
         claim="Oja-SON m = 10 improves on m = 0 on some datasets (and hurts on none)",
         paper="significant improvements on 5 of 23 datasets",
         ours=f"online err % m=0 / m=10 ({names}): {pct(on('oja_son/m=0'))} / "
         f"{pct(on('oja_son/m=10'))}; test: {pct(te('oja_son/m=0'))} / {pct(te('oja_son/m=10'))}",
-        verdict=common.verdict(bool(better.any() and not worse.any()), partly=bool(better.any())),
-        reason=f"rule: m=10 better by > margin ({tols} pts) on >= 1 dataset, worse on none "
-        "(partly: better somewhere)",
-    ))  # fmt: skip
+        rule=f"m=10 better by > margin {tols} on >= 1 dataset, worse on none (partly: better "
+        "somewhere)",
+    )  # fmt: skip
 
     # 2. Fig. 3(a) text: ADAGRAD beats plain Oja-SON on most datasets.
-    lead = np.minimum(on("oja_son/m=0"), on("oja_son/m=10")) - on("ada_diag")
-    most = int(np.sum(lead > tol))
-    rows.append(common.claim(
-        "son_real/adagrad_beats_plain", source=f"{src}, Fig. 3(a)",
+    plain = np.minimum(on("oja_son/m=0"), on("oja_son/m=10"))
+    lead = common.beats(on("ada_diag"), plain, tol)
+    rows.add(
+        "adagrad_beats_plain", lead, holds="majority",
         claim="ADA-DIAG beats plain Oja-SON (best of m = 0, 10) on most datasets",
         paper="'Oja-SON was outperformed by ADAGRAD on most datasets'",
         ours=f"online err % ADA-DIAG / best plain SON ({names}): {pct(on('ada_diag'))} / "
-        f"{pct(on('ada_diag') + lead)}",
-        verdict=common.verdict(2 * most > len(dss), partly=most > 0),
-        reason=f"rule: ADA-DIAG better by > margin ({tols} pts) on a majority (partly: on some); "
-        f"{most} of {len(dss)}",
-    ))  # fmt: skip
+        f"{pct(plain)}",
+        rule=f"ADA-DIAG better by > margin {tols} on a majority (partly: on some); "
+        f"{int(lead.sum())} of {len(dss)}",
+    )  # fmt: skip
 
     # 3. Fig. 3(b) text: after rescaling, m = 10 adds little over m = 0.
-    diff = np.abs(on("oja_son/m=0+rescaled") - on("oja_son/m=10+rescaled"))
-    same = diff <= tol
-    rows.append(common.claim(
-        "son_real/sketch_rescaled", source=f"{src}, Fig. 3(b)",
+    rescaled = on("oja_son/m=0+rescaled"), on("oja_son/m=10+rescaled")
+    rows.add(
+        "sketch_rescaled", np.abs(rescaled[0] - rescaled[1]) <= tol, partly="majority",
+        source=f"{src}, Fig. 3(b)",
         claim="With diagonal rescaling, m = 10 changes little over m = 0",
         paper="'little improvement is seen for sketch size m = 10 over m = 0' (except splice)",
-        ours=f"online err % rescaled m=0 / m=10 ({names}): {pct(on('oja_son/m=0+rescaled'))} / "
-        f"{pct(on('oja_son/m=10+rescaled'))}",
-        verdict=common.verdict(bool(same.all()), partly=2 * int(same.sum()) > len(dss)),
-        reason=f"rule: |m=0 - m=10| <= margin ({tols} pts) on every dataset (partly: a majority)",
-    ))  # fmt: skip
+        ours=f"online err % rescaled m=0 / m=10 ({names}): {pct(rescaled[0])} / "
+        f"{pct(rescaled[1])}",
+        rule=f"|m=0 - m=10| <= margin {tols} on every dataset (partly: a majority)",
+    )  # fmt: skip
 
     # 4. Fig. 3(b): rescaled Oja-SON against ADA-DIAG, per dataset.
+    shown = {"ADA-DIAG": "ada_diag", "m=0": "oja_son/m=0+rescaled", "m=10": "oja_son/m=10+rescaled"}
     for i, d in enumerate(dss):
-        r0 = results["oja_son/m=0+rescaled"]["datasets"][d]
-        r10 = results["oja_son/m=10+rescaled"]["datasets"][d]
-        ada = results["ada_diag"]["datasets"][d]
-        adv = ada["online_error"] - np.array([r0["online_error"], r10["online_error"]])
-        rows.append(common.claim(
-            f"son_real/rescaled_vs_adagrad_{d}", source=f"{src}, Fig. 3(b)",
+        r = {tag: results[name]["datasets"][d] for tag, name in shown.items()}
+        ada, son = r["ADA-DIAG"]["online_error"], [r[m]["online_error"] for m in ("m=0", "m=10")]
+        rows.add(
+            f"rescaled_vs_adagrad_{d}", common.beats(son, ada, tol[i]),
+            partly=not common.beats(ada, son, tol[i]).any(), source=f"{src}, Fig. 3(b)",
             claim=f"Rescaled Oja-SON (m = 0 and m = 10) beats ADA-DIAG on {d}",
             paper="'outperforms ADAGRAD on most of the datasets even for m = 0'",
-            ours=f"online / test err %: ADA-DIAG {100 * ada['online_error']:.1f} / "
-            f"{100 * ada['test_error']:.1f}, m=0 {100 * r0['online_error']:.1f} / "
-            f"{100 * r0['test_error']:.1f}, m=10 {100 * r10['online_error']:.1f} / "
-            f"{100 * r10['test_error']:.1f}",
-            verdict=common.verdict(bool((adv > tol[i]).all()), partly=bool((adv >= -tol[i]).all())),
-            reason=f"rule: both better by > {100 * tol[i]:.1f} pts online (1/sqrt(n)); partly: "
-            "neither worse by more",
-        ))  # fmt: skip
-    return rows
+            ours="online / test err %: " + ", ".join(
+                f"{tag} {100 * e['online_error']:.1f} / {100 * e['test_error']:.1f}"
+                for tag, e in r.items()
+            ),
+            rule=f"both better by > {100 * tol[i]:.1f} pts online (1/sqrt(n)); partly: neither "
+            "worse by more",
+        )  # fmt: skip
+    return list(rows)
 
 
 def _plot(results, dss):
