@@ -116,59 +116,29 @@ def _son_eta(eta0):
 
 
 def algorithms(grid: list[float]) -> list[common.Algorithm]:
-    """The learners of Fig. 1, each with a 7 x 7 grid (FD-SON: its own two hyperparameters)."""
-    import sketchopt as so
-
+    """The learners of Fig. 1, each on the same grid (FD-SON: its own two hyperparameters)."""
     g = {"eta": grid, "delta": grid}
     tau = SKETCH_SIZE
+    ada = {"learning_rate": common.hp("eta"), "delta": common.hp("delta")}
+    sketch = {"sketch_size": tau}
+    da = {"rule": "dual_averaging"}
     return [
-        common.Algorithm(
-            "ada_fd_dual_averaging",
-            "ADA-FD",
-            lambda h, k: so.ada_fd_dual_averaging(h["eta"], tau, h["delta"]),
-            g,
-            {"sketch_size": tau},
-            rule="dual_averaging",
+        common.learner("ada_fd_dual_averaging", "ADA-FD", g, static=sketch, **da, **sketch, **ada),
+        common.learner("ada_full_dual_averaging", "ADA-FULL", g, **da, **ada),
+        common.learner("ada_diag_dual_averaging", "ADA-DIAG", g, **da, **ada),
+        common.learner("ada_fd", "ADA-FD", g, static=sketch, **sketch, **ada),
+        common.learner("ada_full", "ADA-FULL", g, **ada),
+        common.learner("ada_diag", "ADA-DIAG", g, **ada),
+        common.learner(
+            "radagrad", "RADAGRAD", g, static={**sketch, "seeds": RADAGRAD_SEEDS}, key=common.KEY,
+            **sketch, **ada,
         ),
-        common.Algorithm(
-            "ada_full_dual_averaging",
-            "ADA-FULL",
-            lambda h, k: so.ada_full_dual_averaging(h["eta"], h["delta"]),
-            g,
-            rule="dual_averaging",
+        common.learner(
+            "fd_son", "FD-SON", {"alpha": grid, "eta0": grid},
+            static={**sketch, "curvature": 0.0, "eta_t": "eta0 / sqrt(t)"},
+            alpha=common.hp("alpha"), eta=common.hp("eta0", _son_eta), curvature=0.0, **sketch,
         ),
-        common.Algorithm(
-            "ada_diag_dual_averaging",
-            "ADA-DIAG",
-            lambda h, k: so.ada_diag_dual_averaging(h["eta"], h["delta"]),
-            g,
-            rule="dual_averaging",
-        ),
-        common.Algorithm(
-            "ada_fd",
-            "ADA-FD",
-            lambda h, k: so.ada_fd(h["eta"], tau, h["delta"]),
-            g,
-            {"sketch_size": tau},
-        ),
-        common.Algorithm("ada_full", "ADA-FULL", lambda h, k: so.ada_full(h["eta"], h["delta"]), g),
-        common.Algorithm("ada_diag", "ADA-DIAG", lambda h, k: so.ada_diag(h["eta"], h["delta"]), g),
-        common.Algorithm(
-            "radagrad",
-            "RADAGRAD",
-            lambda h, k: so.radagrad(h["eta"], tau, h["delta"], k),
-            g,
-            {"sketch_size": tau, "seeds": RADAGRAD_SEEDS},
-            random=True,
-        ),
-        common.Algorithm(
-            "fd_son",
-            "FD-SON",
-            lambda h, k: so.fd_son(h["alpha"], tau, eta=_son_eta(h["eta0"]), curvature=0.0),
-            {"alpha": grid, "eta0": grid},
-            {"sketch_size": tau, "curvature": 0.0, "eta_t": "eta0 / sqrt(t)"},
-        ),
-    ]
+    ]  # fmt: skip
 
 
 def _timed_min(fn, *args, repeats: int = TIMING_REPEATS):
@@ -338,153 +308,96 @@ def _claims(results: dict[str, dict], T: int, d: int) -> list[dict]:
     R = {k: v["final_regret"] for k, v in results.items()}
     us = {k: v["seconds_per_round"] * 1e6 for k, v in results.items()}
     src = "Ada-FD sec. 4.1, Fig. 1"
+    claims = common.Claims("regret", source=f"{src}(b)")
     n = len(results["ada_fd"]["grid_points"])
     size = f"T={T}, d={d}, held-out tuning, {n} grid points each"
-    claims = []
+
+    def per_rule(other):  # {rule: (ADA-FD, other)}: composite mirror descent, dual averaging
+        da = "_dual_averaging"
+        return {"CMD": ("ada_fd", other), "PDS": ("ada_fd" + da, other + da)}
+
+    def ratios(pairs):
+        return "; ".join(f"{r} {_ratio_text(R[fd], R[o])}" for r, (fd, o) in pairs.items())
+
+    def which(ok):
+        return ", ".join(r for r, passed in ok.items() if passed) or "neither"
 
     # (1) ADA-FD close to ADA-FULL, under both rules.
-    pairs = {
-        "CMD": ("ada_fd", "ada_full"),
-        "PDS": ("ada_fd_dual_averaging", "ada_full_dual_averaging"),
-    }
+    pairs = per_rule("ada_full")
     close = {r: R[fd] <= (1.0 + CLOSE_TO_FULL) * R[full] for r, (fd, full) in pairs.items()}
-    claims.append(
-        common.claim(
-            "regret/close_to_full",
-            source=f"{src}(a,b); sec. 5",
-            claim="ADA-FD's regret is close to ADA-FULL's under both rules",
-            paper="ADA-FD 'comparable to' / 'close to' ADA-FULL (no number given)",
-            ours="; ".join(f"{r} {_ratio_text(R[fd], R[full])}" for r, (fd, full) in pairs.items())
-            + f" ({size})",
-            verdict=common.verdict(all(close.values()), partly=any(close.values())),
-            reason=(
-                f"rule: ADA-FD <= {1 + CLOSE_TO_FULL:.2f}x ADA-FULL, per rule (holds for "
-                f"{', '.join(r for r, ok in close.items() if ok) or 'neither'})"
-                + (
-                    ""
-                    if all(close.values())
-                    else ". ADA-FD's regret rises fast as delta shrinks (step eta/delta outside "
-                    "its sketch), ADA-FULL's not; tuning regret a decade of delta down/up: "
-                    + "; ".join(
-                        f"{r} {_delta_sensitivity(results[fd])} vs "
-                        f"{_delta_sensitivity(results[full])}"
-                        for r, (fd, full) in pairs.items()
-                        if not close[r]
-                    )
-                )
-            ),
-        )
-    )
+    sensitivity = "; ".join(
+        f"{r} {_delta_sensitivity(results[fd])} vs {_delta_sensitivity(results[full])}"
+        for r, (fd, full) in pairs.items() if not close[r]
+    )  # fmt: skip
+    claims.add(
+        "close_to_full", list(close.values()), source=f"{src}(a,b); sec. 5",
+        claim="ADA-FD's regret is close to ADA-FULL's under both rules",
+        paper="ADA-FD 'comparable to' / 'close to' ADA-FULL (no number given)",
+        ours=ratios(pairs) + f" ({size})",
+        rule=f"ADA-FD <= {1 + CLOSE_TO_FULL:.2f}x ADA-FULL, per rule (holds for {which(close)})"
+        + ("" if all(close.values()) else ". ADA-FD's regret rises fast as delta shrinks (step "
+           "eta/delta outside its sketch), ADA-FULL's not; tuning regret a decade of delta "
+           "down/up: " + sensitivity),
+    )  # fmt: skip
 
     # (2) ADA-FD below ADA-DIAG, under both rules.
-    pairs = {
-        "CMD": ("ada_fd", "ada_diag"),
-        "PDS": ("ada_fd_dual_averaging", "ada_diag_dual_averaging"),
-    }
+    pairs = per_rule("ada_diag")
     below = {r: R[fd] < R[diag] for r, (fd, diag) in pairs.items()}
-    claims.append(
-        common.claim(
-            "regret/beats_diag",
-            source=f"{src}(a,b)",
-            claim="ADA-FD has a lower regret than ADA-DIAG under both rules",
-            paper="ADA-FD outperforms ADA-DIAG (PDS and CMD)",
-            ours="; ".join(f"{r} {_ratio_text(R[fd], R[diag])}" for r, (fd, diag) in pairs.items()),
-            verdict=common.verdict(all(below.values()), partly=any(below.values())),
-            reason=(
-                "rule: final regret strictly lower, per rule "
-                f"(holds for {', '.join(r for r, ok in below.items() if ok) or 'neither'})"
-            ),
-        )
-    )
+    claims.add(
+        "beats_diag", list(below.values()), source=f"{src}(a,b)",
+        claim="ADA-FD has a lower regret than ADA-DIAG under both rules",
+        paper="ADA-FD outperforms ADA-DIAG (PDS and CMD)", ours=ratios(pairs),
+        rule=f"final regret strictly lower, per rule (holds for {which(below)})",
+    )  # fmt: skip
 
     # (3), (4) ADA-FD below RADAGRAD and FD-SON (mirror descent).
     rad_keys = np.asarray(results["radagrad"]["final_regret_per_key"])
-    ok = R["ada_fd"] < R["radagrad"]
-    claims.append(
-        common.claim(
-            "regret/beats_radagrad",
-            source=f"{src}(b)",
-            claim="ADA-FD has a lower regret than RADAGRAD (CMD)",
-            paper="ADA-FD outperforms RADAGRAD",
-            ours=(
-                f"{_ratio_text(R['ada_fd'], R['radagrad'])}; RADAGRAD's {len(rad_keys)} keys "
-                f"{common.fmt(rad_keys.min())}-{common.fmt(rad_keys.max())}"
-            ),
-            verdict=common.verdict(ok, partly=R["ada_fd"] < rad_keys.max()),
-            reason=(
-                "rule: below RADAGRAD's mean over its keys (partly: below its worst key only); "
-                "RADAGRAD tuned on a held-out instance and key"
-            ),
-        )
-    )
-    ok = R["ada_fd"] < R["fd_son"]
-    son = results["fd_son"]["chosen"]
-    claims.append(
-        common.claim(
-            "regret/beats_fd_son",
-            source=f"{src}(b)",
-            claim="ADA-FD has a lower regret than FD-SON (CMD)",
-            paper="ADA-FD outperforms FD-SON",
-            ours=f"{_ratio_text(R['ada_fd'], R['fd_son'])}",
-            verdict=common.verdict(ok),
-            reason=(
-                "rule: final regret strictly lower; FD-SON with eta_t = eta0/sqrt(t) (the "
-                f"library's default schedule), alpha x eta0 on its own grid of {n} points "
-                f"(chosen {common.hyper_str(son)}"
-                + (
-                    f"; {', '.join(edge)} at the grid's edge)"
-                    if (edge := results["fd_son"]["chosen_at_grid_edge"])
-                    else ")"
-                )
-            ),
-        )
-    )
+    claims.add(
+        "beats_radagrad", R["ada_fd"] < R["radagrad"], partly=R["ada_fd"] < rad_keys.max(),
+        claim="ADA-FD has a lower regret than RADAGRAD (CMD)",
+        paper="ADA-FD outperforms RADAGRAD",
+        ours=f"{_ratio_text(R['ada_fd'], R['radagrad'])}; RADAGRAD's {len(rad_keys)} keys "
+        f"{common.fmt(rad_keys.min())}-{common.fmt(rad_keys.max())}",
+        rule="below RADAGRAD's mean over its keys (partly: below its worst key only); RADAGRAD "
+        "tuned on a held-out instance and key",
+    )  # fmt: skip
+    edge = results["fd_son"]["chosen_at_grid_edge"]
+    claims.add(
+        "beats_fd_son", R["ada_fd"] < R["fd_son"],
+        claim="ADA-FD has a lower regret than FD-SON (CMD)",
+        paper="ADA-FD outperforms FD-SON", ours=f"{_ratio_text(R['ada_fd'], R['fd_son'])}",
+        rule="final regret strictly lower; FD-SON with eta_t = eta0/sqrt(t) (the library's "
+        f"default schedule), alpha x eta0 on its own grid of {n} points (chosen "
+        f"{common.hyper_str(results['fd_son']['chosen'])}"
+        + (f"; {', '.join(edge)} at the grid's edge)" if edge else ")"),
+    )  # fmt: skip
 
     # (5), (6), (7) Fig. 1(c): running time per round, mirror descent.
     fd, full, rad, fdson = us["ada_fd"], us["ada_full"], us["radagrad"], us["fd_son"]
-    claims.append(
-        common.claim(
-            "regret/time_vs_full",
-            source=f"{src}(c)",
-            claim="ADA-FD is much faster per round than ADA-FULL (CMD)",
-            paper="ADA-FD significantly faster than ADA-FULL (d = 500)",
-            ours=f"{fd:.0f} vs {full:.0f} us/round ({full / fd:.1f}x faster; d = {d})",
-            verdict=common.verdict(full >= MUCH_FASTER * fd, partly=full > fd),
-            reason=(
-                f"rule: ADA-FULL at least {MUCH_FASTER:g}x slower (partly: slower); one CPU "
-                "benchmark run, ADA-FULL's d x d eigh grows as d^3"
-            ),
-        )
-    )
-    claims.append(
-        common.claim(
-            "regret/time_vs_radagrad",
-            source=f"{src}(c)",
-            claim="ADA-FD is faster per round than RADAGRAD (CMD)",
-            paper="ADA-FD faster than RADAGRAD",
-            ours=f"{fd:.0f} vs {rad:.0f} us/round ({rad / fd:.2f}x)",
-            verdict=common.verdict(fd < rad, partly=fd <= AS_FAST * rad),
-            reason=(
-                f"rule: ADA-FD's time lower (partly: within {AS_FAST:g}x); CPU timing of one "
-                "unbatched pass, fastest of 3"
-            ),
-        )
-    )
-    claims.append(
-        common.claim(
-            "regret/time_vs_fd_son",
-            source=f"{src}(c)",
-            claim="ADA-FD is as fast per round as FD-SON (CMD)",
-            paper="ADA-FD as fast as FD-SON",
-            ours=f"{fd:.0f} vs {fdson:.0f} us/round ({fd / fdson:.2f}x)",
-            verdict=common.verdict(fd <= AS_FAST * fdson, partly=fd <= 2 * AS_FAST * fdson),
-            reason=(
-                f"rule: ADA-FD's time at most {AS_FAST:g}x FD-SON's (partly: "
-                f"{2 * AS_FAST:g}x); CPU timing of one unbatched pass, fastest of 3"
-            ),
-        )
-    )
-    return claims
+    timing = "CPU timing of one unbatched pass, fastest of 3"
+    claims.add(
+        "time_vs_full", full >= MUCH_FASTER * fd, partly=full > fd, source=f"{src}(c)",
+        claim="ADA-FD is much faster per round than ADA-FULL (CMD)",
+        paper="ADA-FD significantly faster than ADA-FULL (d = 500)",
+        ours=f"{fd:.0f} vs {full:.0f} us/round ({full / fd:.1f}x faster; d = {d})",
+        rule=f"ADA-FULL at least {MUCH_FASTER:g}x slower (partly: slower); one CPU benchmark "
+        "run, ADA-FULL's d x d eigh grows as d^3",
+    )  # fmt: skip
+    claims.add(
+        "time_vs_radagrad", fd < rad, partly=fd <= AS_FAST * rad, source=f"{src}(c)",
+        claim="ADA-FD is faster per round than RADAGRAD (CMD)",
+        paper="ADA-FD faster than RADAGRAD",
+        ours=f"{fd:.0f} vs {rad:.0f} us/round ({rad / fd:.2f}x)",
+        rule=f"ADA-FD's time lower (partly: within {AS_FAST:g}x); {timing}",
+    )  # fmt: skip
+    claims.add(
+        "time_vs_fd_son", fd <= AS_FAST * fdson, partly=fd <= 2 * AS_FAST * fdson,
+        source=f"{src}(c)", claim="ADA-FD is as fast per round as FD-SON (CMD)",
+        paper="ADA-FD as fast as FD-SON",
+        ours=f"{fd:.0f} vs {fdson:.0f} us/round ({fd / fdson:.2f}x)",
+        rule=f"ADA-FD's time at most {AS_FAST:g}x FD-SON's (partly: {2 * AS_FAST:g}x); {timing}",
+    )  # fmt: skip
+    return list(claims)
 
 
 def _plot(results, T, d):
