@@ -165,100 +165,72 @@ def learners(cfg, rounds: int) -> list[common.Algorithm]:
     ``rounds`` examples (FTRL-Proximal's ``l1`` is scaled by it, see the module docstring)."""
     import jax.numpy as jnp
 
-    import sketchopt as so
-
+    hp, learner = common.hp, common.learner
     tau = SKETCH_SIZE
     ada = {"eta": cfg["ada_grid"], "delta": cfg["ada_grid"]}
     sparse = {"eta": cfg["ada_grid"], "l1": cfg["l1_grid"]}
     protocols = cfg["son_protocols"]
-
-    def project(state, w, x):
-        return so.project_bounded_prediction(state, w, x, BOUND)
+    step = {"learning_rate": hp("eta"), "delta": hp("delta")}
+    da = {"rule": "dual_averaging"}
+    sketch = {"sketch_size": tau}
 
     def inv_sqrt(eta):
         return lambda count: eta * jnp.reciprocal(jnp.sqrt(count + 1.0))
 
-    def protocol(h):
-        """``(curvature, eta schedule)`` of the (traced) protocol index ``h["protocol"]``."""
-        i = jnp.round(h["protocol"]).astype(jnp.int32)
-        keys = ("curvature", "eta0", "power")
-        table = {k: jnp.asarray([p[k] for p in SON_PROTOCOLS]) for k in keys}
-        eta0, power = table["eta0"][i], table["power"][i]
-        return table["curvature"][i], lambda count: eta0 * (count + 1.0) ** (-power)
+    def protocol(key):
+        """The (traced) protocol index's ``curvature`` or ``eta`` schedule (``key="eta"``)."""
 
-    def fd_son(h, k):
-        c, eta = protocol(h)
-        return so.fd_son(h["alpha"], tau, eta=eta, curvature=c, fast=True)
+        def pick(index):
+            i = jnp.round(index).astype(jnp.int32)
+            table = {k: jnp.asarray([p[k] for p in SON_PROTOCOLS]) for k in SON_PROTOCOLS[0]
+                     if k != "name"}  # fmt: skip
+            if key == "curvature":
+                return table["curvature"][i]
+            eta0, power = table["eta0"][i], table["power"][i]
+            return lambda count: eta0 * (count + 1.0) ** (-power)
 
-    def rfd_son(h, k, alpha0=None):
-        c, eta = protocol(h)
-        a0 = h["alpha0"] if alpha0 is None else alpha0
-        return so.rfd_son(tau, alpha0=a0, eta=eta, curvature=c, fast=True)
+        return hp("protocol", pick)
 
-    son = {"sketch_size": tau, "fast": True, "bound": BOUND, "protocols": SON_PROTOCOLS}
+    son = {"static": {**sketch, "fast": True, "bound": BOUND, "protocols": SON_PROTOCOLS},
+           "bound": BOUND, "rule": "son", "sketch_size": tau, "fast": True,
+           "eta": protocol("eta"), "curvature": protocol("curvature")}  # fmt: skip
+    by_protocol = {"protocol": protocols}
+    alphas = {"alpha": cfg["son_alpha_grid"], **by_protocol}
+    alpha0s = {"alpha0": cfg["son_alpha_grid"], **by_protocol}
+    rfd0 = {**son, "static": {**son["static"], "api": "rfd_son(alpha0=0)"}}
+    period = {"period": 10, "learning_rate": "eta/sqrt(t)"}
+    ftrl = {"beta": 1.0, "l2": 0.0, "alpha": "eta", "l1": f"the l1 grid value x T = {rounds}"}
     return [
-        common.Algorithm(
-            "ada_fd", "ADA-FD", lambda h, k: so.ada_fd(h["eta"], tau, h["delta"]), ada,
-            {"sketch_size": tau},
+        learner("ada_fd", "ADA-FD", ada, static=sketch, **sketch, **step),
+        learner("ada_fd_dual_averaging", "ADA-FD", ada, static=sketch, **da, **sketch, **step),
+        learner("ada_diag", "ADA-DIAG", ada, **step),
+        learner("ada_diag_dual_averaging", "ADA-DIAG", ada, **da, **step),
+        learner("radagrad", "RADAGRAD", ada, static=sketch, key=common.KEY, **sketch, **step),
+        learner("fd_son", "FD-SON", alphas, alpha=hp("alpha"), **son),
+        learner("rfd_son", "RFD-SON", alpha0s, alpha0=hp("alpha0"), **son),
+        learner("rfd_son", "RFD0-SON", by_protocol, name="rfd0_son", alpha0=0.0, **rfd0),
+        learner(
+            "simple_truncation", "simple truncation", sparse, rule="sparse",
+            static={**period, "note": "theta = the l1 grid value"},
+            learning_rate=hp("eta", inv_sqrt), theta=hp("l1"), period=10,
         ),
-        common.Algorithm(
-            "ada_fd_dual_averaging", "ADA-FD",
-            lambda h, k: so.ada_fd_dual_averaging(h["eta"], tau, h["delta"]), ada,
-            {"sketch_size": tau}, rule="dual_averaging",
+        learner(
+            "truncated_gradient", "truncated gradient", sparse, rule="sparse",
+            static={"period": 10, "theta": "inf", "learning_rate": "eta/sqrt(t)",
+                    "note": "gravity = the l1 grid value"},
+            learning_rate=hp("eta", inv_sqrt), gravity=hp("l1"), theta=float("inf"), period=10,
         ),
-        common.Algorithm(
-            "ada_diag", "ADA-DIAG", lambda h, k: so.ada_diag(h["eta"], h["delta"]), ada
+        learner(
+            "fobos_l1", "FOBOS-L1", sparse, rule="sparse", static={"learning_rate": "eta/sqrt(t)"},
+            learning_rate=hp("eta", inv_sqrt), l1=hp("l1"),
         ),
-        common.Algorithm(
-            "ada_diag_dual_averaging", "ADA-DIAG",
-            lambda h, k: so.ada_diag_dual_averaging(h["eta"], h["delta"]), ada,
-            rule="dual_averaging",
+        learner(
+            "rda_l1", "RDA-L1", sparse, rule="sparse", static={"gamma": "1/eta"},
+            gamma=hp("eta", lambda eta: 1.0 / eta), l1=hp("l1"),
         ),
-        common.Algorithm(
-            "radagrad", "RADAGRAD", lambda h, k: so.radagrad(h["eta"], tau, h["delta"], k),
-            ada, {"sketch_size": tau}, random=True,
-        ),
-        common.Algorithm(
-            "fd_son", "FD-SON", fd_son, {"alpha": cfg["son_alpha_grid"], "protocol": protocols},
-            son, project=project, rule="son",
-        ),
-        common.Algorithm(
-            "rfd_son", "RFD-SON", rfd_son,
-            {"alpha0": cfg["son_alpha_grid"], "protocol": protocols}, son, project=project,
-            rule="son",
-        ),
-        common.Algorithm(
-            "rfd0_son", "RFD0-SON", lambda h, k: rfd_son(h, k, alpha0=0.0),
-            {"protocol": protocols}, {**son, "api": "rfd_son(alpha0=0)"}, project=project,
-            rule="son",
-        ),
-        common.Algorithm(
-            "simple_truncation", "simple truncation",
-            lambda h, k: so.simple_truncation(inv_sqrt(h["eta"]), h["l1"], 10),
-            sparse,
-            {"period": 10, "learning_rate": "eta/sqrt(t)", "note": "theta = the l1 grid value"},
-            rule="sparse",
-        ),
-        common.Algorithm(
-            "truncated_gradient", "truncated gradient",
-            lambda h, k: so.truncated_gradient(inv_sqrt(h["eta"]), h["l1"], float("inf"), 10),
-            sparse, {"period": 10, "theta": "inf", "learning_rate": "eta/sqrt(t)",
-                     "note": "gravity = the l1 grid value"},
-            rule="sparse",
-        ),
-        common.Algorithm(
-            "fobos_l1", "FOBOS-L1", lambda h, k: so.fobos_l1(inv_sqrt(h["eta"]), h["l1"]),
-            sparse, {"learning_rate": "eta/sqrt(t)"}, rule="sparse",
-        ),
-        common.Algorithm(
-            "rda_l1", "RDA-L1", lambda h, k: so.rda_l1(1.0 / h["eta"], h["l1"]), sparse,
-            {"gamma": "1/eta"}, rule="sparse",
-        ),
-        common.Algorithm(
-            "ftrl_proximal", "FTRL-Proximal",
-            lambda h, k: so.ftrl_proximal(h["eta"], 1.0, h["l1"] * rounds, 0.0), sparse,
-            {"beta": 1.0, "l2": 0.0, "alpha": "eta", "l1": f"the l1 grid value x T = {rounds}"},
-            rule="sparse",
+        learner(
+            "ftrl_proximal", "FTRL-Proximal", sparse, rule="sparse", static=ftrl,
+            alpha=hp("eta"), beta=1.0, l1=hp("l1", lambda l1: l1 * rounds), l2=0.0,
         ),
     ]  # fmt: skip
 
@@ -518,7 +490,7 @@ def tally(outcomes, *, need: str = "win") -> str:
 
 def _claims(results, names, size) -> list[dict]:
     margin = f"tie: within {MARGIN_SE:g} SE of the paired difference over permutations"
-    rows = []
+    rows = common.Claims("classification")
 
     def compare(claim_id, pairs, metric, *, source, claim, paper, need="win", allow=0.0, note=""):
         outs, cells = [], []
@@ -534,10 +506,10 @@ def _claims(results, names, size) -> list[dict]:
                 va, vb = f"{100 * ea['test_accuracy']:.1f}", f"{100 * eb['test_accuracy']:.1f}"
             cells.append(f"{variant} {va} vs {vb} ({outs[-1]})")
         why = margin + (f", or within {allow:g} pt" if allow else "") + note
-        rows.append(common.claim(
-            f"classification/{claim_id}", source=source, claim=claim, paper=paper,
-            ours="; ".join(cells), verdict=tally(outs, need=need), reason=why,
-        ))  # fmt: skip
+        rows.add(
+            claim_id, verdict=tally(outs, need=need), source=source, claim=claim, paper=paper,
+            ours="; ".join(cells), reason=why,
+        )  # fmt: skip
         return outs
 
     def muted(name, diag, variant, ds):
@@ -664,7 +636,7 @@ def _claims(results, names, size) -> list[dict]:
         + (f"; target missed: {', '.join(reached)}" if reached else "")
         + (f"; at the target only with all weights 0: {', '.join(empty)}" if empty else ""),
     )  # fmt: skip
-    return rows
+    return list(rows)
 
 
 def _plot(results, names, datasets):
