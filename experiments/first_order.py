@@ -194,20 +194,26 @@ def rda_euclidean(eta, regularizer):
 
 def _binary_learners():
     """name -> make(hyper) for the binary tasks; ``hyper`` has ``eta`` and ``lam`` (per round)."""
-    import sketchopt as so
     from sketchopt import regularizers
+
+    transform = common.transform
 
     def sqrt_decay(eta):
         return lambda count: eta / (count + 1.0) ** 0.5
 
+    def l1(h):
+        return regularizers.l1(h["lam"])
+
     return {
         "ftrl_proximal_2011": lambda h: ftrl_proximal_2011(h["eta"], DELTA, h["lam"]),
-        "ada_rda": lambda h: so.ada_diag_dual_averaging(
-            h["eta"], DELTA, regularizer=regularizers.l1(h["lam"])
+        "ada_rda": lambda h: transform(
+            "ada_diag_dual_averaging", learning_rate=h["eta"], delta=DELTA, regularizer=l1(h)
         ),
-        "ada_fobos": lambda h: so.ada_diag(h["eta"], DELTA, regularizer=regularizers.l1(h["lam"])),
-        "rda": lambda h: so.rda_l1(1.0 / h["eta"], h["lam"]),
-        "fobos": lambda h: so.fobos_l1(sqrt_decay(h["eta"]), h["lam"]),
+        "ada_fobos": lambda h: transform(
+            "ada_diag", learning_rate=h["eta"], delta=DELTA, regularizer=l1(h)
+        ),
+        "rda": lambda h: transform("rda_l1", gamma=1.0 / h["eta"], l1=h["lam"]),
+        "fobos": lambda h: transform("fobos_l1", learning_rate=sqrt_decay(h["eta"]), l1=h["lam"]),
     }
 
 
@@ -223,13 +229,15 @@ LABELS = {
 
 
 def _multiclass_learners():
-    import sketchopt as so
     from sketchopt import regularizers
 
     return {
         "rda_l1l2": lambda h: rda_euclidean(h["eta"], regularizers.mixed_l1_l2(h["lam"])),
-        "ada_rda_l1l2": lambda h: so.ada_diag_dual_averaging(
-            h["eta"], DELTA, regularizer=regularizers.mixed_l1_l2(h["lam"])
+        "ada_rda_l1l2": lambda h: common.transform(
+            "ada_diag_dual_averaging",
+            learning_rate=h["eta"],
+            delta=DELTA,
+            regularizer=regularizers.mixed_l1_l2(h["lam"]),
         ),
     }
 
@@ -489,7 +497,7 @@ def _f(x: float) -> str:
 
 def _claims(binary: dict, census: dict, table3: dict) -> list[dict]:
     names = list(binary)
-    claims = []
+    claims = common.Claims("first_order")
 
     # (a) slides Table 2 at the paper's lambda = 0.05 / T (index 0) and at the 10 % lambda.
     trio = ("ftrl_proximal_2011", "ada_rda", "ada_fobos")
@@ -502,18 +510,16 @@ def _claims(binary: dict, census: dict, table3: dict) -> list[dict]:
         for ds in names
     }
     same_auc = [s <= AUC_SPREAD for s in spreads.values()]
-    claims.append(
-        common.claim(
-            "first_order/slides_t2_auc",
-            source="slides Table 2 (McMahan 2011)",
-            claim="FTRL-Proximal, RDA and FOBOS reach the same online AUC at a fixed lambda",
-            paper="AUC within 0.004 on all 7 datasets (BOOKS .874/.878/.877)",
-            ours="max-min AUC at lambda=0.05/T: "
-            + ", ".join(f"{ds} {s:.4f}" for ds, s in spreads.items()),
-            verdict=common.verdict(all(same_auc), partly=any(same_auc)),
-            reason=f"holds if the spread is <= {AUC_SPREAD} on every dataset, partly on some; "
-            "eta per learner by online log loss on a held-out order",
-        )
+    claims.add(
+        "slides_t2_auc",
+        source="slides Table 2 (McMahan 2011)",
+        claim="FTRL-Proximal, RDA and FOBOS reach the same online AUC at a fixed lambda",
+        paper="AUC within 0.004 on all 7 datasets (BOOKS .874/.878/.877)",
+        ours="max-min AUC at lambda=0.05/T: "
+        + ", ".join(f"{ds} {s:.4f}" for ds, s in spreads.items()),
+        ok=same_auc,
+        reason=f"holds if the spread is <= {AUC_SPREAD} on every dataset, partly on some; "
+        "eta per learner by online log loss on a held-out order",
     )
 
     def sparser(i):
@@ -531,24 +537,21 @@ def _claims(binary: dict, census: dict, table3: dict) -> list[dict]:
     def nnz_str(ds, i):
         return "/".join(f"{at(ds, m, i)['nnz']:.2f}".removeprefix("0") for m in trio)
 
-    claims.append(
-        common.claim(
-            "first_order/slides_t2_sparsity",
-            source="slides Table 2 (McMahan 2011)",
-            claim="at a fixed lambda FTRL-Proximal and RDA give sparser models than FOBOS",
-            paper="non-zeros FTRL/RDA/FOBOS: BOOKS .081/.079/.382, RCV1 .319/.360/.488",
-            ours="non-zeros FTRL/RDA/FOBOS at 0.05/T (at the RDA-10% lambda): "
-            + "; ".join(
-                f"{SHORT.get(ds, ds)} {nnz_str(ds, 0)} "
-                f"({nnz_str(ds, binary[ds]['lambda_10pct_index'])})"
-                for ds in names
-            ),
-            verdict=common.verdict(
-                all(paper_lam.values()), partly=all(rule_lam.values()) or any(paper_lam.values())
-            ),
-            reason=f"sparser: both <= {SPARSER_RATIO}x FOBOS's non-zeros (exact zeros); holds if "
-            "on every dataset at 0.05/T, partly if so at the RDA-10% lambda or on some dataset",
-        )
+    claims.add(
+        "slides_t2_sparsity",
+        source="slides Table 2 (McMahan 2011)",
+        claim="at a fixed lambda FTRL-Proximal and RDA give sparser models than FOBOS",
+        paper="non-zeros FTRL/RDA/FOBOS: BOOKS .081/.079/.382, RCV1 .319/.360/.488",
+        ours="non-zeros FTRL/RDA/FOBOS at 0.05/T (at the RDA-10% lambda): "
+        + "; ".join(
+            f"{SHORT.get(ds, ds)} {nnz_str(ds, 0)} "
+            f"({nnz_str(ds, binary[ds]['lambda_10pct_index'])})"
+            for ds in names
+        ),
+        ok=list(paper_lam.values()),
+        partly=all(rule_lam.values()) or any(paper_lam.values()),
+        reason=f"sparser: both <= {SPARSER_RATIO}x FOBOS's non-zeros (exact zeros); holds if "
+        "on every dataset at 0.05/T, partly if so at the RDA-10% lambda or on some dataset",
     )
 
     # (b) AdaGrad Table 1: adaptive vs non-adaptive at the 10 % lambda.
@@ -562,19 +565,18 @@ def _claims(binary: dict, census: dict, table3: dict) -> list[dict]:
                 f"{SHORT.get(ds, ds)} {plain} {_f(p['test_error'])}({p['nnz']:.2f})/"
                 f"{_f(a['test_error'])}({a['nnz']:.2f})".replace("(0.", "(.")
             )
-    claims.append(
-        common.claim(
-            "first_order/adagrad_t1_l1",
-            source="AdaGrad paper Table 1 (RCV1)",
-            claim="AdaGrad-RDA/-FOBOS with l1 reach lower test error than RDA/FOBOS at similar "
-            "sparsity",
-            paper="ECAT: RDA .051(.099) vs .044(.086); FB .058(.194) vs .044(.238)",
-            ours="error(non-zeros), plain/AdaGrad: " + "; ".join(cells),
-            verdict=common.verdict(all(pairs), partly=sum(pairs) * 2 >= len(pairs)),
-            reason=f"per pair: lower error and non-zeros <= +{NNZ_SLACK}; holds if every pair, "
-            f"partly if half ({sum(pairs)}/{len(pairs)}); lambda by the RDA-10% rule"
-            + ("" if all(pairs) else "; our data are small and dense, the paper's sparse text"),
-        )
+    claims.add(
+        "adagrad_t1_l1",
+        source="AdaGrad paper Table 1 (RCV1)",
+        claim="AdaGrad-RDA/-FOBOS with l1 reach lower test error than RDA/FOBOS at similar "
+        "sparsity",
+        paper="ECAT: RDA .051(.099) vs .044(.086); FB .058(.194) vs .044(.238)",
+        ours="error(non-zeros), plain/AdaGrad: " + "; ".join(cells),
+        ok=pairs,
+        partly=sum(pairs) * 2 >= len(pairs),
+        reason=f"per pair: lower error and non-zeros <= +{NNZ_SLACK}; holds if every pair, "
+        f"partly if half ({sum(pairs)}/{len(pairs)}); lambda by the RDA-10% rule"
+        + ("" if all(pairs) else "; our data are small and dense, the paper's sparse text"),
     )
 
     # (c) Table 4: l1 RDA vs l1 AdaGrad-RDA along the stream.
@@ -585,27 +587,24 @@ def _claims(binary: dict, census: dict, table3: dict) -> list[dict]:
     e_ada = [ada["test_error_per_chunk"][c] for c in cols]
     wins = [a < r for a, r in zip(e_ada, e_rda, strict=True)]  # the paper's: lower everywhere
     sparse = ada["nnz"] <= rda["nnz"] + NNZ_SLACK
-    claims.append(
-        common.claim(
-            "first_order/adagrad_t4_binned",
-            source="AdaGrad paper Table 4 (census)",
-            claim="l1 AdaGrad-RDA has lower test error than l1 RDA at every fraction of the "
-            "stream, sparser",
-            paper="RDA .056(.075) ... .051(.050) vs Ada .052(.062) ... .049(.037)",
-            ours="binned breast cancer at 5/10/25/50/100%: RDA "
-            + "/".join(f"{e:.3f}" for e in e_rda)
-            + f" ({rda['nnz']:.2f}) vs Ada "
-            + "/".join(f"{e:.3f}" for e in e_ada)
-            + f" ({ada['nnz']:.2f})",
-            verdict=common.verdict(all(wins) and sparse, partly=sum(wins) >= 3),
-            reason=f"holds if Ada's error < RDA's at all 5 fractions and non-zeros <= "
-            f"+{NNZ_SLACK}; partly if lower at >= 3 ({sum(wins)}/5); lambda by the 10% rule"
-            + (
-                "; at it both models are almost bias-only"
-                if max(rda["nnz"], ada["nnz"]) < 0.02
-                else ""
-            ),
-        )
+    claims.add(
+        "adagrad_t4_binned",
+        source="AdaGrad paper Table 4 (census)",
+        claim="l1 AdaGrad-RDA has lower test error than l1 RDA at every fraction of the "
+        "stream, sparser",
+        paper="RDA .056(.075) ... .051(.050) vs Ada .052(.062) ... .049(.037)",
+        ours="binned breast cancer at 5/10/25/50/100%: RDA "
+        + "/".join(f"{e:.3f}" for e in e_rda)
+        + f" ({rda['nnz']:.2f}) vs Ada "
+        + "/".join(f"{e:.3f}" for e in e_ada)
+        + f" ({ada['nnz']:.2f})",
+        ok=all(wins) and sparse,
+        partly=sum(wins) >= 3,
+        reason=f"holds if Ada's error < RDA's at all 5 fractions and non-zeros <= "
+        f"+{NNZ_SLACK}; partly if lower at >= 3 ({sum(wins)}/5); lambda by the 10% rule"
+        + (
+            "; at it both models are almost bias-only" if max(rda["nnz"], ada["nnz"]) < 0.02 else ""
+        ),
     )
 
     # (d) Table 3: l1/l2, multiclass.
@@ -616,23 +615,21 @@ def _claims(binary: dict, census: dict, table3: dict) -> list[dict]:
         a["test_error"] < r["test_error"] and a["nnz_rows"] <= r["nnz_rows"] + NNZ_SLACK
         for a, r in zip(ada3, rda3, strict=True)
     ]
-    claims.append(
-        common.claim(
-            "first_order/adagrad_t3_l1l2",
-            source="AdaGrad paper Table 3 (MNIST)",
-            claim="with l1/l2 AdaGrad-RDA beats RDA in test error and in non-zero rows",
-            paper="lambda=5e-4: RDA .138(.878) vs Ada .100(.569); 1e-3: .192(.532) vs .137(.144)",
-            ours=", ".join(
-                f"lambda={r['lambda']:g}: {r['test_error']:.3f}({r['nnz_rows']:.2f}) vs "
-                f"{a['test_error']:.3f}({a['nnz_rows']:.2f})"
-                for a, r in zip(ada3, rda3, strict=True)
-            ),
-            verdict=common.verdict(all(better), partly=any(better)),
-            reason=f"at 5e-4, 1e-3 and the RDA-10% lambda: lower error and non-zero rows <= "
-            f"+{NNZ_SLACK}; holds if at all 3, partly if some ({sum(better)}/3)",
-        )
+    claims.add(
+        "adagrad_t3_l1l2",
+        source="AdaGrad paper Table 3 (MNIST)",
+        claim="with l1/l2 AdaGrad-RDA beats RDA in test error and in non-zero rows",
+        paper="lambda=5e-4: RDA .138(.878) vs Ada .100(.569); 1e-3: .192(.532) vs .137(.144)",
+        ours=", ".join(
+            f"lambda={r['lambda']:g}: {r['test_error']:.3f}({r['nnz_rows']:.2f}) vs "
+            f"{a['test_error']:.3f}({a['nnz_rows']:.2f})"
+            for a, r in zip(ada3, rda3, strict=True)
+        ),
+        ok=better,
+        reason=f"at 5e-4, 1e-3 and the RDA-10% lambda: lower error and non-zero rows <= "
+        f"+{NNZ_SLACK}; holds if at all 3, partly if some ({sum(better)}/3)",
     )
-    return claims
+    return list(claims)
 
 
 # ------------------------------------------------------------------------------------------------
