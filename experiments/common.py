@@ -675,10 +675,12 @@ def verdict(holds: bool, *, partly: bool = False) -> str:
     return VERDICTS[0] if holds else VERDICTS[1] if partly else VERDICTS[2]
 
 
-#: How many of a rule's settings (kappas, datasets, sketch sizes, ...) must pass: :func:`tally`.
+#: How many of a rule's settings (kappas, datasets, sketch sizes, ...) must pass: :func:`tally`
+#: (at least a quarter, a majority, ...). A rule checked at no setting does not hold.
 QUANTIFIERS: dict[str, Callable[[np.ndarray], bool]] = {
-    "every": lambda ok: bool(ok.all()),
+    "every": lambda ok: ok.size > 0 and bool(ok.all()),
     "majority": lambda ok: 2 * int(ok.sum()) > ok.size,
+    "quarter": lambda ok: ok.size > 0 and 4 * int(ok.sum()) >= ok.size,
     "some": lambda ok: bool(ok.any()),
 }
 

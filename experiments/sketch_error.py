@@ -481,14 +481,12 @@ def _cases(payload, roles) -> list[tuple[str, int]]:
 
 def always(flags) -> str:
     """ "Always": holds on every case, partly on more than half."""
-    k, n = sum(flags), len(flags)
-    return common.verdict(n > 0 and k == n, partly=k > n / 2)
+    return common.tally(flags, holds="every", partly="majority")
 
 
 def most(flags) -> str:
     """ "In most cases": holds on more than half, partly on at least a quarter."""
-    k, n = sum(flags), len(flags)
-    return common.verdict(k > n / 2, partly=n > 0 and k >= n / 4)
+    return common.tally(flags, holds="majority", partly="quarter")
 
 
 def in_band(r: float) -> bool:
@@ -516,7 +514,7 @@ def _claims(payload: dict, errors: dict) -> list[dict]:
         for form, key in (("", "rfd_over_fd"), ("fast ", "fast_rfd_over_fast_fd"))
     }
     fig1 = "RFD sec. 6.1, Fig. 1"
-    rows = []
+    rows = common.Claims("sketch_error")
 
     # 1. The deterministic guarantees, every stream and size, up to float32 rounding (with
     # m >= d the bound is 0 and the sketch exact up to rounding).
@@ -535,44 +533,40 @@ def _claims(payload: dict, errors: dict) -> list[dict]:
     half = len(checks) // 2
     fd_worst = max(e / b for e, b, r in checks[:half] if b >= JUDGED_ROUNDING * r)
     rfd_worst = max(e / b for e, b, r in checks[half:] if b >= JUDGED_ROUNDING * r)
-    rows.append(
-        common.claim(
-            "sketch_error/theorem3_bound",
-            source="RFD Theorem 3, Cor. 2",
-            claim="RFD's error is at most half of FD's bound min_k ||A - A_k||_F^2 / (m - k)",
-            paper="a theorem (per-step and fast RFD)",
-            ours=(
-                f"within bound: {within}/{len(checks)}; max error / bound: FD {fd_worst:.2f}, "
-                f"RFD {rfd_worst:.2f} (where the bound >= 10 n eps)"
-            ),
-            verdict=common.verdict(within == len(checks)),
-            reason=(
-                "rule: every error <= bound (1 + 1e-4) + n eps32. Holds by construction "
-                "(Lemma 4 and alpha = Delta/2) on any data: it tests the implementation."
-            ),
-        )
+    rows.add(
+        "theorem3_bound",
+        source="RFD Theorem 3, Cor. 2",
+        claim="RFD's error is at most half of FD's bound min_k ||A - A_k||_F^2 / (m - k)",
+        paper="a theorem (per-step and fast RFD)",
+        ours=(
+            f"within bound: {within}/{len(checks)}; max error / bound: FD {fd_worst:.2f}, "
+            f"RFD {rfd_worst:.2f} (where the bound >= 10 n eps)"
+        ),
+        ok=within == len(checks),
+        reason=(
+            "rule: every error <= bound (1 + 1e-4) + n eps32. Holds by construction "
+            "(Lemma 4 and alpha = Delta/2) on any data: it tests the implementation."
+        ),
     )
 
     # 2. "Nearly half" where the zero columns build it in.
     zero = _cases(payload, ("zero_columns",))
     rz = [ratios[f][ds][i] for f in ratios for ds, i in zero]
-    rows.append(
-        common.claim(
-            "sketch_error/half_zero_columns",
-            source=fig1,
-            claim="RFD's error is nearly half of FD's in most cases (MNIST, digits)",
-            paper="RFD/FD about 0.5 (a9a, gisette, ...)",
-            ours=(
-                f"RFD/FD {_span([ratios[''][ds][i] for ds, i in zero])}, fast "
-                f"{_span([ratios['fast '][ds][i] for ds, i in zero])}; in [0.4, 0.6]: "
-                f"{sum(map(in_band, rz))}/{len(rz)}"
-            ),
-            verdict=most([in_band(r) for r in rz]),
-            reason=(
-                "rule: most ratios in [0.4, 0.6]. Built in: an always-zero column makes "
-                "lambda_min(E) = 0, so RFD >= alpha = Delta/2 >= FD/2 on these streams."
-            ),
-        )
+    rows.add(
+        "half_zero_columns",
+        source=fig1,
+        claim="RFD's error is nearly half of FD's in most cases (MNIST, digits)",
+        paper="RFD/FD about 0.5 (a9a, gisette, ...)",
+        ours=(
+            f"RFD/FD {_span([ratios[''][ds][i] for ds, i in zero])}, fast "
+            f"{_span([ratios['fast '][ds][i] for ds, i in zero])}; in [0.4, 0.6]: "
+            f"{sum(map(in_band, rz))}/{len(rz)}"
+        ),
+        verdict=most([in_band(r) for r in rz]),
+        reason=(
+            "rule: most ratios in [0.4, 0.6]. Built in: an always-zero column makes "
+            "lambda_min(E) = 0, so RFD >= alpha = Delta/2 >= FD/2 on these streams."
+        ),
     )
 
     # 3-4. The fair test: streams without zero columns, per-step and fast.
@@ -588,24 +582,23 @@ def _claims(payload: dict, errors: dict) -> list[dict]:
             _div(diag[sname][ds][i]["e_max"], 2 * diag[sname][ds][i]["alpha"]) for ds, i in fair
         ]
         ok = all(below) and sum(map(in_band, rf)) > len(rf) / 2
-        rows.append(
-            common.claim(
-                f"sketch_error/{key}_rfd_below_fd",
-                source=fig1 + ("" if form else " (per-step Alg. 1/2)"),
-                claim=f"{form}RFD's error is below {form}FD's, nearly half (no zero columns)",
-                paper="always below FD; nearly half in most cases",
-                ours=(
-                    f"{form}RFD/FD {_span(rf)}; < 1: {sum(below)}/{len(rf)}; in [0.4, 0.6]: "
-                    f"{sum(map(in_band, rf))}/{len(rf)}; lmax(E)/Delta {_span(tight)}; worst "
-                    f"{worst_ds} m={sizes[worst_i]}"
-                ),
-                verdict=common.verdict(ok, partly=sum(below) > len(rf) / 2),
-                reason=(
-                    "rule: holds if < 1 on every judged (stream, m) and in [0.4, 0.6] on "
-                    "most; partly if < 1 on most. RFD/FD = 1/2 wherever lmax(E) = Delta "
-                    "(FD's error = its shrinkage); losses: see the loss row."
-                ),
-            )
+        rows.add(
+            f"{key}_rfd_below_fd",
+            source=fig1 + ("" if form else " (per-step Alg. 1/2)"),
+            claim=f"{form}RFD's error is below {form}FD's, nearly half (no zero columns)",
+            paper="always below FD; nearly half in most cases",
+            ours=(
+                f"{form}RFD/FD {_span(rf)}; < 1: {sum(below)}/{len(rf)}; in [0.4, 0.6]: "
+                f"{sum(map(in_band, rf))}/{len(rf)}; lmax(E)/Delta {_span(tight)}; worst "
+                f"{worst_ds} m={sizes[worst_i]}"
+            ),
+            ok=ok,
+            partly=sum(below) > len(rf) / 2,
+            reason=(
+                "rule: holds if < 1 on every judged (stream, m) and in [0.4, 0.6] on "
+                "most; partly if < 1 on most. RFD/FD = 1/2 wherever lmax(E) = Delta "
+                "(FD's error = its shrinkage); losses: see the loss row."
+            ),
         )
 
     # 5. RFD vs CFD (both with the doubling buffer, as in the paper).
@@ -616,16 +609,14 @@ def _claims(payload: dict, errors: dict) -> list[dict]:
         )
         for ds, i in fair
     ]
-    rows.append(
-        common.claim(
-            "sketch_error/rfd_below_cfd",
-            source=fig1,
-            claim="fast RFD's error is below CFD's (no zero columns)",
-            paper="always below CFD",
-            ours=f"RFD/CFD {_span(rc)}; < 1: {sum(r < 1 for r in rc)}/{len(rc)}",
-            verdict=always([r < 1 for r in rc]),
-            reason="rule: holds if RFD < CFD on every judged (stream, m), partly on most.",
-        )
+    rows.add(
+        "rfd_below_cfd",
+        source=fig1,
+        claim="fast RFD's error is below CFD's (no zero columns)",
+        paper="always below CFD",
+        ours=f"RFD/CFD {_span(rc)}; < 1: {sum(r < 1 for r in rc)}/{len(rc)}",
+        verdict=always([r < 1 for r in rc]),
+        reason="rule: holds if RFD < CFD on every judged (stream, m), partly on most.",
     )
 
     # 6. RFD vs PFD-beta, per beta (Fig. 2), and PFD's oracle beta.
@@ -640,22 +631,20 @@ def _claims(payload: dict, errors: dict) -> list[dict]:
         oracle[ds]["relative_error"][i] < errors["robust_frequent_directions_fast"][ds][i]
         for ds, i in fair
     )
-    rows.append(
-        common.claim(
-            "sketch_error/rfd_vs_pfd",
-            source="RFD sec. 6.1, Fig. 2",
-            claim="fast RFD beats PFD-beta in most cases; PFD with a good beta sometimes wins",
-            paper="RFD better in most cases, beta in {0.2, 0.4, 0.6, 0.8}",
-            ours=(
-                f"RFD < PFD-beta: {sum(pfd)}/{len(pfd)} (stream, m, beta); oracle-beta PFD < "
-                f"RFD: {pfd_wins}/{len(fair)} (stream, m)"
-            ),
-            verdict=most(pfd),
-            reason=(
-                "rule (no zero columns): holds if RFD < PFD-beta on more than half of the "
-                "(stream, m, beta), partly on at least a quarter."
-            ),
-        )
+    rows.add(
+        "rfd_vs_pfd",
+        source="RFD sec. 6.1, Fig. 2",
+        claim="fast RFD beats PFD-beta in most cases; PFD with a good beta sometimes wins",
+        paper="RFD better in most cases, beta in {0.2, 0.4, 0.6, 0.8}",
+        ours=(
+            f"RFD < PFD-beta: {sum(pfd)}/{len(pfd)} (stream, m, beta); oracle-beta PFD < "
+            f"RFD: {pfd_wins}/{len(fair)} (stream, m)"
+        ),
+        verdict=most(pfd),
+        reason=(
+            "rule (no zero columns): holds if RFD < PFD-beta on more than half of the "
+            "(stream, m, beta), partly on at least a quarter."
+        ),
     )
 
     # 7. Where RFD loses, and why: alpha > lambda_max(E) + lambda_min(E); alpha > ||A^T A||_2
@@ -688,25 +677,24 @@ def _claims(payload: dict, errors: dict) -> list[dict]:
         )
     else:
         shown = "no loss"
-    rows.append(
-        common.claim(
-            "sketch_error/rfd_loss_explained",
-            source="RFD Theorem 3, Fig. 1",
-            claim="RFD loses to FD iff alpha > lmax(E) + lmin(E); alpha > ||A^TA|| suffices",
-            paper="RFD always below FD (no losing case shown)",
-            ours=(
-                f"losses {len(losses)}/{2 * len(every)} ({len(fair_losses)} off the stress "
-                f"stream, {big} with alpha > 1); worst {shown}; flat RFD/FD {_span(stress)}"
-            ),
-            verdict=common.verdict(explained and predicted, partly=explained or predicted),
-            reason=(
-                "rule: every loss has alpha > FD + lmin(E), every alpha > 1 + lmin(E) loses. "
-                "FD <= ||A^TA|| but alpha = Delta/2 grows with the stable rank: C overshoots "
-                "unsketched low-energy directions."
-            ),
-        )
+    rows.add(
+        "rfd_loss_explained",
+        source="RFD Theorem 3, Fig. 1",
+        claim="RFD loses to FD iff alpha > lmax(E) + lmin(E); alpha > ||A^TA|| suffices",
+        paper="RFD always below FD (no losing case shown)",
+        ours=(
+            f"losses {len(losses)}/{2 * len(every)} ({len(fair_losses)} off the stress "
+            f"stream, {big} with alpha > 1); worst {shown}; flat RFD/FD {_span(stress)}"
+        ),
+        ok=explained and predicted,
+        partly=explained or predicted,
+        reason=(
+            "rule: every loss has alpha > FD + lmin(E), every alpha > 1 + lmin(E) loses. "
+            "FD <= ||A^TA|| but alpha = Delta/2 grows with the stable rank: C overshoots "
+            "unsketched low-energy directions."
+        ),
     )
-    return rows
+    return list(rows)
 
 
 def _plot(sizes, data, errors, labels, described, ratio, ratio_fast):
