@@ -64,10 +64,10 @@ def _fd_metric(sketch_size, delta, robust, fast, alpha_fraction=0.5):
 @_leafwise.compiled
 def ada_fd(
     learning_rate: ScalarOrSchedule,
-    sketch_size: int,
-    delta: float,
+    sketch_size: int = 10,
+    delta: float = 0.1,
     *,
-    robust: bool = False,
+    robust: bool = True,
     fast: bool = False,
     regularizer: Any = None,
 ) -> optax.GradientTransformationExtraArgs:
@@ -77,11 +77,26 @@ def ada_fd(
     frequent-directions sketch (``sketch_size = tau`` rows including the slot for ``g_t``) already
     includes ``g_t``; i.e. ``x_{t+1} = x_t - eta H_t^{-1} g_t`` with ``H_t = delta I + C_t^{1/2}``.
 
+    The paper's algorithm is ``robust=False``. The defaults (``tau = 10``, ``delta = 0.1``, RFD)
+    are what trains out of the box: with plain FD a direction shrunk out of the sketch keeps the
+    step ``eta / delta``, which diverges on badly scaled problems for any small ``delta`` (the
+    README's least-squares example ends 12x above its start at ``delta = 1e-3``), while RFD's
+    ridge ``alpha_t`` grows with what was shrunk, so the step there is ``eta / (delta +
+    sqrt(alpha_t))``, AdaGrad's. ``delta = 0.1`` keeps float32 round-off in the smallest sketched
+    directions (about ``sqrt(eps)`` of the largest singular value) from being amplified by
+    ``1/delta`` (``delta <= 1e-3`` diverged on the README's example at some ``tau``); on networks
+    it trains as well as ``1e-6`` (``experiments/run.py defaults``). The step is about ``eta`` in
+    norm whatever ``d`` (full-matrix AdaGrad is rotation invariant), where ADA-DIAG's is about
+    ``eta sqrt(d)``: good rates sit higher than AdaGrad's (``eta`` about 1 on small networks).
+    Like AdaGrad it does not reach Adam's training loss on networks (no momentum, steps that
+    decay as ``1/sqrt(t)``); it is an online convex method first.
+
     Args:
       learning_rate: ``eta``, a float or an Optax schedule.
       sketch_size: ``tau >= 1``; with ``tau > d`` ADA-FD equals ADA-FULL.
       delta: ``delta > 0``.
-      robust: sketch with RFD, ``C_t = B^T B + alpha_t I`` (RFD paper Alg. 2).
+      robust: sketch with RFD, ``C_t = B^T B + alpha_t I`` (RFD paper Alg. 2); ``False`` is the
+        paper's Ada-FD.
       fast: use the doubling buffer (RFD paper Alg. 4/5), rotating once every ``tau`` rows.
       regularizer: ``None`` or a composite term of :mod:`sketchopt.regularizers`.
 
@@ -111,10 +126,10 @@ def ada_fd(
 @_leafwise.compiled
 def ada_fd_dual_averaging(
     learning_rate: ScalarOrSchedule,
-    sketch_size: int,
-    delta: float,
+    sketch_size: int = 10,
+    delta: float = 0.1,
     *,
-    robust: bool = False,
+    robust: bool = True,
     fast: bool = False,
     regularizer: Any = None,
 ) -> optax.GradientTransformationExtraArgs:
@@ -122,6 +137,8 @@ def ada_fd_dual_averaging(
 
     ``x_{t+1} = x_1 - (eta/delta) (gbar_t - V (delta I + S')^{-1} S' V^T gbar_t)`` with
     ``gbar_t = sum_{s<=t} g_s``, anchored at the initial parameters ``x_1``.
+
+    Defaults as :func:`ada_fd` (the paper's algorithm is ``robust=False``).
 
     Args:
       learning_rate, sketch_size, delta, robust, fast, regularizer: as :func:`ada_fd`.
@@ -214,12 +231,15 @@ def ada_full_dual_averaging(
 
 @_leafwise.compiled
 def ada_diag(
-    learning_rate: ScalarOrSchedule, delta: float, *, regularizer: Any = None
+    learning_rate: ScalarOrSchedule, delta: float = 1e-6, *, regularizer: Any = None
 ) -> optax.GradientTransformationExtraArgs:
     """ADA-DIAG with composite mirror descent (Duchi et al. eq. 4, ``H = delta I + diag(G)^{1/2}``).
 
     ``x_{t+1,i} = x_{t,i} - eta g_{t,i} / (delta + sqrt(sum_{s<=t} g_{s,i}^2))`` (with a
     regularizer, its closed-form proximal step in the diagonal metric).
+
+    ``delta`` defaults to ``1e-6``, a ridge below any gradient that matters (``optax.adagrad``'s
+    ``eps`` is ``1e-7``): the first step is then ``eta sign(g)`` per coordinate, as AdaGrad's.
 
     Args:
       learning_rate: ``eta``, a float or an Optax schedule.
@@ -247,7 +267,7 @@ def ada_diag(
 
 @_leafwise.compiled
 def ada_diag_dual_averaging(
-    learning_rate: ScalarOrSchedule, delta: float, *, regularizer: Any = None
+    learning_rate: ScalarOrSchedule, delta: float = 1e-6, *, regularizer: Any = None
 ) -> optax.GradientTransformationExtraArgs:
     """ADA-DIAG with primal-dual subgradient updates (Duchi et al. eq. 3).
 
@@ -281,8 +301,8 @@ def ada_diag_dual_averaging(
 @_leafwise.compiled
 def s_adagrad(
     learning_rate: ScalarOrSchedule,
-    sketch_size: int,
-    delta: float,
+    sketch_size: int = 10,
+    delta: float = 0.1,
     *,
     fast: bool = False,
     regularizer: Any = None,
@@ -291,7 +311,8 @@ def s_adagrad(
     shrinkage (the "escaped mass"), not half of it: ``C_t = B^T B + (sum of shrinkage) I``.
 
     ``x_{t+1} = x_t - eta (delta I + C_t^{1/2})^{-1} g_t`` as in :func:`ada_fd`, with this
-    ``C_t``.
+    ``C_t``. Defaults (``sketch_size = 10``, ``delta = 0.1``) and the size of the step as
+    :func:`ada_fd`'s.
 
     Args:
       learning_rate, sketch_size, delta, fast, regularizer: as :func:`ada_fd`.
@@ -318,9 +339,11 @@ def s_adagrad(
 
 @_leafwise.compiled
 def scale_by_ada_fd(
-    sketch_size: int, delta: float, *, robust: bool = False, fast: bool = False
+    sketch_size: int = 10, delta: float = 0.1, *, robust: bool = True, fast: bool = False
 ) -> optax.GradientTransformationExtraArgs:
     """ADA-FD's preconditioner alone: ``g_t -> H_t^{-1} g_t`` (chain with a learning rate).
+
+    Defaults as :func:`ada_fd` (the paper's metric is ``robust=False``).
 
     Args:
       sketch_size, delta, robust, fast: as :func:`ada_fd`.
@@ -368,7 +391,7 @@ def scale_by_ada_full(delta: float) -> optax.GradientTransformationExtraArgs:
 
 
 @_leafwise.compiled
-def scale_by_ada_diag(delta: float) -> optax.GradientTransformationExtraArgs:
+def scale_by_ada_diag(delta: float = 1e-6) -> optax.GradientTransformationExtraArgs:
     """ADA-DIAG's preconditioner alone: ``g_t -> g_t / (delta + sqrt(sum_s g_s^2))``.
 
     Args:
@@ -465,8 +488,8 @@ def inject_hyperparams(
 
     Sizes such as ``sketch_size`` fix array shapes and cannot be traced, so with plain
     ``optax.inject_hyperparams`` they must be listed in ``static_args``; this wrapper does that
-    automatically for every argument given as a Python ``int`` (floats, arrays and schedules are
-    injected as usual). The update rule is ``inner_factory``'s, with the injected
+    automatically for every argument given, or left at its default, as a Python ``int`` (floats,
+    arrays and schedules are injected as usual). The update rule is ``inner_factory``'s, with the injected
     hyperparameters read from ``state.hyperparams`` at every step (so they can be changed
     between steps).
 
@@ -488,6 +511,9 @@ def inject_hyperparams(
       >>> state = tx.init(jnp.zeros(3))
       >>> sorted(state.hyperparams)  # sketch_size, an int, is static
       ['delta', 'learning_rate']
+      >>> defaults = so.inject_hyperparams(so.kron_fd)(learning_rate=1e-3)
+      >>> sorted(defaults.init({"w": jnp.zeros((3, 2))}).hyperparams)[:3]
+      ['delta', 'graft_decay', 'graft_eps']
       >>> state.hyperparams["learning_rate"] = 0.6
       >>> updates, state = tx.update(jnp.array([1.0, 2.0, 2.0]), state)
       >>> updates.round(3)  # -0.6 g / (delta + 3)
@@ -498,6 +524,7 @@ def inject_hyperparams(
 
     def wrapped(*args, **kwargs):
         bound = signature.bind(*args, **kwargs)
+        bound.apply_defaults()  # a size left at its default (``sketch_size=10``) is static too
         ints = {
             name
             for name, value in bound.arguments.items()
@@ -514,7 +541,7 @@ def inject_hyperparams(
 @_leafwise.compiled
 def kron_fd(
     learning_rate: ScalarOrSchedule,
-    sketch_size: int,
+    sketch_size: int = 32,
     *,
     delta: float = 1e-6,
     robust: bool = True,
@@ -523,7 +550,7 @@ def kron_fd(
     update_every: int | None = None,
     refresh_every: int | None = None,
     start_step: int | None = None,
-    graft: str | None = None,
+    graft: str | None = "rms",
     graft_decay: float = 0.999,
     graft_eps: float = 1e-8,
     block_size: int | None = None,
@@ -531,6 +558,7 @@ def kron_fd(
     relative_delta: bool = False,
     stacked: str | tuple[str, ...] = (),
     factoring: Any = None,
+    graft_rms: float = 0.2,
 ) -> optax.GradientTransformationExtraArgs:
     """Sketched Shampoo for network layers: ``-eta (L_t + delta I)^{-1/4} G_t (R_t + delta
     I)^{-1/4}`` per matrix-shaped leaf, ``L_t`` and ``R_t`` RFD (``robust``) or FD sketches of
@@ -542,14 +570,24 @@ def kron_fd(
     scalars take the diagonal step (``factoring``). Momentum is left to Optax:
     ``optax.chain(sketchopt.kron_fd(...), optax.trace(0.9))`` averages the preconditioned steps.
 
+    The default ``graft="rms"`` sets every layer's step to the root-mean-square ``graft_rms *
+    learning_rate`` (Distributed Shampoo's ``SQRT_N`` grafting, at the update size of Adam that
+    Muon-style optimizers match), so that Adam's learning rates carry over, with no
+    per-parameter state; Shampoo's step, whose size follows the gradients' scale, is
+    ``graft=None``, and ``graft="adam"`` takes the norm of Adam's step (two floats per parameter
+    more). Evidence: ``python experiments/run.py defaults`` (the learning-rate sweep of the
+    defaults issue) and the documentation's defaults page.
+
     Args:
       learning_rate: ``eta``, a float or an Optax schedule.
-      sketch_size: ``k >= 1`` rows per side.
+      sketch_size: ``k >= 1`` rows per side (default 32: under 2% of Adam's state on a 24-layer
+        width-1536 transformer).
       delta: the epsilon inside each root (``>= 0``).
       robust: RFD's ridge (default) or plain FD.
       exponents, decay, update_every, refresh_every, start_step, graft: see the next entry.
-      graft_decay, graft_eps, block_size, compress, relative_delta, stacked, factoring: options
-        of :func:`sketchopt.metrics.kron_sketched`, each off by default. The three step counts
+      graft_decay, graft_eps, block_size, compress, relative_delta, stacked, factoring,
+        graft_rms: options of :func:`sketchopt.metrics.kron_sketched`, each off by default
+        except ``graft="rms"`` with ``graft_rms = 0.2``. The three step counts
         ``update_every``, ``refresh_every`` and ``start_step`` fix the compiled program, so they
         must be static: their default ``None`` (``kron_sketched``'s 1, 1 and 0) is, and so under
         ``optax.inject_hyperparams(sketchopt.kron_fd, static_args=("sketch_size",))``
@@ -565,13 +603,22 @@ def kron_fd(
       NeurIPS; Luo et al. (2019), "Robust Frequent Directions", JMLR 20, Alg. 2.
 
     Examples:
+      Shampoo's own step (``graft=None``):
+
       >>> import jax.numpy as jnp, sketchopt as so
-      >>> tx = so.kron_fd(0.1, sketch_size=8, delta=0.0)
+      >>> tx = so.kron_fd(0.1, sketch_size=8, delta=0.0, graft=None)
       >>> params = {"w": jnp.zeros((3, 2)), "b": jnp.zeros(2)}
       >>> grads = {"w": jnp.array([[4.0, 0], [0, 0], [0, 0]]), "b": jnp.array([3.0, -4.0])}
       >>> updates, state = tx.update(grads, tx.init(params))
       >>> updates["w"][0, 0], updates["b"]  # 16^-1/4 4 16^-1/4 = 1; g / |g| per coordinate
       (Array(-0.1, dtype=float32), Array([-0.1,  0.1], dtype=float32))
+
+      At the defaults every layer's step has the root-mean-square ``0.2 * learning_rate``:
+
+      >>> tx = so.kron_fd(1e-3)
+      >>> updates, state = tx.update(grads, tx.init(params))
+      >>> jnp.sqrt(jnp.mean(updates["w"] ** 2)).round(6)
+      Array(0.0002, dtype=float32)
     """
     counts = dict(update_every=update_every, refresh_every=refresh_every, start_step=start_step)
     metric = _metrics.kron_sketched(
@@ -588,6 +635,7 @@ def kron_fd(
         relative_delta=relative_delta,
         stacked=stacked,
         factoring=factoring,
+        graft_rms=graft_rms,
         **{name: value for name, value in counts.items() if value is not None},
     )
     return mirror_descent(learning_rate, metric)

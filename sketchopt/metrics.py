@@ -641,7 +641,29 @@ def ada_lr_metric(sketch_size: int, delta: float, key) -> Metric:
 KronMetricState = _kron.KronMetricState
 
 
-GRAFTS = ("adagrad", "rmsprop", "adam")
+GRAFTS = ("adagrad", "rmsprop", "adam", "rms")
+#: The grafts that keep a diagonal statistic of every parameter (``"rms"`` keeps none).
+DIAGONAL_GRAFTS = ("adagrad", "rmsprop", "adam")
+
+
+class NormalizedOperator(NamedTuple):
+    """``H^{-1} y``: the direction of ``inner.solve(y)`` at the root-mean-square ``rms`` per
+    layer (``layers`` rows of a stacked leaf, else the whole leaf): ``rms sqrt(n) s / |s|`` for
+    ``s = inner.solve(y)`` of ``n`` entries, and ``0`` where ``s = 0``. Distributed Shampoo's
+    ``SQRT_N`` grafting scaled by ``rms``, the way Muon-style optimizers set their step to
+    AdamW's update size (Liu et al. 2025, "Muon is Scalable for LLM Training", sec. 2.2)."""
+
+    inner: Any
+    rms: Any  # a scalar
+    layers: int  # static: 0 for a leaf that is not stacked
+
+    def solve(self, y):
+        s = self.inner.solve(y)
+        rows = jnp.reshape(s, (max(self.layers, 1), -1))
+        norm = _numerics.safe_norm(rows, axis=1, keepdims=True)
+        target = jnp.asarray(self.rms, s.dtype) * jnp.sqrt(jnp.asarray(rows.shape[1], s.dtype))
+        scale = jnp.where(norm > 0, target / jnp.where(norm > 0, norm, 1), 0)
+        return jnp.reshape(rows * scale, s.shape)
 
 
 class GraftedOperator(NamedTuple):
@@ -692,6 +714,7 @@ def kron_sketched(
     relative_delta: bool = False,
     stacked: str | tuple[str, ...] = (),
     factoring: Callable[[str, tuple[int, ...]], Any] | None = None,
+    graft_rms: float = 0.2,
 ) -> Metric:
     r"""Shampoo's Kronecker-factored metric with each factor kept as an FD/RFD sketch.
 
@@ -724,12 +747,14 @@ def kron_sketched(
         between (Shampoo's ``preconditioning_compute_steps``).
       start_step: before this step the diagonal method steps (the statistics accumulate from
         step 0, as Shampoo's ``start_preconditioning_step``).
-      graft: ``None``, ``"adagrad"``, ``"rmsprop"`` or ``"adam"``: each factored step is
-        rescaled to the norm of that diagonal method's step ``g / (sqrt(v) + graft_eps)``, with
-        ``v`` the sum of ``g^2`` (AdaGrad), its EMA with ``graft_decay`` (RMSProp) or that EMA
-        bias-corrected (Adam's second moment; momentum is left to ``optax.chain``). The same
+      graft: ``None``, ``"adagrad"``, ``"rmsprop"``, ``"adam"`` or ``"rms"``: each factored
+        step is rescaled to the norm of that diagonal method's step ``g / (sqrt(v) + graft_eps)``,
+        with ``v`` the sum of ``g^2`` (AdaGrad), its EMA with ``graft_decay`` (RMSProp) or that
+        EMA bias-corrected (Adam's second moment; momentum is left to ``optax.chain``). The same
         method is then the fallback of the leaves that are not factored and the step before
-        ``start_step``.
+        ``start_step``. ``"rms"`` keeps no per-parameter statistic: every step (the factored
+        one, and Shampoo's vector rule on the leaves that are not factored) is rescaled to the
+        root-mean-square ``graft_rms`` per layer (:class:`NormalizedOperator`).
       graft_decay: ``beta2`` of the RMSProp/Adam graft.
       graft_eps: the graft's ``eps`` (outside the square root, as Optax's Adam).
       block_size: how many of ``G``'s columns (rows) enter a sketch per small ``eigh``
@@ -748,6 +773,7 @@ def kron_sketched(
         fallback. Default :func:`sketchopt.kron.default_factoring` (with ``stacked``):
         ``prod(shape[:-1]) x shape[-1]``. Override it per leaf by a callable that reads the
         path, e.g. ``lambda path, shape: None if "embed" in path else default(path, shape)``.
+      graft_rms: the root-mean-square of each layer's step with ``graft="rms"`` (``> 0``).
 
     Returns:
       A :class:`Metric` (``"kron_fd"`` or ``"kron_rfd"``) with a :class:`KronMetricState`;
@@ -783,6 +809,7 @@ def kron_sketched(
         raise ValueError(f"graft must be None or one of {GRAFTS}, got {graft!r}")
     graft_decay = _validation.fraction("graft_decay", graft_decay, low_open=True)
     graft_eps = _validation.ridge("graft_eps", graft_eps)
+    graft_rms = _validation.scalar("graft_rms", graft_rms, low_open=True, why="a step size")
     block = k if block_size is None else _validation.size("block_size", block_size)
     if compress not in ("auto", "blocks", "range"):
         raise ValueError(f"compress must be 'auto', 'blocks' or 'range', got {compress!r}")
@@ -798,7 +825,7 @@ def kron_sketched(
 
     kron = _KronSketched(
         k, delta, robust, (p, q), decay, update_every, refresh_every, start_step, graft,
-        graft_decay, graft_eps, block, compress, relative_delta, factoring,
+        graft_decay, graft_eps, block, compress, relative_delta, factoring, graft_rms,
     )  # fmt: skip
     spec = _validation.spec_key(
         "kron_sketched",
@@ -818,6 +845,7 @@ def kron_sketched(
         relative_delta,
         stacked,
         given_factoring,
+        graft_rms,
     )
     name = "kron_rfd" if robust else "kron_fd"
     return Metric(
@@ -835,14 +863,15 @@ class _KronSketched:
 
     def __init__(
         self, k, delta, robust, exponents, decay, update_every, refresh_every, start_step, graft,
-        graft_decay, graft_eps, block, compress, relative_delta, factoring,
+        graft_decay, graft_eps, block, compress, relative_delta, factoring, graft_rms=0.2,
     ):  # fmt: skip
         self.k, self.delta, self.robust, self.exponents = k, delta, robust, exponents
         self.decay, self.update_every, self.refresh_every = decay, update_every, refresh_every
         self.start_step, self.graft, self.graft_decay = start_step, graft, graft_decay
         self.graft_eps, self.block, self.compress = graft_eps, block, compress
         self.relative_delta, self.factoring = relative_delta, factoring
-        self.needs_diag = graft is not None or start_step > 0
+        self.graft_rms = graft_rms
+        self.needs_diag = graft in DIAGONAL_GRAFTS or start_step > 0
 
     def factored_as(self, path, shape):
         shape = (shape,) if isinstance(shape, int) else tuple(int(x) for x in shape)
@@ -888,8 +917,16 @@ class _KronSketched:
             v = v * jnp.sqrt(jnp.asarray(self.decay, g.dtype))
         return jnp.hypot(v, g)
 
+    def normalized(self, op, layers=0):
+        """``op`` at the step size ``graft_rms`` with ``graft="rms"``, else ``op`` itself."""
+        return NormalizedOperator(op, self.graft_rms, layers) if self.graft == "rms" else op
+
+    def fallback_operator(self, v, count):
+        """The step of a leaf that is not factored: the diagonal method, normalized."""
+        return self.normalized(self.diagonal_operator(v, count))
+
     def diagonal_operator(self, v, count):
-        if self.graft is None:  # Shampoo's vector rule, (sum g^2 + delta)^{-1/2}
+        if self.graft not in DIAGONAL_GRAFTS:  # Shampoo's vector rule, (sum g^2 + delta)^{-1/2}
             return DiagonalOperator(jnp.hypot(v, jnp.sqrt(jnp.asarray(self.delta, v.dtype))))
         if self.graft == "adam":  # sqrt of the bias-corrected second moment
             t = jnp.asarray(count, v.dtype) + 1
@@ -897,17 +934,19 @@ class _KronSketched:
         return DiagonalOperator(v + jnp.asarray(self.graft_eps, v.dtype))
 
     def combine(self, kron_op, diag, count):
+        layers = kron_op.left.basis.shape[0] if kron_op.left.basis.ndim == 3 else 0
+        kron_op = self.normalized(kron_op, layers)
         if not self.needs_diag:
             return kron_op
         use = jnp.asarray(count, jnp.int32) >= self.start_step
-        op = self.diagonal_operator(diag, count)
-        return GraftedOperator(kron_op, op, use, self.graft is not None)
+        op = self.fallback_operator(diag, count)
+        return GraftedOperator(kron_op, op, use, self.graft in DIAGONAL_GRAFTS)
 
     def operator(self, state, count=0):
         """``H`` as ``update`` returned it at step ``count`` (the state does not keep the step:
         only the Adam graft's bias correction and ``start_step`` read it)."""
         if state.left is None:
-            return self.diagonal_operator(state.diag, count)
+            return self.fallback_operator(state.diag, count)
         roots = state.roots
         if roots is None:
             roots = self.roots_of(state.left, state.right)
@@ -947,7 +986,7 @@ class _KronSketched:
         if diag is not None:
             diag = jnp.where(valid, self.diagonal_update(diag, g, count), diag)
         if state.left is None:
-            return state._replace(diag=diag), self.diagonal_operator(diag, count), None
+            return state._replace(diag=diag), self.fallback_operator(diag, count), None
         m, n = state.left.rows.shape[-1], state.right.rows.shape[-1]
         dtype = state.left.rows.dtype
         stacked = state.left.rows.ndim == 3

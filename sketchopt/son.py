@@ -534,8 +534,8 @@ def _sketched_son(make_sketch, alpha, **options):
 
 @_leafwise.compiled
 def fd_son(
-    alpha: float,
-    sketch_size: int,
+    alpha: float = 1.0,
+    sketch_size: int = 10,
     *,
     eta: ScalarOrSchedule | None = None,
     curvature: ScalarOrSchedule = 0.0,
@@ -593,7 +593,7 @@ def fd_son(
 
 @_leafwise.compiled
 def rfd_son(
-    sketch_size: int,
+    sketch_size: int = 10,
     *,
     alpha0: float = 0.0,
     eta: ScalarOrSchedule | None = None,
@@ -654,8 +654,8 @@ def rfd_son(
 
 @_leafwise.compiled
 def oja_son(
-    alpha: float,
-    sketch_size: int,
+    alpha: float = 1.0,
+    sketch_size: int = 10,
     *,
     eta: ScalarOrSchedule | None = None,
     curvature: ScalarOrSchedule = 0.0,

@@ -60,17 +60,17 @@ def _transforms():
     reg = so.regularizers
     out = {
         "ada_diag": lambda: so.ada_diag(0.1, 1e-3),
-        "ada_fd": lambda: so.ada_fd(0.3, 6, 0.3),
+        "ada_fd": lambda: so.ada_fd(0.3, 6, 0.3, robust=False),
         "ada_fd_robust_fast": lambda: so.ada_fd(0.3, 6, 0.3, robust=True, fast=True),
-        "ada_fd_dual_averaging": lambda: so.ada_fd_dual_averaging(0.3, 6, 0.3),
-        "ada_fd_l1": lambda: so.ada_fd(0.1, 6, 0.3, regularizer=reg.l1(1e-3)),
+        "ada_fd_dual_averaging": lambda: so.ada_fd_dual_averaging(0.3, 6, 0.3, robust=False),
+        "ada_fd_l1": lambda: so.ada_fd(0.1, 6, 0.3, regularizer=reg.l1(1e-3), robust=False),
         "ada_full_conv_ada_diag_rest": lambda: conv_partition(  # a 36 x 36 G_t: cheap
             so.ada_full(0.3, 0.3), so.ada_diag(0.1, 1e-3)
         ),
         "s_adagrad": lambda: so.s_adagrad(0.3, 6, 0.3),
-        "kron_fd": lambda: so.kron_fd(0.03, 6, delta=1e-4),  # every layer factored
+        "kron_fd": lambda: so.kron_fd(0.03, 6, delta=1e-4, graft=None),  # every layer factored
         "ada_fd_conv_ada_diag_rest": lambda: conv_partition(
-            so.ada_fd(0.3, 6, 0.3), so.ada_diag(0.1, 1e-3)
+            so.ada_fd(0.3, 6, 0.3, robust=False), so.ada_diag(0.1, 1e-3)
         ),
     }
     if callable(getattr(so, "radagrad", None)):

@@ -112,7 +112,9 @@ def test_exact_sketches_are_full_matrix_shampoo(shape, robust):
         grads = _grads(shape, 6, seed=sum(shape))
         expected = shampoo(grads, 0.3, 1e-3)
         for block in (None, 2):
-            tx = so.kron_fd(0.3, max(shape), delta=1e-3, robust=robust, block_size=block)
+            tx = so.kron_fd(
+                0.3, max(shape), delta=1e-3, robust=robust, block_size=block, graft=None
+            )
             actual, _ = _run(tx, grads)
             _close(actual, expected)
 
@@ -127,7 +129,7 @@ def test_general_exponents_pseudo_inverse_and_a_conv_kernel():
         _close(_run(tx, grads)[0], expected, rtol=1e-7)
         conv = [g.reshape(2, 3, 1, 5) for g in _grads((6, 5), 4, seed=2)]
         expected = shampoo([np.asarray(g).reshape(6, 5) for g in conv], 0.1, 1e-2)
-        _close(_run(so.kron_fd(0.1, 6, delta=1e-2), conv)[0], expected)
+        _close(_run(so.kron_fd(0.1, 6, delta=1e-2, graft=None), conv)[0], expected)
 
 
 @pytest.mark.parametrize(
@@ -148,7 +150,7 @@ def test_options_against_shampoo_with_the_same_options(options):
     with jax.enable_x64(True):
         grads = _grads((4, 3), 8, seed=3)
         expected = shampoo(grads, 0.2, 1e-2, **options)
-        actual, _ = _run(so.kron_fd(0.2, 4, delta=1e-2, **options), grads)
+        actual, _ = _run(so.kron_fd(0.2, 4, delta=1e-2, **{"graft": None, **options}), grads)
         _close(actual, expected)
 
 
@@ -211,7 +213,7 @@ def test_a_small_sketch_obeys_the_fd_bounds(robust, block_size):
 def test_vectors_fall_back_to_the_diagonal_and_long_sides_too():
     with jax.enable_x64(True):
         g = jnp.asarray([3.0, -4.0, 0.0])
-        u, _ = _run(so.kron_fd(1.0, 4, delta=0.0), [g, 2 * g])
+        u, _ = _run(so.kron_fd(1.0, 4, delta=0.0, graft=None), [g, 2 * g])
         np.testing.assert_allclose(u[0], -np.sign(g))
         np.testing.assert_allclose(u[1], -2 * g / np.sqrt(5) / np.abs(np.where(g, g, 1)))
         assert kron.default_factoring("['b']", (3,)) is None
@@ -224,12 +226,14 @@ def test_vectors_fall_back_to_the_diagonal_and_long_sides_too():
             4,
         )
         params = {"e": jnp.zeros((kron.MAX_SIDE + 1, 2))}
-        leaf = so.per_leaf_states(so.kron_fd(1.0, 4).init(params).metric_state, params)["e"]
+        leaf = so.per_leaf_states(so.kron_fd(1.0, 4, graft=None).init(params).metric_state, params)[
+            "e"
+        ]
         assert leaf.left is None and leaf.diag.shape == (2 * (kron.MAX_SIDE + 1),)
 
 
 def test_nonfinite_gradients_are_skipped_and_huge_or_tiny_ones_are_scale_free():
-    tx = so.kron_fd(1.0, 3, delta=0.0)
+    tx = so.kron_fd(1.0, 3, delta=0.0, graft=None)
     params = {"w": jnp.zeros((5, 4)), "b": jnp.zeros(4)}
     rng = np.random.default_rng(7)
     grads = {"w": jnp.asarray(rng.standard_normal((5, 4)), jnp.float32), "b": jnp.ones(4)}
@@ -259,7 +263,7 @@ def test_nonfinite_gradients_are_skipped_and_huge_or_tiny_ones_are_scale_free():
 def test_bf16_params_keep_a_float32_state_and_hyperparameters_vmap():
     params = jnp.zeros((6, 4), jnp.bfloat16)
     g = jnp.asarray(np.random.default_rng(8).standard_normal((6, 4)), jnp.bfloat16)
-    tx = so.kron_fd(0.1, 2)
+    tx = so.kron_fd(0.1, 2, graft=None)
     state = tx.init(params)
     u, state = tx.update(g, state)
     assert u.dtype == jnp.bfloat16
@@ -267,11 +271,13 @@ def test_bf16_params_keep_a_float32_state_and_hyperparameters_vmap():
         jnp.dtype(jnp.float32)
     }
     g32 = g.astype(jnp.float32)
-    state = so.kron_fd(0.1, 2).init(g32)
+    state = so.kron_fd(0.1, 2, graft=None).init(g32)
     deltas = jnp.asarray([1e-6, 1e-2, 1.0])
-    batched = jax.vmap(lambda d: so.kron_fd(0.1, 2, delta=d).update(g32, state)[0])(deltas)
+    batched = jax.vmap(lambda d: so.kron_fd(0.1, 2, delta=d, graft=None).update(g32, state)[0])(
+        deltas
+    )
     for i, d in enumerate([1e-6, 1e-2, 1.0]):
-        single = so.kron_fd(0.1, 2, delta=d).update(g32, state)[0]
+        single = so.kron_fd(0.1, 2, delta=d, graft=None).update(g32, state)[0]
         np.testing.assert_allclose(batched[i], single, rtol=1e-5, atol=1e-7)
 
 
@@ -287,17 +293,17 @@ def test_equal_arguments_make_equal_metrics():
 
 def test_bad_arguments_are_named():
     with pytest.raises(ValueError, match="sketch_size"):
-        so.kron_fd(0.1, 0)
+        so.kron_fd(0.1, 0, graft=None)
     with pytest.raises(ValueError, match="graft"):
         so.kron_fd(0.1, 2, graft="sgd")
     with pytest.raises(ValueError, match="exponents"):
         metrics.kron_sketched(2, exponents=(0.25, 0.0))
     with pytest.raises(ValueError, match="decay"):
-        so.kron_fd(0.1, 2, decay=1.5)
+        so.kron_fd(0.1, 2, decay=1.5, graft=None)
     with pytest.raises(ValueError, match="update_every"):
-        so.kron_fd(0.1, 2, update_every=0)
+        so.kron_fd(0.1, 2, update_every=0, graft=None)
     with pytest.raises(TypeError):
-        so.kron_fd(0.1, 2, no_such_option=1)
+        so.kron_fd(0.1, 2, no_such_option=1, graft=None)
     with pytest.raises(ValueError, match="factoring"):
         metrics.kron_sketched(2, factoring=lambda path, shape: kron.Factoring(2, 2)).init((3, 3))
 
@@ -311,7 +317,9 @@ def test_stacked_layers_get_one_sketch_each_and_paths_override_the_factoring():
         seq = [rng.standard_normal((3, 4, 5)) for _ in range(4)]
         grads = [{"layers": {"w": jnp.asarray(g)}, "other": jnp.asarray(g)} for g in seq]
         params = jax.tree.map(jnp.zeros_like, grads[0])
-        tx = so.kron_fd(0.1, 12, delta=1e-2, stacked="['layers']")  # exact: 12 >= every side
+        tx = so.kron_fd(
+            0.1, 12, delta=1e-2, stacked="['layers']", graft=None
+        )  # exact: 12 >= every side
         state, update = tx.init(params), jax.jit(tx.update)
         per_layer = [shampoo([g[i] for g in seq], 0.1, 1e-2) for i in range(3)]
         flat = shampoo([g.reshape(12, 5) for g in seq], 0.1, 1e-2)
@@ -327,7 +335,7 @@ def test_stacked_layers_get_one_sketch_each_and_paths_override_the_factoring():
         def no_other(path, shape):
             return None if "other" in path else kron.default_factoring(path, shape)
 
-        tx = so.kron_fd(0.1, 5, delta=1e-2, factoring=no_other)
+        tx = so.kron_fd(0.1, 5, delta=1e-2, factoring=no_other, graft=None)
         leaves = so.per_leaf_states(tx.init(params).metric_state, params)
         assert leaves["other"].left is None and leaves["layers"]["w"].left is not None
 
@@ -341,7 +349,7 @@ def test_the_range_finder_compresses_without_changing_what_it_keeps(robust):
     estimated residual."""
     with jax.enable_x64(True):
         grads = _grads((20, 30), 5, seed=10, rank=3)
-        opts = dict(delta=1e-3, robust=robust)
+        opts = dict(delta=1e-3, robust=robust, graft=None)
         ranged, _ = _run(so.kron_fd(0.1, 4, compress="range", **opts), grads)
         blocks, _ = _run(so.kron_fd(0.1, 4, compress="blocks", block_size=30, **opts), grads)
         _close(ranged, blocks, rtol=1e-7)

@@ -42,9 +42,9 @@ TAU = 3  # sketch_size of the standard configuration: smaller than every non-tri
 # tests/test_regularizers.py and tests/test_sharding.py); s_adagrad and scale_by_ada_fd share
 # ada_fd's robust-FD metric and rule code paths.
 FACTORIES = {
-    "ada_fd": lambda tau: so.ada_fd(0.1, tau, 0.1),
+    "ada_fd": lambda tau: so.ada_fd(0.1, tau, 0.1, robust=False),
     "ada_fd_robust_fast": lambda tau: so.ada_fd(0.1, tau, 0.1, robust=True, fast=True),
-    "ada_fd_dual_averaging": lambda tau: so.ada_fd_dual_averaging(0.1, tau, 0.1),
+    "ada_fd_dual_averaging": lambda tau: so.ada_fd_dual_averaging(0.1, tau, 0.1, robust=False),
     "ada_fd_pfd": lambda tau: so.mirror_descent(
         0.1, metrics.sketched(sketches.parameterized_frequent_directions(tau, 0.5), 0.1)
     ),
@@ -59,7 +59,9 @@ FACTORIES = {
     "ada_full_dual_averaging": lambda tau: so.ada_full_dual_averaging(0.1, 0.1),
     "ada_diag": lambda tau: so.ada_diag(0.1, 0.1),
     "ada_diag_dual_averaging": lambda tau: so.ada_diag_dual_averaging(0.1, 0.0),
-    "ada_fd_l1": lambda tau: so.ada_fd(0.1, tau, 0.1, regularizer=regularizers.l1(1e-2)),
+    "ada_fd_l1": lambda tau: so.ada_fd(
+        0.1, tau, 0.1, regularizer=regularizers.l1(1e-2), robust=False
+    ),
     "ada_diag_l2": lambda tau: so.ada_diag(0.1, 0.1, regularizer=regularizers.l2(1e-2)),
     "fd_son": lambda tau: so.fd_son(1.0, tau),
     "fd_son_fast_rescaled": lambda tau: so.fd_son(1.0, tau, fast=True, diagonal_rescaling=True),
@@ -367,19 +369,19 @@ def test_float64_is_honoured_under_enable_x64(name):
 
 INVALID = [
     # (constructor, argument named in the error)
-    (lambda: so.ada_fd(0.1, 0, 0.1), "sketch_size"),
-    (lambda: so.ada_fd(0.1, -2, 0.1), "sketch_size"),
-    (lambda: so.ada_fd(0.1, 2.5, 0.1), "sketch_size"),
-    (lambda: so.ada_fd(0.1, True, 0.1), "sketch_size"),
-    (lambda: so.ada_fd(0.1, 3, 0.0), "delta"),
-    (lambda: so.ada_fd(0.1, 3, -1.0), "delta"),
-    (lambda: so.ada_fd(0.1, 3, float("nan")), "delta"),
-    (lambda: so.ada_fd(float("nan"), 3, 0.1), "learning_rate"),
-    (lambda: so.ada_fd(float("inf"), 3, 0.1), "learning_rate"),
-    (lambda: so.ada_fd(-0.1, 3, 0.1), "learning_rate"),
+    (lambda: so.ada_fd(0.1, 0, 0.1, robust=False), "sketch_size"),
+    (lambda: so.ada_fd(0.1, -2, 0.1, robust=False), "sketch_size"),
+    (lambda: so.ada_fd(0.1, 2.5, 0.1, robust=False), "sketch_size"),
+    (lambda: so.ada_fd(0.1, True, 0.1, robust=False), "sketch_size"),
+    (lambda: so.ada_fd(0.1, 3, 0.0, robust=False), "delta"),
+    (lambda: so.ada_fd(0.1, 3, -1.0, robust=False), "delta"),
+    (lambda: so.ada_fd(0.1, 3, float("nan"), robust=False), "delta"),
+    (lambda: so.ada_fd(float("nan"), 3, 0.1, robust=False), "learning_rate"),
+    (lambda: so.ada_fd(float("inf"), 3, 0.1, robust=False), "learning_rate"),
+    (lambda: so.ada_fd(-0.1, 3, 0.1, robust=False), "learning_rate"),
     (lambda: so.ada_full(0.1, float("inf")), "delta"),
     (lambda: so.ada_diag(0.1, -1.0), "delta"),
-    (lambda: so.ada_fd_dual_averaging(0.1, 0, 0.1), "sketch_size"),
+    (lambda: so.ada_fd_dual_averaging(0.1, 0, 0.1, robust=False), "sketch_size"),
     (lambda: so.s_adagrad(0.1, 3, 0.0), "delta"),
     (lambda: sketches.robust_frequent_directions(3, alpha_fraction=1.5), "alpha_fraction"),
     (lambda: sketches.robust_frequent_directions(3, alpha0=-1.0), "alpha0"),
@@ -474,7 +476,7 @@ def _stream_row(t, dtype):
 def _long_run(dtype):
     """``ada_fd`` and ``rfd_son`` over the same stream in one ``lax.scan``; their sketches."""
     txs = {
-        "ada_fd": so.ada_fd(0.1, LONG_TAU, 1e-3),
+        "ada_fd": so.ada_fd(0.1, LONG_TAU, 1e-3, robust=False),
         "rfd_son": make("rfd_son", LONG_TAU),
         # the lazy basis (B = F Z), written back every 32 shrinks
         "ada_fd_lazy": so.mirror_descent(

@@ -373,7 +373,7 @@ def test_state_sharding_rules(mesh):
         "b": NamedSharding(mesh, P(("data", "model"))),
         "s": NamedSharding(mesh, P()),
     }
-    tx = optax.chain(optax.clip(1.0), so.ada_fd_dual_averaging(0.1, 3, 0.1))
+    tx = optax.chain(optax.clip(1.0), so.ada_fd_dual_averaging(0.1, 3, 0.1, robust=False))
     state = jax.eval_shape(tx.init, params)
     out = sharding.state_sharding(state, shard, params)
     da = out[1]
@@ -397,7 +397,7 @@ def test_state_sharding_from_sharded_arrays_and_specs(mesh):
         {"w": jnp.zeros((8, 3)), "b": jnp.zeros((5,))},
         {"w": NamedSharding(mesh, P("model")), "b": NamedSharding(mesh, P())},
     )
-    tx = so.ada_fd(0.1, 2, 0.1)
+    tx = so.ada_fd(0.1, 2, 0.1, robust=False)
     state = tx.init(params)
     from_arrays = sharding.state_sharding(state, params)
     assert _group(from_arrays.metric_state.rows, params, "w").spec == P(None, None, "model")
@@ -418,7 +418,7 @@ def test_state_sharding_replicates_what_cannot_be_split():
     # a mesh axis of size 3 does not divide d = 8: described with an abstract 3-device mesh
     abstract = jax.sharding.AbstractMesh((3,), ("model",))
     params = {"w": jax.ShapeDtypeStruct((8,), jnp.float32)}
-    state = jax.eval_shape(so.ada_fd(0.1, 2, 0.1).init, params)
+    state = jax.eval_shape(so.ada_fd(0.1, 2, 0.1, robust=False).init, params)
     specs = sharding.state_sharding(state, {"w": P("model")}, params, mesh=abstract)
     assert _group(specs.metric_state.rows, params, "w") == P()
     specs = sharding.state_sharding(state, {"w": P("model")}, params, mesh=mesh)

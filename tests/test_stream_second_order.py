@@ -100,7 +100,12 @@ def cases():
             False,
         ),
         "rfd0_son": (lambda: so2.rfd_son(4), lambda: so.rfd_son(4), np.inf, False),
-        "ada_fd": (lambda: so2.ada_fd(0.3, 4, 1.0), lambda: so.ada_fd(0.3, 4, 1.0), np.inf, False),
+        "ada_fd": (
+            lambda: so2.ada_fd(0.3, 4, 1.0, robust=False),
+            lambda: so.ada_fd(0.3, 4, 1.0, robust=False),
+            np.inf,
+            False,
+        ),
         "ada_fd_robust": (
             lambda: so2.ada_fd(0.3, 5, 0.5, robust=True),
             lambda: so.ada_fd(0.3, 5, 0.5, robust=True),
@@ -108,8 +113,8 @@ def cases():
             False,
         ),
         "ada_fd_dual": (
-            lambda: so2.ada_fd(0.3, 4, 1.0, rule="dual_averaging"),
-            lambda: so.ada_fd_dual_averaging(0.3, 4, 1.0),
+            lambda: so2.ada_fd(0.3, 4, 1.0, rule="dual_averaging", robust=False),
+            lambda: so.ada_fd_dual_averaging(0.3, 4, 1.0, robust=False),
             np.inf,
             True,
         ),
@@ -303,13 +308,13 @@ def test_options_are_validated():
     with pytest.raises(ValueError, match="alpha"):
         so2.rp_son(0.0, 4)
     with pytest.raises(ValueError, match="rule"):
-        so2.ada_fd(rule="adam")
+        so2.ada_fd(rule="adam", robust=False)
     with pytest.raises(ValueError, match="sketch_size"):
         so2.oja_son(1.0, 0)
     with pytest.raises(ValueError, match="sketch_size <= dim"):
         so2.oja_son(1.0, 8).init(5)
     with pytest.raises(ValueError, match="delta"):
-        so2.ada_fd(0.1, 4, -1.0)
+        so2.ada_fd(0.1, 4, -1.0, robust=False)
 
 
 @pytest.mark.parametrize("name", ["oja_son", "fd_son"])

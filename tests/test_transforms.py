@@ -418,7 +418,7 @@ def test_matches_reference_in_float32(rule):
 def test_dual_averaging_is_anchored_at_the_initial_params():
     """``x_{t+1} = x_1 - eta H_t^{-1} sum g``: with zero gradients the params return to ``x_1``
     whatever they were moved to, and the update never depends on the current params."""
-    tx = so.ada_fd_dual_averaging(0.1, 3, 0.5)
+    tx = so.ada_fd_dual_averaging(0.1, 3, 0.5, robust=False)
     x1 = jnp.asarray([1.0, -2.0, 0.5])
     state = tx.init(x1)
     g = jnp.asarray([0.3, 0.1, -0.2])
@@ -454,7 +454,9 @@ def test_ada_fd_equals_ada_full_until_the_sketch_fills():
     tau, steps = 6, 5  # the 8-dim leaf w sees 5 < tau rows; b (3-dim) has tau > d
     z, y = make_stream(steps, seed=5)
     with x64(True):
-        traj_fd, _ = run_tx(so.ada_fd_dual_averaging(0.1, tau, 0.5), X0, z, y, jnp.float64)
+        traj_fd, _ = run_tx(
+            so.ada_fd_dual_averaging(0.1, tau, 0.5, robust=False), X0, z, y, jnp.float64
+        )
     traj_full, _ = reference_run("full", "da", X0, z, y, lambda c: 0.1, 0.5)
     assert relerr(traj_fd, traj_full) < 1e-9
 
@@ -510,8 +512,10 @@ def regression_stream(steps, d, seed):
 
 
 REGRESSION_TXS = {
-    "ada_fd_dual_averaging": lambda eta, delta: so.ada_fd_dual_averaging(eta, 4, delta),
-    "ada_fd": lambda eta, delta: so.ada_fd(eta, 4, delta),
+    "ada_fd_dual_averaging": lambda eta, delta: so.ada_fd_dual_averaging(
+        eta, 4, delta, robust=False
+    ),
+    "ada_fd": lambda eta, delta: so.ada_fd(eta, 4, delta, robust=False),
     "ada_full_dual_averaging": so.ada_full_dual_averaging,
     "ada_full": so.ada_full,
 }
@@ -641,16 +645,18 @@ def test_regret_bound_is_not_vacuous():
 # Validation.
 
 ALL = {
-    "ada_fd": lambda: so.ada_fd(0.1, 3, 0.5),
+    "ada_fd": lambda: so.ada_fd(0.1, 3, 0.5, robust=False),
     "ada_fd_fast_robust": lambda: so.ada_fd(0.1, 3, 0.5, robust=True, fast=True),
-    "ada_fd_dual_averaging": lambda: so.ada_fd_dual_averaging(0.1, 3, 0.5),
-    "ada_fd_dual_averaging_fast": lambda: so.ada_fd_dual_averaging(0.1, 3, 0.5, fast=True),
+    "ada_fd_dual_averaging": lambda: so.ada_fd_dual_averaging(0.1, 3, 0.5, robust=False),
+    "ada_fd_dual_averaging_fast": lambda: so.ada_fd_dual_averaging(
+        0.1, 3, 0.5, fast=True, robust=False
+    ),
     "s_adagrad": lambda: so.s_adagrad(0.1, 3, 0.5),
     "ada_full": lambda: so.ada_full(0.1, 0.5),
     "ada_full_dual_averaging": lambda: so.ada_full_dual_averaging(0.1, 0.5),
     "ada_diag": lambda: so.ada_diag(0.1, 0.5),
     "ada_diag_dual_averaging": lambda: so.ada_diag_dual_averaging(0.1, 0.5),
-    "scale_by_ada_fd": lambda: so.scale_by_ada_fd(3, 0.5),
+    "scale_by_ada_fd": lambda: so.scale_by_ada_fd(3, 0.5, robust=False),
     "scale_by_ada_full": lambda: so.scale_by_ada_full(0.5),
     "scale_by_ada_diag": lambda: so.scale_by_ada_diag(0.5),
 }
@@ -691,7 +697,7 @@ def test_bad_hyperparameters_raise_value_error_naming_the_argument(factory, kwar
 def test_good_hyperparameters_are_accepted():
     so.ada_diag(0.1, 0.0)  # delta = 0 is allowed for the diagonal metric
     so.ada_diag_dual_averaging(0.0, 0.0)
-    so.ada_fd(0.1, 1, 1e-8)
+    so.ada_fd(0.1, 1, 1e-8, robust=False)
     so.ada_fd(jnp.asarray(0.1), np.int64(4), np.float32(0.5), robust=True, fast=True)
     so.ada_full(optax.constant_schedule(0.1), 1e-6)
 
@@ -917,7 +923,7 @@ def test_flatten_is_one_metric_over_the_concatenated_vector(rule):
 def test_partition_and_multi_transform_mix_metrics_per_leaf():
     z, y = make_stream(15, seed=34)
     labels = {"b": "diag", "w": "fd"}
-    txs = {"fd": so.ada_fd(0.1, 3, 0.5), "diag": so.ada_diag(0.2, 0.1)}
+    txs = {"fd": so.ada_fd(0.1, 3, 0.5, robust=False), "diag": so.ada_diag(0.2, 0.1)}
     per_leaf = {"b": ("diag", lambda c: 0.2, 0.1), "w": ("fd", lambda c: 0.1, 0.5)}
     want, _ = reference_run(None, "md", X0, z, y, None, None, per_leaf=per_leaf)
     with x64(True):
@@ -1108,7 +1114,7 @@ def test_zero_regularizer_equals_the_unregularized_rule(name, strength, kw, kind
 
 @needs_regularizers
 def test_regularized_mirror_descent_needs_params():
-    tx = so.ada_fd(0.1, 3, 0.5, regularizer=so.regularizers.l1(0.1))
+    tx = so.ada_fd(0.1, 3, 0.5, regularizer=so.regularizers.l1(0.1), robust=False)
     state = tx.init(jnp.zeros(3))
     with pytest.raises(ValueError, match="params"):
         tx.update(jnp.ones(3), state)
