@@ -18,7 +18,8 @@ The package is laid out along its architecture, metric x rule x regularizer (``D
 * :mod:`sketchopt.son` -- the sketched online Newton family (FD-, RFD-, Oja-, RP-SON, ONS): SON's
   metric under the mirror-descent rule, and the bounded-prediction projection;
 * :mod:`sketchopt.first_order` -- FOBOS, RDA, FTRL-Proximal, truncated gradient;
-* :mod:`sketchopt.sharding` -- state shardings for ``jax.jit`` across devices.
+* :mod:`sketchopt.sharding` -- state shardings for ``jax.jit`` across devices;
+* :mod:`sketchopt.inspection` -- :func:`diagnostics`, what to watch in a running optimizer.
 
 Package-internal (underscore) modules hold what the public ones share, each in one place:
 ``_numerics`` (power-of-two scaling, safe norms, ``eigh``, precision and dtype rules),
@@ -35,6 +36,7 @@ from the package root.
 from sketchopt import aliases as aliases
 from sketchopt import baselines as baselines
 from sketchopt import first_order as first_order
+from sketchopt import inspection as inspection
 from sketchopt import metrics as metrics
 from sketchopt import operators as operators
 from sketchopt import regularizers as regularizers
@@ -44,6 +46,7 @@ from sketchopt import sketches as sketches
 from sketchopt import transforms as transforms
 from sketchopt.aliases import *  # noqa: F403
 from sketchopt.first_order import *  # noqa: F403
+from sketchopt.inspection import *  # noqa: F403
 from sketchopt.metrics import AdaLRMetricState as AdaLRMetricState
 from sketchopt.metrics import RadagradMetricState as RadagradMetricState
 from sketchopt.metrics import ada_lr_metric as ada_lr_metric
