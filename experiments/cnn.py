@@ -97,7 +97,6 @@ from flax import nnx
 if __package__ in (None, ""):  # run as a script: make ``experiments`` and ``sketchopt`` importable
     sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent))
 
-import sketchopt as so  # noqa: E402
 from experiments import common  # noqa: E402
 
 NAME = "cnn"
@@ -210,14 +209,13 @@ def conv_kernel_labels(params):
 
 def conv_partition(conv_tx, diag_eta, diag_delta):
     """``conv_tx`` on the conv kernels, ADA-DIAG on every other parameter (the paper's setup)."""
-    return optax.partition(
-        {"sketched": conv_tx, "diag": so.ada_diag(diag_eta, diag_delta)}, conv_kernel_labels
-    )
+    diag = common.transform("ada_diag", learning_rate=diag_eta, delta=diag_delta)
+    return optax.partition({"sketched": conv_tx, "diag": diag}, conv_kernel_labels)
 
 
-def _mixed(conv_factory):
-    """``conv_factory(hyper, key)`` on the conv kernels, ADA-DIAG's chosen pair elsewhere."""
-    return lambda h, k: conv_partition(conv_factory(h, k), h["diag"]["eta"], h["diag"]["delta"])
+def _mixed(conv_tx, hyper):
+    """``conv_tx`` on the conv kernels, ADA-DIAG's chosen pair ``hyper["diag"]`` elsewhere."""
+    return conv_partition(conv_tx, hyper["diag"]["eta"], hyper["diag"]["delta"])
 
 
 # The centre of every learner's grid: the optimum of an earlier wider (4 x 4, 4-epoch) search at
@@ -264,41 +262,31 @@ def methods(grid_mode: str = "3x3") -> list[common.Algorithm]:
     and a PRNG key (RADAGRAD's projections); a ``mixed`` optimizer also reads ADA-DIAG's chosen
     pair ``hyper["diag"]`` (used on the non-conv parameters).
     """
-    tau = SKETCH_SIZE
+    hp = common.hp
+    sketch = {"sketch_size": SKETCH_SIZE}
+    step = {"learning_rate": hp("eta"), "delta": hp("delta")}
 
-    def method(name, label, make, static=None, **kwargs):
-        grid = grid_around(CENTRES[name], grid_mode)
-        return common.Algorithm(name, label, make, grid, static or {}, **kwargs)
+    def grid(name):
+        return grid_around(CENTRES[name], grid_mode)
 
     return [
-        method("ada_diag", "ADA-DIAG", lambda h, k: so.ada_diag(h["eta"], h["delta"])),
-        method(
-            "ada_fd",
-            "ADA-FD",
-            _mixed(lambda h, k: so.ada_fd(h["eta"], tau, h["delta"])),
-            {"sketch_size": tau},
-            mixed=True,
+        common.learner("ada_diag", "ADA-DIAG", grid("ada_diag"), **step),
+        common.learner(
+            "ada_fd", "ADA-FD", grid("ada_fd"), static=sketch, mixed=_mixed, **sketch, **step
         ),
-        method(
-            "radagrad",
-            "RADAGRAD",
-            _mixed(lambda h, k: so.radagrad(h["eta"], tau, h["delta"], k)),
-            {"sketch_size": tau},
-            random=True,
-            mixed=True,
+        common.learner(
+            "radagrad", "RADAGRAD", grid("radagrad"), static=sketch, mixed=_mixed,
+            key=common.KEY, **sketch, **step,
         ),
-        method(
-            "fd_son",
-            "FD-SON",
-            _mixed(lambda h, k: so.fd_son(h["alpha"], tau, eta=h["eta"], curvature=0.0)),
-            {"sketch_size": tau, "curvature": 0.0},
-            mixed=True,
+        common.learner(
+            "fd_son", "FD-SON", grid("fd_son"), static={**sketch, "curvature": 0.0}, mixed=_mixed,
+            alpha=hp("alpha"), eta=hp("eta"), curvature=0.0, **sketch,
         ),
-        method(  # control: is a gain the preconditioner or just another step on the kernels?
-            "sgd", "SGD", _mixed(lambda h, k: optax.sgd(h["eta"])), mixed=True
-        ),
-        method("adam", "Adam", lambda h, k: optax.adam(h["eta"])),
-    ]
+        # control: is a gain the preconditioner or just another step on the kernels?
+        common.learner(optax.sgd, "SGD", grid("sgd"), name="sgd", mixed=_mixed,
+                       learning_rate=hp("eta")),
+        common.learner(optax.adam, "Adam", grid("adam"), name="adam", learning_rate=hp("eta")),
+    ]  # fmt: skip
 
 
 # ------------------------------------------------------------------------------------------------
@@ -689,7 +677,7 @@ def judge(pairs) -> tuple[str, str]:
     rule = f"holds if ADA-FD better on mean with paired t-test p<{ALPHA} vs each"
     rule += "; partly if better on mean vs each"
     rule += " or significant vs one" if len(pairs) > 1 else ""
-    return common.verdict(all(sig), partly=all(better) or any(sig)), rule
+    return common.tally(sig, partly=all(better) or any(sig)), rule
 
 
 def claim_check(results, n_seeds: int) -> tuple[dict, list[dict]]:
@@ -714,7 +702,7 @@ def claim_check(results, n_seeds: int) -> tuple[dict, list[dict]]:
         }
     paper = [n for n in ("ada_diag", "radagrad", "fd_son") if n in results]
     seeds = f"{n_seeds} paired seeds"
-    claims = []
+    claims = common.Claims(NAME)
 
     def row(id, source, claim, paper_text, metric, names, digits, what):
         pairs = [comparisons[metric][n] for n in names if n in comparisons[metric]]
@@ -737,16 +725,14 @@ def claim_check(results, n_seeds: int) -> tuple[dict, list[dict]]:
             + ")"
             for p in pairs
         )
-        claims.append(
-            common.claim(
-                f"{NAME}/{id}",
-                source=source,
-                claim=claim,
-                paper=paper_text,
-                ours=ours + f"; {seeds}",
-                verdict=verdict,
-                reason=rule,
-            )
+        claims.add(
+            id,
+            verdict=verdict,
+            source=source,
+            claim=claim,
+            paper=paper_text,
+            ours=ours + f"; {seeds}",
+            reason=rule,
         )
 
     row(
@@ -790,7 +776,7 @@ def claim_check(results, n_seeds: int) -> tuple[dict, list[dict]]:
         "final train loss:",
     )
     text = " ".join(f"{c['id']}: {c['verdict']} ({c['ours']})." for c in claims)
-    return {"comparisons": comparisons, "alpha": ALPHA, "text": text}, claims
+    return {"comparisons": comparisons, "alpha": ALPHA, "text": text}, list(claims)
 
 
 def make_table(results) -> str:
