@@ -2,8 +2,8 @@
 ``--quick`` size into a temporary folder, load its JSON strictly, check its claims' form.
 
 One experiment's tests live in one file and, as a rule, in one test function that uses one
-module-scoped run: under ``pytest-xdist`` each test of a file may land on another worker, which
-would run the experiment again.
+module-scoped run (:func:`quick_run`): under ``pytest-xdist`` each test of a file may land on
+another worker, which would run the experiment again.
 """
 
 from __future__ import annotations
@@ -13,6 +13,8 @@ import json
 import math
 import pathlib
 import sys
+
+import pytest
 
 REPO = pathlib.Path(__file__).resolve().parent.parent
 if str(REPO) not in sys.path:
@@ -66,3 +68,20 @@ def run(name: str, tmp_path_factory):
     summary = module.run(quick=True, full=False, seed=0, out=out)
     assert isinstance(summary, dict) and summary["table"].startswith("| ")
     return out, summary
+
+
+def quick_run(name: str, *, fixture: str | None = None):
+    """A module-scoped fixture named ``fixture`` (default ``name``): :func:`run`'s ``(out,
+    summary)`` of the quick run (``regret_run = quick_run("regret")`` in the module; tests ask
+    for ``regret``)."""
+
+    @pytest.fixture(scope="module", name=fixture or name)
+    def quick(tmp_path_factory):
+        return run(name, tmp_path_factory)
+
+    return quick
+
+
+def verdict(holds, partly=False) -> str:
+    """The verdict of a rule recomputed by a test (``common.verdict`` of plain bools)."""
+    return common.verdict(bool(holds), partly=bool(partly))

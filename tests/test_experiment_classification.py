@@ -8,7 +8,7 @@ import math
 
 import numpy as np
 import pytest
-from experiment_support import check_claims, finite_numbers, load, run
+from experiment_support import check_claims, finite_numbers, load, quick_run
 
 from experiments import classification
 
@@ -25,9 +25,7 @@ CLAIMS = (
 )  # fmt: skip
 
 
-@pytest.fixture(scope="module")
-def classification_run(tmp_path_factory):
-    return run("classification", tmp_path_factory)
+quick = quick_run("classification", fixture="classification_run")
 
 
 def test_classification(classification_run):

@@ -5,14 +5,12 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from experiment_support import finite_numbers, load, run
+from experiment_support import finite_numbers, load, quick_run
 
 pytestmark = pytest.mark.slow
 
 
-@pytest.fixture(scope="module")
-def cnn(tmp_path_factory):
-    return run("cnn", tmp_path_factory)
+cnn_run = quick_run("cnn")
 
 
 def test_cnn_json(cnn):

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from experiment_support import finite_numbers, load, run
+from experiment_support import finite_numbers, load, quick_run
 
 pytestmark = pytest.mark.slow
 
@@ -19,9 +19,7 @@ CLAIMS = {
 }
 
 
-@pytest.fixture(scope="module")
-def first_order(tmp_path_factory):
-    return run("first_order", tmp_path_factory)
+first_order_run = quick_run("first_order")
 
 
 def test_first_order(first_order):

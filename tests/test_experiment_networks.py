@@ -7,16 +7,14 @@ from __future__ import annotations
 import math
 
 import pytest
-from experiment_support import check_claims, finite_numbers, load, run
+from experiment_support import check_claims, finite_numbers, load, quick_run
 
 from experiments import networks as nw
 
 pytestmark = pytest.mark.slow
 
 
-@pytest.fixture(scope="module")
-def networks(tmp_path_factory):
-    return run("networks", tmp_path_factory)
+networks_run = quick_run("networks")
 
 
 def test_networks(networks):

@@ -8,7 +8,7 @@ import itertools
 import math
 
 import pytest
-from experiment_support import check_claims, finite_numbers, load, run
+from experiment_support import check_claims, finite_numbers, load, quick_run, verdict
 
 pytestmark = pytest.mark.slow
 
@@ -33,13 +33,7 @@ CLAIMS = (
 )
 
 
-@pytest.fixture(scope="module")
-def regret(tmp_path_factory):
-    return run("regret", tmp_path_factory)
-
-
-def _verdict(holds, partly=False):
-    return "holds" if holds else "holds partly" if partly else "does not hold"
+regret_run = quick_run("regret")
 
 
 def test_regret_json(regret):
@@ -105,13 +99,13 @@ def test_regret_json(regret):
     worst_key = max(algs["radagrad"]["final_regret_per_key"])
     fd, full, rad, son = us["ada_fd"], us["ada_full"], us["radagrad"], us["fd_son"]
     expected = {
-        "close_to_full": _verdict(all(close), any(close)),
-        "beats_diag": _verdict(all(below), any(below)),
-        "beats_radagrad": _verdict(R["ada_fd"] < R["radagrad"], R["ada_fd"] < worst_key),
-        "beats_fd_son": _verdict(R["ada_fd"] < R["fd_son"]),
-        "time_vs_full": _verdict(full >= m["much_faster"] * fd, full > fd),
-        "time_vs_radagrad": _verdict(fd < rad, fd <= m["as_fast"] * rad),
-        "time_vs_fd_son": _verdict(fd <= m["as_fast"] * son, fd <= 2 * m["as_fast"] * son),
+        "close_to_full": verdict(all(close), any(close)),
+        "beats_diag": verdict(all(below), any(below)),
+        "beats_radagrad": verdict(R["ada_fd"] < R["radagrad"], R["ada_fd"] < worst_key),
+        "beats_fd_son": verdict(R["ada_fd"] < R["fd_son"]),
+        "time_vs_full": verdict(full >= m["much_faster"] * fd, full > fd),
+        "time_vs_radagrad": verdict(fd < rad, fd <= m["as_fast"] * rad),
+        "time_vs_fd_son": verdict(fd <= m["as_fast"] * son, fd <= 2 * m["as_fast"] * son),
     }
     for c, v in expected.items():
         assert claims[f"regret/{c}"]["verdict"] == v, c

@@ -4,16 +4,14 @@ verdicts recomputed from the JSON's numbers, and the claims that hold robustly a
 from __future__ import annotations
 
 import pytest
-from experiment_support import check_claims, finite_numbers, load, run
+from experiment_support import check_claims, finite_numbers, load, quick_run
 
 from experiments import son_condition as sc
 
 pytestmark = pytest.mark.slow
 
 
-@pytest.fixture(scope="module")
-def son_condition(tmp_path_factory):
-    return run("son_condition", tmp_path_factory)
+son_condition_run = quick_run("son_condition")
 
 
 def test_son_condition(son_condition):

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from experiment_support import check_claims, finite_numbers, load, run
+from experiment_support import check_claims, finite_numbers, load, quick_run, verdict
 
 from experiments import son_online as so_exp
 
@@ -25,13 +25,7 @@ SKETCHED = (
 TUNED_SON = ("fd_son", "pfd_son", "rfd_son", "oja_son", "rp_son")
 
 
-@pytest.fixture(scope="module")
-def son_online(tmp_path_factory):
-    return run("son_online", tmp_path_factory)
-
-
-def _verdict(holds, partly=False):
-    return "holds" if holds else "holds partly" if partly else "does not hold"
+son_online_run = quick_run("son_online")
 
 
 def test_son_online(son_online):
@@ -125,29 +119,29 @@ def test_son_online(son_online):
 
     fd, rfd, pfd, rfd0 = (online(k) for k in ("fd_son", "rfd_son", "pfd_son", "rfd0_son"))
     ok = rfd <= fd + so_exp.MARGIN
-    assert claims["son_online/rfd_vs_fd"]["verdict"] == _verdict(ok.all(), ok.any())
+    assert claims["son_online/rfd_vs_fd"]["verdict"] == verdict(ok.all(), ok.any())
     best = np.min([online(k) for k in TUNED_SON], axis=0)
     ok = rfd0 <= best + so_exp.COMPETITIVE
-    assert claims["son_online/rfd0_tuning_free"]["verdict"] == _verdict(ok.all(), ok.any())
+    assert claims["son_online/rfd0_tuning_free"]["verdict"] == verdict(ok.all(), ok.any())
     ratio = np.array(
         [sens["rfd_son"][str(m)]["spread"] / max(sens["fd_son"][str(m)]["spread"], 1e-12)
          for m in sizes]
     )  # fmt: skip
-    assert claims["son_online/alpha0_sensitivity"]["verdict"] == _verdict(
+    assert claims["son_online/alpha0_sensitivity"]["verdict"] == verdict(
         (ratio <= 0.5).all(), (ratio < 1).any()
     )
     ok = np.abs(pfd - fd) <= so_exp.MARGIN
-    assert claims["son_online/pfd_son"]["verdict"] == _verdict(ok.all(), ok.any())
+    assert claims["son_online/pfd_son"]["verdict"] == verdict(ok.all(), ok.any())
 
     def rise(stream, key="rfd0_son"):
         e = [r["online_error"] for r in trend[stream][key]]
         return e[-1] - e[0]
 
-    assert claims["son_online/rfd0_with_m"]["verdict"] == _verdict(
+    assert claims["son_online/rfd0_with_m"]["verdict"] == verdict(
         rise("mnist") <= so_exp.TREND_MARGIN
     )
     control = max(rise("full_rank", "rfd_son"), 0.0)
-    assert claims["son_online/rfd0_ridge_explanation"]["verdict"] == _verdict(
+    assert claims["son_online/rfd0_ridge_explanation"]["verdict"] == verdict(
         rise("full_rank") > control + so_exp.TREND_MARGIN, rise("full_rank") > control
     )
 

@@ -4,16 +4,14 @@ recomputed from the JSON's numbers, and what holds robustly at that size."""
 from __future__ import annotations
 
 import pytest
-from experiment_support import check_claims, finite_numbers, load, run
+from experiment_support import check_claims, finite_numbers, load, quick_run
 
 from experiments import son_real as sr
 
 pytestmark = pytest.mark.slow
 
 
-@pytest.fixture(scope="module")
-def son_real(tmp_path_factory):
-    return run("son_real", tmp_path_factory)
+son_real_run = quick_run("son_real")
 
 
 def test_son_real(son_real):

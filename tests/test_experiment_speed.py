@@ -6,14 +6,12 @@ from __future__ import annotations
 import json
 
 import pytest
-from experiment_support import check_claims, finite_numbers, run
+from experiment_support import check_claims, finite_numbers, quick_run
 
 pytestmark = pytest.mark.slow
 
 
-@pytest.fixture(scope="module")
-def speed(tmp_path_factory):
-    return run("speed", tmp_path_factory)
+speed_run = quick_run("speed")
 
 
 def test_speed_json(speed):
