@@ -274,9 +274,15 @@ def learners(sketch_size: int = 32) -> dict:
     out = {
         "adam": (optax.adam, [3e-4, 1e-3, 3e-3], "Adam"),
         "adagrad": (optax.adagrad, [3e-3, 1e-2, 3e-2], "AdaGrad"),
-        "ada_diag": (lambda lr: so.ada_diag(lr, DIAG_DELTA), [3e-3, 1e-2, 3e-2], "ADA-DIAG"),
+        "ada_diag": (
+            lambda lr: common.transform("ada_diag", learning_rate=lr, delta=DIAG_DELTA),
+            [3e-3, 1e-2, 3e-2],
+            "ADA-DIAG",
+        ),
         "ada_fd": (
-            lambda lr: so.ada_fd(lr, ADA_FD_TAU, ADA_FD_DELTA),
+            lambda lr: common.transform(
+                "ada_fd", learning_rate=lr, sketch_size=ADA_FD_TAU, delta=ADA_FD_DELTA
+            ),
             [0.3, 1.0, 3.0],
             "ADA-FD (flattened, conv kernels)",
         ),
@@ -384,6 +390,14 @@ def train(trainer: Trainer, lr: float, train_tokens, held_out, seed: int, steps:
     }
 
 
+def _peer_failed(name: str, err: Exception, skipped: dict, where: str = "") -> None:
+    """Record a peer that fails at run time in ``skipped`` (our own learners' errors propagate)."""
+    if name not in PEERS:
+        raise err
+    skipped[name] = f"fails at run time: {type(err).__name__}: {str(err)[:300]}"
+    print(f"[networks] {where}{name} skipped: {skipped[name]}")
+
+
 def transformer_part(cfg: Config, *, quick: bool, seed: int) -> tuple[dict, dict]:
     """Every transformer learner tuned and trained (module docstring): results, skipped."""
     train_tokens, held_out = corpus(cfg.corpus_bytes)
@@ -404,10 +418,7 @@ def transformer_part(cfg: Config, *, quick: bool, seed: int) -> tuple[dict, dict
                 for s in common.progress(range(cfg.seeds), desc=f"{name}: seeds")
             ]
         except Exception as err:  # noqa: BLE001 - a peer that fails at run time is reported
-            if name not in PEERS:
-                raise
-            skipped[name] = f"fails at run time: {type(err).__name__}: {str(err)[:300]}"
-            print(f"[networks] {name} skipped: {skipped[name]}")
+            _peer_failed(name, err, skipped)
             continue
         finals = [r["final_train_loss"] for r in runs]
         complete = all(len(r["loss"]) == cfg.steps for r in runs)
@@ -494,10 +505,7 @@ def cnn_part(cfg: Config, *, quick: bool, seed: int) -> tuple[dict, dict]:
                 algorithm, ccfg, data, seeds, seed + SELECTION_SEED, diag, trainer=trainer
             )
         except Exception as err:  # noqa: BLE001 - a peer that fails at run time is reported
-            if name not in PEERS:
-                raise
-            skipped[name] = f"fails at run time: {type(err).__name__}: {str(err)[:300]}"
-            print(f"[networks] cnn: {name} skipped: {skipped[name]}")
+            _peer_failed(name, err, skipped, "cnn: ")
             continue
         if name == "ada_diag":
             diag = dict(chosen)
@@ -632,7 +640,7 @@ def run(*, quick: bool, full: bool, seed: int, out: pathlib.Path) -> dict:
     return common.finish_run(NAME, out, payload, _figure(payload), table, claims=claims)
 
 
-def _final_loss_claims(model: str, results: dict) -> list[dict]:
+def _final_loss_claims(rows: common.Claims, model: str, results: dict) -> None:
     """Each factored sketch's final training loss against Adam's and the best peer's."""
     adam = results["adam"]["final_train_loss"]["mean"]
     peers = {n: results[n]["final_train_loss"]["mean"] for n in PEERS if n in results}
@@ -640,104 +648,85 @@ def _final_loss_claims(model: str, results: dict) -> list[dict]:
     against = [("Adam", adam)]
     if best_peer:
         against.append((results[best_peer[0]]["label"], best_peer[1]))
-    rows = []
     for name in ("kron_fd", "kron_rfd"):
         if name not in results:
             continue
         ours = results[name]["final_train_loss"]["mean"]
-        beaten = [label for label, value in against if ours <= value]
-        rows.append(
-            common.claim(
-                f"{NAME}/{model}_{name}_final_loss",
-                source="network-layers issue, targets",
-                claim=(
-                    f"on the {model}, the factored sketch ({results[name]['label']}) reaches a "
-                    "final training loss at most Adam's and the best peer's"
-                ),
-                paper="target: at least as good as Adam and the best installable peer",
-                ours=f"{ours:.3f} vs "
-                + ", ".join(f"{label} {value:.3f}" for label, value in against),
-                verdict=common.verdict(len(beaten) == len(against), partly=bool(beaten)),
-                reason=(
-                    "mean over seeds of the final training loss; equal 3-point grids, chosen on "
-                    "a held-out seed"
-                ),
-            )
+        rows.add(
+            f"{model}_{name}_final_loss",
+            [ours <= value for _, value in against],
+            claim=(
+                f"on the {model}, the factored sketch ({results[name]['label']}) reaches a "
+                "final training loss at most Adam's and the best peer's"
+            ),
+            paper="target: at least as good as Adam and the best installable peer",
+            ours=f"{ours:.3f} vs " + ", ".join(f"{label} {value:.3f}" for label, value in against),
+            reason=(
+                "mean over seeds of the final training loss; equal 3-point grids, chosen on "
+                "a held-out seed"
+            ),
         )
-    return rows
 
 
 def claim_rows(payload: dict) -> list[dict]:
     """The claims, from the JSON's numbers only (the test recomputes them)."""
     results, scale = payload["algorithms"], payload["scale"]
     k, model = scale["sketch_size"], scale["model"]
-    rows = _final_loss_claims("transformer", results)
-    rows += _final_loss_claims("cnn", payload["cnn"]["algorithms"])
+    rows = common.Claims(NAME, source="network-layers issue, targets")
+    _final_loss_claims(rows, "transformer", results)
+    _final_loss_claims(rows, "cnn", payload["cnn"]["algorithms"])
     kron = scale["variants"]["kron_fd"]
     at = f"{model['layers']} layers of width {model['width']}, k = {k}"
-    rows.append(
-        common.claim(
-            f"{NAME}/state",
-            source="network-layers issue, targets",
-            claim=(
-                "the factored sketch's state is under 5% of Adam's and within 2k(m + n) per layer"
-            ),
-            paper="under 5% of Adam's state (24-layer, width-1536 model at k = 32)",
-            ours=(
-                f"{100 * kron['state_over_adam']:.2f}% of Adam's ({at}); "
-                f"{kron['state_bytes'] / scale['bound_bytes']:.2f} of the 2k(m + n) bound"
-                + (
-                    f"; {100 * scale['variants']['kron_networks']['state_over_adam']:.0f}% with "
-                    "the networks configuration (cached roots, Adam graft, momentum)"
-                    if "kron_networks" in scale["variants"]
-                    else ""
-                )
-            ),
-            verdict=common.verdict(
-                kron["state_over_adam"] < 0.05 and kron["state_bytes"] <= scale["bound_bytes"],
-                partly=kron["state_over_adam"] < 0.5,
-            ),
-            reason="state bytes from jax.eval_shape of init, kron_fd's defaults (no graft)",
-        )
+    rows.add(
+        "state",
+        kron["state_over_adam"] < 0.05 and kron["state_bytes"] <= scale["bound_bytes"],
+        partly=kron["state_over_adam"] < 0.5,
+        claim="the factored sketch's state is under 5% of Adam's and within 2k(m + n) per layer",
+        paper="under 5% of Adam's state (24-layer, width-1536 model at k = 32)",
+        ours=(
+            f"{100 * kron['state_over_adam']:.2f}% of Adam's ({at}); "
+            f"{kron['state_bytes'] / scale['bound_bytes']:.2f} of the 2k(m + n) bound"
+            + (
+                f"; {100 * scale['variants']['kron_networks']['state_over_adam']:.0f}% with "
+                "the networks configuration (cached roots, Adam graft, momentum)"
+                if "kron_networks" in scale["variants"]
+                else ""
+            )
+        ),
+        reason="state bytes from jax.eval_shape of init, kron_fd's defaults (no graft)",
     )
     seconds = kron["trace_seconds"] + kron["compile_seconds"]
-    rows.append(
-        common.claim(
-            f"{NAME}/compile_time",
-            source="network-layers issue, targets",
-            claim="one update over the 24-layer transformer's parameters compiles in seconds",
-            paper="under 10 s on this CPU",
-            ours=(
-                f"{seconds:.1f} s ({kron['trace_seconds']:.1f} s tracing; {at}, "
-                f"{model['leaves']} leaves); Adam "
-                f"{scale['variants']['adam']['compile_seconds']:.1f} s"
-            ),
-            verdict=common.verdict(seconds < 10, partly=seconds < 60),
-            reason="jax.jit(update).lower(...) then .compile(), abstract parameters",
-        )
+    rows.add(
+        "compile_time",
+        seconds < 10,
+        partly=seconds < 60,
+        claim="one update over the 24-layer transformer's parameters compiles in seconds",
+        paper="under 10 s on this CPU",
+        ours=(
+            f"{seconds:.1f} s ({kron['trace_seconds']:.1f} s tracing; {at}, "
+            f"{model['leaves']} leaves); Adam "
+            f"{scale['variants']['adam']['compile_seconds']:.1f} s"
+        ),
+        reason="jax.jit(update).lower(...) then .compile(), abstract parameters",
     )
     if "kron_rfd" in results:
         r = results["kron_rfd"]
-        rows.append(
-            common.claim(
-                f"{NAME}/step_time",
-                source="network-layers issue, targets",
-                claim=(
-                    "a transformer training step with kron RFD "
-                    f"(k = {payload['config']['sketch_size']}) costs at most 1.5x Adam's"
-                ),
-                paper="at most 1.5x Adam's step on CPU, inverse roots every 10 steps",
-                ours=(
-                    f"{r['step_time_over_adam']:.2f}x (the update alone "
-                    f"{r['update_time_over_adam']:.1f}x Adam's update)"
-                ),
-                verdict=common.verdict(
-                    r["step_time_over_adam"] <= 1.5, partly=r["step_time_over_adam"] <= 3
-                ),
-                reason="median step time, forward + backward + update, this machine",
-            )
+        rows.add(
+            "step_time",
+            r["step_time_over_adam"] <= 1.5,
+            partly=r["step_time_over_adam"] <= 3,
+            claim=(
+                "a transformer training step with kron RFD "
+                f"(k = {payload['config']['sketch_size']}) costs at most 1.5x Adam's"
+            ),
+            paper="at most 1.5x Adam's step on CPU, inverse roots every 10 steps",
+            ours=(
+                f"{r['step_time_over_adam']:.2f}x (the update alone "
+                f"{r['update_time_over_adam']:.1f}x Adam's update)"
+            ),
+            reason="median step time, forward + backward + update, this machine",
         )
-    return rows
+    return list(rows)
 
 
 def _learner_row(r: dict, quality: str, *ratios: str) -> list[str]:
