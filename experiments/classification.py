@@ -345,9 +345,7 @@ def _entry(res, points, best, n, *, budget, target_reached=None):
 def run(*, quick: bool, full: bool, seed: int, out: pathlib.Path) -> dict:
     import jax
 
-    common.limit_blas_threads()
-    size = common.size_name(quick=quick, full=full)
-    cfg = _config(size)
+    size, cfg = common.begin(_config, quick=quick, full=full)
     key = jax.random.PRNGKey(seed)
     results: dict[str, dict] = {}
     datasets: dict[str, dict] = {}

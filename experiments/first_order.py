@@ -638,8 +638,7 @@ def _claims(binary: dict, census: dict, table3: dict) -> list[dict]:
 def run(*, quick: bool = False, full: bool = False, seed: int = 0, out: pathlib.Path) -> dict:
     import jax
 
-    size = common.size_name(quick=quick, full=full)
-    cfg = _config(size)
+    size, cfg = common.begin(_config, quick=quick, full=full)
     out = pathlib.Path(out)
     binary = {}
     learners = _binary_learners()

@@ -159,9 +159,7 @@ def run(*, quick: bool, full: bool, seed: int, out: pathlib.Path) -> dict:
     import jax
     import jax.numpy as jnp
 
-    common.limit_blas_threads()
-    size = common.size_name(quick=quick, full=full)
-    cfg = _config(size)
+    size, cfg = common.begin(_config, quick=quick, full=full)
     T, d = cfg["T"], cfg["d"]
     tune_seed = seed + TUNE_SEED_OFFSET
     x_tune, y_tune, _ = make_problem(T, d, tune_seed)

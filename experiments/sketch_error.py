@@ -279,9 +279,7 @@ def run(*, quick: bool, full: bool, seed: int, out: pathlib.Path) -> dict:
 
     from sketchopt import sketches
 
-    common.limit_blas_threads()
-    size = common.size_name(quick=quick, full=full)
-    cfg = _sizes(size)
+    size, cfg = common.begin(_sizes, quick=quick, full=full)
     rng = np.random.default_rng(seed)
 
     data: dict[str, np.ndarray] = {}

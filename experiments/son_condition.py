@@ -153,9 +153,7 @@ def run(*, quick: bool, full: bool, seed: int, out: pathlib.Path) -> dict:
     import jax
     import jax.numpy as jnp
 
-    common.limit_blas_threads()
-    size = common.size_name(quick=quick, full=full)
-    cfg = _config(size)
+    size, cfg = common.begin(_config, quick=quick, full=full)
     T, d, kappas = cfg["T"], cfg["d"], cfg["kappas"]
     K = len(kappas)
     xs, labels = make_data(T, d, kappas, seed)

@@ -535,9 +535,7 @@ def _picks(alg, points, errors, losses):
 def run(*, quick: bool, full: bool, seed: int, out: pathlib.Path) -> dict:
     import jax
 
-    common.limit_blas_threads()
-    size = common.size_name(quick=quick, full=full)
-    cfg = _config(size)
+    size, cfg = common.begin(_config, quick=quick, full=full)
     xtr, ytr, xte, yte, desc = prepare(cfg, seed)
     n, dim = xtr.shape
     key = jax.random.PRNGKey(seed)

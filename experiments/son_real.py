@@ -97,9 +97,7 @@ def run(*, quick: bool, full: bool, seed: int, out: pathlib.Path) -> dict:
     import jax
     import jax.numpy as jnp
 
-    common.limit_blas_threads()
-    size = common.size_name(quick=quick, full=full)
-    cfg = _config(size)
+    size, cfg = common.begin(_config, quick=quick, full=full)
     algs = learners()
     results: dict[str, dict] = {}
     data_info = {}

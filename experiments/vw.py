@@ -627,7 +627,7 @@ def second_order_make(name: str, scale: float):
         return (lambda c: second_order.rp_son(c * scale, m)), "alpha_over_r", {
             **son, "alpha": f"c r, r = {scale:.4g}"}  # fmt: skip
     if name == "ada_fd":
-        return (lambda c: second_order.ada_fd(c, m, root)), "learning_rate", {
+        return (lambda c: second_order.ada_fd(c, m, root, robust=False)), "learning_rate", {
             "sketch_size": m, "learning_rate": "c", "delta": f"sqrt(r) = {root:.4g}",
             "rule": "mirror_descent", "robust": False, "spare_rows": m}  # fmt: skip
     raise ValueError(name)
@@ -1052,9 +1052,7 @@ def _score_values(err: float, loss: float) -> tuple[float, float]:
 
 
 def run(*, quick: bool, full: bool, seed: int, out: pathlib.Path) -> dict:
-    common.limit_blas_threads()
-    size = common.size_name(quick=quick, full=full)
-    cfg = _config(size)
+    size, cfg = common.begin(_config, quick=quick, full=full)
     pyvw = _pyvw()
     builders = {
         "mnist": mnist_stream,

@@ -28,6 +28,27 @@ def test_runner_skips_missing_module_and_rejects_unknown_names(capsys):
         runner.main(["regret", "--quick", "--full"])
 
 
+def test_all_runs_the_reproductions_and_bench_the_benchmarks(tmp_path, monkeypatch, capsys):
+    """``all`` (``make run``) is every registered experiment but the benchmarks, ``bench``
+    (``make bench``) the benchmarks; a command of several shows where it is, ``[i/n]``."""
+    assert runner.BENCHMARKS == ("speed", "vw", "networks", "defaults")
+    assert set(runner.IN_ALL) == set(runner.EXPERIMENTS) - set(runner.BENCHMARKS)
+    assert runner.GROUPS == {"all": runner.IN_ALL, "bench": runner.BENCHMARKS}
+    # the headline claims all come from registered experiments (speed's from the benchmark)
+    assert {claim.split("/")[0] for claim in runner.HEADLINE} <= set(runner.EXPERIMENTS)
+    makefile = (REPO / "Makefile").read_text()
+    for target, group in (("run", "all"), ("bench", "bench")):
+        recipe = makefile.split(f"\n{target}:")[1].split("\n\n")[0]
+        assert f"experiments/run.py {group} --out results" in recipe, target
+
+    monkeypatch.setattr(runner, "load", lambda name: None)  # nothing runs: every one is missing
+    assert runner.main(["bench", "--quick", "--out", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    n = len(runner.BENCHMARKS)
+    for i, name in enumerate(runner.BENCHMARKS):
+        assert f"[{i + 1}/{n}] skipping {name!r}" in out
+
+
 def test_summary_markdown(tmp_path):
     results = {
         "regret": {"status": "ok", "table": "| a | b |\n| --- | --- |\n| 1 | 2 |", "seconds": 3.0},
@@ -79,6 +100,50 @@ def test_claims_and_the_reproductions_table(tmp_path):
     assert table in (tmp_path / "reproductions.md").read_text()
     runner.write_summary(tmp_path, {"regret": {"table": "| a |"}}, size="default", seconds=1.0)
     assert table in (tmp_path / "summary.md").read_text()
+
+
+def test_learner_factory_passes_the_papers_settings(monkeypatch):
+    """Every transform the experiments build goes through ``common.transform``: plain Ada-FD is
+    ``robust=False`` whatever the library's default, and a setting a paper fixes is never left
+    to a default."""
+    import sketchopt as so
+
+    calls = []
+    monkeypatch.setattr(so, "ada_fd", lambda **kw: calls.append(kw) or "tx")
+    grid = {"eta": [0.1], "delta": [1.0]}
+    alg = common.learner(
+        "ada_fd", "ADA-FD", grid, learning_rate=common.hp("eta"), delta=common.hp("delta"),
+        sketch_size=5,
+    )  # fmt: skip
+    assert alg.make({"eta": 0.1, "delta": 1.0}, None) == "tx" and not alg.random
+    assert calls == [{"robust": False, "learning_rate": 0.1, "delta": 1.0, "sketch_size": 5}]
+    with pytest.raises(TypeError, match="sketch_size"):
+        common.transform("ada_fd", learning_rate=0.1, delta=1.0)
+    with pytest.raises(TypeError, match="curvature"):
+        common.transform("fd_son", alpha=1.0, sketch_size=5, eta=0.0)
+    # the PRNG key reaches a randomized learner; SON sec. 5's learners project and record
+    alg = common.sec5_learner("oja_son", "Oja-SON", name="oja_son/m=5", rescaled=True,
+                              sketch_size=5, key=common.KEY)  # fmt: skip
+    assert alg.random and alg.project is not None and alg.name == "oja_son/m=5+rescaled"
+    assert alg.static == {"curvature": 1 / 8, "eta": 0.0, "bound": 1.0, "sketch_size": 5,
+                          "diagonal_rescaling": True}  # fmt: skip
+
+
+def test_claim_builder():
+    rows = common.Claims("son_real", source="SON sec. 5.2")
+    row = rows.add("x", [True, False], claim="c", paper="p", ours="o", rule="r")
+    assert row == {"id": "son_real/x", "source": "SON sec. 5.2", "claim": "c", "paper": "p",
+                   "ours": "o", "reason": "rule: r", "verdict": "holds partly"}  # fmt: skip
+    assert rows == [row]
+    assert common.tally(True) == "holds" and common.tally(False) == "does not hold"
+    assert common.tally([True, True, False], holds="majority") == "holds"
+    assert common.tally([True, False, False, False], holds="majority", partly="quarter") == (
+        "holds partly"
+    )
+    assert common.tally([], partly="majority") == "does not hold"  # no setting: no verdict
+    assert common.tally([False, False], partly=True) == "holds partly"
+    assert list(common.beats([1.0, 2.0], [2.0, 2.05], 0.1)) == [True, False]
+    assert common.pct([0.123, 0.2]) == "12.3/20.0"
 
 
 def test_readme_reproductions_table_is_the_headline_table():
