@@ -585,9 +585,10 @@ def kron_fd(
       delta: the epsilon inside each root (``>= 0``).
       robust: RFD's ridge (default) or plain FD.
       exponents, decay, update_every, refresh_every, start_step, graft: see the next entry.
-      graft_decay, graft_eps, block_size, compress, relative_delta, stacked, factoring,
-        graft_rms: options of :func:`sketchopt.metrics.kron_sketched`, each off by default
-        except ``graft="rms"`` with ``graft_rms = 0.2``. The three step counts
+      graft_decay, graft_eps, graft_rms, block_size, compress, relative_delta, stacked: options
+        of :func:`sketchopt.metrics.kron_sketched`, each off by default (``graft_rms = 0.2`` is
+        the size of the default graft's step).
+      factoring: as :func:`sketchopt.metrics.kron_sketched`. The three step counts
         ``update_every``, ``refresh_every`` and ``start_step`` fix the compiled program, so they
         must be static: their default ``None`` (``kron_sketched``'s 1, 1 and 0) is, and so under
         ``optax.inject_hyperparams(sketchopt.kron_fd, static_args=("sketch_size",))``
