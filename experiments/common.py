@@ -821,6 +821,27 @@ def reproductions_table(
     return claims_markdown(rows, size_of=size_of) if rows else None
 
 
+def provenance() -> dict[str, str]:
+    """Where and when a result was measured: the date, ``sketchopt``'s and JAX's versions, the
+    machine (processor, cores, the device JAX runs on); the README's tables print it."""
+    import datetime
+    import os
+    import platform
+
+    import jax
+
+    import sketchopt
+
+    device = jax.devices()[0]
+    kind = "CPU" if device.platform == "cpu" else f"{device.platform.upper()} {device.device_kind}"
+    return {
+        "date": datetime.date.today().isoformat(),
+        "sketchopt": sketchopt.__version__,
+        "jax": jax.__version__,
+        "machine": f"{os.cpu_count()}-core {platform.machine()} {kind}",
+    }
+
+
 def finish_run(
     name: str,
     out: pathlib.Path,
@@ -837,7 +858,7 @@ def finish_run(
     ids = [c["id"] for c in claims]
     if len(set(ids)) != len(ids) or any(not i.startswith(f"{name}/") for i in ids):
         raise ValueError(f"claim ids must be unique and start with {name!r}/: {ids}")
-    payload = {**payload, "table": table, "claims": list(claims)}
+    payload = {**payload, "table": table, "claims": list(claims), "provenance": provenance()}
     save_json(out / f"{name}.json", payload)
     fig.savefig(out / f"{name}.png", bbox_inches="tight")
     import matplotlib.pyplot as plt
