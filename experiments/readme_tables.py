@@ -1,0 +1,212 @@
+"""The README's headline tables, generated from a results folder (``make readme``).
+
+    python experiments/readme_tables.py [--results results] [--readme README.md] [--check]
+
+Each table sits in the README between ``<!-- NAME: start -->`` and ``<!-- NAME: end -->``
+(``NAME`` one of :data:`TABLES`) and is rewritten, with a line saying where its numbers come from
+(the command, ``sketchopt``'s version, the date and the machine, from the JSON's
+``provenance``), from the JSON that ``experiments/run.py`` wrote: ``reproductions`` from every
+paper reproduction's claims (``make run``), ``speed``, ``streams`` and ``networks`` from the
+benchmarks' (``make bench``). A table whose JSON is not in the folder is left as it is.
+``--check`` rewrites nothing and exits 1 if the README differs from what the results give.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import pathlib
+import re
+import sys
+
+REPO = pathlib.Path(__file__).resolve().parent.parent
+if str(REPO) not in sys.path:
+    sys.path.insert(0, str(REPO))
+
+from experiments import common, run  # noqa: E402
+
+TABLES = ("reproductions", "speed", "streams", "networks")
+
+#: The per-step learners of the speed table, as ``speed.json`` names them.
+SPEED_COLUMNS = (
+    ("ada_fd", "ADA-FD"),
+    ("ada_fd(fast=True)", "ADA-FD `fast=True`"),
+    ("ada_fd_dual_averaging", "ADA-FD dual averaging"),
+    ("fd_son", "FD-SON"),
+    ("rfd_son", "RFD-SON"),
+)
+STREAM_NAMES = {
+    "mnist": "MNIST subset",
+    "mnist_cross": "MNIST pixel pairs",
+    "text": "Zipf text",
+    "digits": "digits",
+}
+
+
+def _load(out: pathlib.Path, name: str) -> dict | None:
+    path = out / f"{name}.json"
+    return json.loads(path.read_text()) if path.exists() else None
+
+
+def _source(payload: dict, command: str) -> str:
+    """``(command, sketchopt 0.x, date, machine)`` from a JSON's provenance."""
+    p = payload.get("provenance") or {}
+    parts = [f"`{command}`", f"{payload.get('size', 'default')} size"]
+    if p:
+        parts += [f"sketchopt {p['sketchopt']}", p["date"], p["machine"]]
+    else:
+        parts += ["written before the results recorded their provenance"]
+    return "*Generated from " + ", ".join(parts) + ".*"
+
+
+def reproductions(out: pathlib.Path) -> str | None:
+    """The headline claims (``run.HEADLINE``), one short row each: the claim, its verdict and
+    id (the numbers are on the reproductions page and in ``OUT/reproductions.md``)."""
+    claims, _ = common.collect_claims(out, run.EXPERIMENTS)
+    by_id = {c["id"]: c for c in claims}
+    shown = [by_id[i] for i in run.HEADLINE if i in by_id]
+    if not shown:
+        return None
+
+    def cell(text: str) -> str:  # a "|" in a claim would split the row
+        return text.replace("|", "\\|")
+
+    rows = [
+        [cell(f"{c['claim']} ({c['source'].split(';')[0]})"), f"**{c['verdict']}**", f"`{c['id']}`"]
+        for c in shown
+    ]
+    table = common.markdown_table(["claim (paper)", "verdict", "id"], rows)
+    sources = [p for name in run.IN_ALL if (p := _load(out, name))]
+    return _source(sources[0], "make run") + "\n\n" + table
+
+
+def speed(out: pathlib.Path) -> str | None:
+    payload = _load(out, "speed")
+    if payload is None:
+        return None
+    rows = [r for r in payload["rows"] if r["dtype"] == "float32"]
+    d = max(r["d"] for r in rows)
+    tau = min((r["sketch_size"] for r in rows if r["d"] == d), key=lambda t: abs(t - 10))
+    at = {r["method"]: r for r in rows if r["d"] == d and r["sketch_size"] == tau}
+    base = at["optax.adagrad"]["seconds"]
+    cells = [
+        f"{1e3 * at[m]['seconds']:.1f} ms ({at[m]['ratio_to_adagrad']:.1f}x)" if m in at else ""
+        for m, _ in SPEED_COLUMNS
+    ]
+    head = (
+        f"One jitted step at `d = {d:.0e}`, `sketch_size = {tau}`, float32, cold cache, against "
+        f"`optax.adagrad`'s {1e3 * base:.2f} ms in the same process."
+    )
+    table = common.markdown_table([label for _, label in SPEED_COLUMNS], [cells])
+    return "\n\n".join([_source(payload, "experiments/run.py speed"), head, table])
+
+
+def _stream_cell(row: dict | None, name: bool = False) -> str:
+    if row is None:
+        return ""
+    err = f"{100 * row['progressive_error']:.2f}"
+    if row.get("test_error") is not None:
+        err += f" / {100 * row['test_error']:.2f}"
+    cell = f"{err} %, {row['examples_per_second'] / 1e3:.1f}k/s"
+    return f"{row['learner']} {cell}" if name else cell
+
+
+def streams(out: pathlib.Path) -> str | None:
+    payload = _load(out, "vw")
+    if payload is None:
+        return None
+    version = (payload.get("vw") or {}).get("version", "?")
+    rows = []
+    for stream, results in payload["streams"].items():
+        by = {r["learner"]: r for r in results if r["tool"] == "vw"}
+        ours = [r for r in results if r["tool"] == "sketchopt"]
+
+        def score(r):
+            test = r.get("test_error")
+            return (r["progressive_error"] if test is None else test, r["progressive_error"])
+
+        best = min(ours, key=score) if ours else None
+        rows.append(
+            [
+                STREAM_NAMES.get(stream, stream),
+                _stream_cell(by.get("vw_default")),
+                _stream_cell(by.get("vw_oja_newton")),
+                _stream_cell(best, name=True),
+            ]
+        )
+    head = (
+        f"Progressive / test error and examples per second of one logistic pass, against Vowpal "
+        f"Wabbit {version}, each configuration chosen from its grid."
+    )
+    table = common.markdown_table(
+        ["stream", "VW default", "VW `--OjaNewton`", "best `sketchopt.stream`"], rows
+    )
+    return "\n\n".join([_source(payload, "experiments/run.py vw"), head, table])
+
+
+def networks(out: pathlib.Path) -> str | None:
+    payload = _load(out, "networks")
+    if payload is None:
+        return None
+    rows = []
+    for name, r in payload["algorithms"].items():
+        loss = r["final_train_loss"]["mean"]
+        rows.append(
+            [
+                r.get("label", name),
+                f"{loss:.3f}",
+                f"{r['step_time_over_adam']:.2f}x",
+                f"{r['state_bytes_per_param']:.2f}",
+            ]
+        )
+    cfg = payload.get("config", {})
+    head = (
+        f"The byte-level transformer ({cfg.get('layers', '?')} layers, width "
+        f"{cfg.get('width', '?')}, {cfg.get('steps', '?')} steps), each learner's rate from its "
+        "own grid."
+    )
+    table = common.markdown_table(
+        ["learner", "final train loss", "step / Adam's", "state bytes / param"], rows
+    )
+    return "\n\n".join([_source(payload, "experiments/run.py networks"), head, table])
+
+
+def generate(out: pathlib.Path) -> dict[str, str]:
+    """The tables the results in ``out`` give (a table without its JSON is left out)."""
+    makers = {
+        "reproductions": reproductions,
+        "speed": speed,
+        "streams": streams,
+        "networks": networks,
+    }
+    return {name: text for name, make in makers.items() if (text := make(out)) is not None}
+
+
+def rewrite(readme: str, tables: dict[str, str]) -> str:
+    """``readme`` with each marked block replaced by its table."""
+    for name, text in tables.items():
+        pattern = re.compile(rf"(<!-- {name}: start -->\n).*?(\n<!-- {name}: end -->)", re.S)
+        if not pattern.search(readme):
+            raise ValueError(f"the README has no <!-- {name}: start/end --> block")
+        readme = pattern.sub(lambda m, text=text: m.group(1) + text + m.group(2), readme)
+    return readme
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--results", type=pathlib.Path, default=REPO / "results")
+    parser.add_argument("--readme", type=pathlib.Path, default=REPO / "README.md")
+    parser.add_argument("--check", action="store_true")
+    args = parser.parse_args(argv)
+    tables = generate(args.results)
+    before = args.readme.read_text()
+    after = rewrite(before, tables)
+    print(f"[readme] tables from {args.results}: {', '.join(tables) or 'none'}")
+    if args.check:
+        return int(after != before)
+    args.readme.write_text(after)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
