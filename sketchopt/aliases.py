@@ -488,10 +488,10 @@ def inject_hyperparams(
 
     Sizes such as ``sketch_size`` fix array shapes and cannot be traced, so with plain
     ``optax.inject_hyperparams`` they must be listed in ``static_args``; this wrapper does that
-    automatically for every argument given, or left at its default, as a Python ``int`` (floats,
-    arrays and schedules are injected as usual). The update rule is ``inner_factory``'s, with the injected
-    hyperparameters read from ``state.hyperparams`` at every step (so they can be changed
-    between steps).
+    automatically for every argument given, or left at its default, as a Python ``int``
+    (floats, arrays and schedules are injected as usual). The update rule is
+    ``inner_factory``'s, with the injected hyperparameters read from ``state.hyperparams`` at
+    every step (so they can be changed between steps).
 
     Args:
       inner_factory: a transform factory (``sketchopt.ada_fd``, ...).

@@ -549,6 +549,14 @@ def fd_son(
     the update is ``-A_t^{-1} g_t`` (Woodbury through the sketch, ``O(m d)``). With
     ``sketch_size > d`` FD never shrinks and FD-SON equals :func:`ons`.
 
+    Defaults: ``alpha = 1`` and ``m = 10``. SON has no learning rate: ``1/alpha`` is its step
+    outside the sketch, and inside it the Newton step shrinks the gradient by ``alpha + eta_t
+    lambda``. Over ``1/alpha`` from ``1e-4`` to 1 (``experiments/run.py defaults``) the training
+    loss of small networks falls all the way to ``alpha = 1`` (smaller ``alpha`` is a plain
+    gradient step longer than 1 outside the sketch); like AdaGrad, with no momentum and a step
+    that decays, it does not reach Adam's loss there: SON is a method for online convex problems.
+    ``alpha`` is not scale-free: scale it with the gradients' squared norm.
+
     Args:
       alpha: the ridge ``alpha >= 0``; ``1/alpha`` is the step size of the directions outside the
         sketch. ``alpha = 0`` uses the Moore-Penrose pseudo-inverse (SON Appendix D), i.e. no step
@@ -595,7 +603,7 @@ def fd_son(
 def rfd_son(
     sketch_size: int = 10,
     *,
-    alpha0: float = 0.0,
+    alpha0: float = 1.0,
     eta: ScalarOrSchedule | None = None,
     curvature: ScalarOrSchedule = 0.0,
     fast: bool = False,
@@ -609,6 +617,11 @@ def rfd_son(
     before the first non-zero shrink) ``A_t^+`` is the Moore-Penrose pseudo-inverse
     ``V Sigma^{-2} V^T`` (RFD paper, appendix A), and :func:`project_bounded_prediction` chooses
     between the appendix's two candidate points.
+
+    Defaults (``m = 10``, ``alpha0 = 1``): those of :func:`fd_son`. The paper's hyperparameter-free
+    RFD0-SON is ``alpha0=0``; on networks its first steps are pseudo-inverse Newton steps
+    ``-g / (eta |g|^2)`` along each gradient, huge for small gradients (a digits MLP ends at a
+    loss of 0.85 against 0.06 with ``alpha0 = 1``, ``experiments/run.py defaults``).
 
     Args:
       sketch_size: ``m >= 1`` rows including the slot of the incoming row.
@@ -628,7 +641,7 @@ def rfd_son(
 
     Examples:
       >>> import jax.numpy as jnp, sketchopt
-      >>> tx = sketchopt.rfd_son(sketch_size=3)  # RFD0-SON: alpha_t = 0 until the first shrink
+      >>> tx = sketchopt.rfd_son(sketch_size=3, alpha0=0.0)  # RFD0-SON: no ridge before a shrink
       >>> state = tx.init(jnp.zeros(2))
       >>> updates, state = tx.update(jnp.array([2.0, 0.0]), state)
       >>> updates[0]  # -(g g^T)^+ g = -g / |g|^2
@@ -667,6 +680,7 @@ def oja_son(
 
     ``A_t = alpha I + V_t^T (t Lambda_t) V_t`` with Oja's running eigenvectors ``V_t`` (``m x d``,
     orthonormal) and eigenvalues ``Lambda_t`` of the to-sketch vectors; update ``-A_t^{-1} g_t``.
+    Defaults (``alpha = 1``, ``m = 10``) and why: as :func:`fd_son`.
 
     Args:
       alpha: ``alpha >= 0`` (0: pseudo-inverse on the directions with a positive eigenvalue).

@@ -32,7 +32,7 @@ FAMILIES = {
     "ada_full": lambda: so.ada_full(0.1, 0.1),
     "scale_by_ada_fd": lambda: so.scale_by_ada_fd(3, 0.1, robust=False),
     "fd_son": lambda: so.fd_son(1.0, 3),
-    "rfd_son": lambda: so.rfd_son(3, fast=True),
+    "rfd_son": lambda: so.rfd_son(3, fast=True, alpha0=0.0),
     "oja_son": lambda: so.oja_son(1.0, 3),
     "rp_son": lambda: so.rp_son(1.0, 3, KEY),
     "ons": lambda: so.ons(1.0),

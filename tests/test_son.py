@@ -567,7 +567,7 @@ def test_vmap_over_hyperparameters_and_keys():
 
 FACTORIES = {
     "fd_diag": lambda: so.fd_son(1.0, 3, diagonal_rescaling=True),
-    "rfd0_fast": lambda: so.rfd_son(3, fast=True),
+    "rfd0_fast": lambda: so.rfd_son(3, fast=True, alpha0=0.0),
     "oja": lambda: so.oja_son(1.0, 3),
     "rp": lambda: so.rp_son(1.0, 3, jax.random.key(3)),  # a new-style typed key
     "ons": lambda: so.ons(1.0),
@@ -876,7 +876,7 @@ def test_validation():
         (lambda: so.fd_son(1.0, 3, fast=1), "fast"),
         (lambda: so.fd_son(1.0, 3, diagonal_rescaling="yes"), "diagonal_rescaling"),
         (lambda: so.rfd_son(3, alpha0=-0.1), "alpha0"),
-        (lambda: so.rfd_son(-3), "sketch_size"),
+        (lambda: so.rfd_son(-3, alpha0=0.0), "sketch_size"),
         (lambda: so.oja_son(1.0, 3, oja_learning_rate=2.0), "learning_rate"),
         (lambda: so.rp_son(0.0, 3, key), "alpha"),
         (lambda: so.rp_son(1.0, 3, None), "key"),

@@ -99,7 +99,12 @@ def cases():
             2.0,
             False,
         ),
-        "rfd0_son": (lambda: so2.rfd_son(4), lambda: so.rfd_son(4), np.inf, False),
+        "rfd0_son": (
+            lambda: so2.rfd_son(4, alpha0=0.0),
+            lambda: so.rfd_son(4, alpha0=0.0),
+            np.inf,
+            False,
+        ),
         "ada_fd": (
             lambda: so2.ada_fd(0.3, 4, 1.0, robust=False),
             lambda: so.ada_fd(0.3, 4, 1.0, robust=False),
@@ -304,7 +309,7 @@ def test_options_are_validated():
     with pytest.raises(ValueError, match="bound"):
         so2.fd_son(0.0, 4, bound=1.0)
     with pytest.raises(ValueError, match="bound"):
-        so2.rfd_son(4, bound=1.0)  # RFD0-SON: no ridge before the first shrink
+        so2.rfd_son(4, bound=1.0, alpha0=0.0)  # RFD0-SON: no ridge before the first shrink
     with pytest.raises(ValueError, match="alpha"):
         so2.rp_son(0.0, 4)
     with pytest.raises(ValueError, match="rule"):
