@@ -132,7 +132,7 @@ def _learners(tau: int, dim: int, full_dim: int, quick: bool = False):
     ]
     learners += [
         ("fd_son", so.fd_son(1.0, tau), "tx"),
-        ("rfd_son", so.rfd_son(tau), "tx"),
+        ("rfd_son", so.rfd_son(tau, alpha0=0.0), "tx"),
         ("radagrad", so.radagrad(0.1, tau, 1e-3, jax.random.PRNGKey(0)), "tx"),
     ]
     if dim <= full_dim:
@@ -315,7 +315,7 @@ def _eager_families():
         "ada_fd_dual_averaging": lambda: so.ada_fd_dual_averaging(0.1, 4, 1e-3, robust=False),
         "ada_full": lambda: so.ada_full(0.1, 1e-3),
         "fd_son": lambda: so.fd_son(1.0, 4),
-        "rfd_son": lambda: so.rfd_son(4),
+        "rfd_son": lambda: so.rfd_son(4, alpha0=0.0),
         "oja_son": lambda: so.oja_son(1.0, 4),
         "rp_son": lambda: so.rp_son(1.0, 4, key),
         "ons": lambda: so.ons(1.0),
