@@ -77,6 +77,7 @@ __all__ = [
     "GraftedOperator",
     "KronMetricState",
     "Metric",
+    "NormalizedOperator",
     "RadagradMetricState",
     "ada_lr_metric",
     "diagonal",

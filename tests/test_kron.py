@@ -376,3 +376,45 @@ def test_the_range_finder_compresses_without_changing_what_it_keeps(robust):
             err = np.linalg.eigvalsh(stat - rows.T @ rows)
             assert err.min() >= -1e-9 * err.max()
             assert (float(side.alpha) > 0) == robust
+
+
+def test_the_rms_graft_is_shampoos_direction_at_adams_update_size():
+    """``graft="rms"`` (the default): each step is Shampoo's (float64 reference), rescaled to the
+    root-mean-square ``graft_rms * learning_rate`` per layer of a stacked leaf, and the leaves
+    that are not factored take Shampoo's vector rule at the same size; no per-parameter
+    statistic is kept (the state equals ``graft=None``'s)."""
+    with jax.enable_x64(True):
+        rng = np.random.default_rng(21)
+        seq = [rng.standard_normal((3, 4, 5)) for _ in range(4)]
+        vec = [rng.standard_normal(6) for _ in range(4)]
+        grads = [
+            {"layers": jnp.asarray(g), "w": jnp.asarray(g[0]), "b": jnp.asarray(v)}
+            for g, v in zip(seq, vec, strict=True)
+        ]
+        params = jax.tree.map(jnp.zeros_like, grads[0])
+        lr, rms = 0.1, 0.3
+        tx = so.kron_fd(lr, 12, delta=1e-2, stacked="['layers']", graft_rms=rms)
+        plain = so.kron_fd(lr, 12, delta=1e-2, stacked="['layers']", graft=None)
+        state, update = tx.init(params), jax.jit(tx.update)
+        assert jax.tree.structure(state) == jax.tree.structure(plain.init(params))
+        per_layer = [shampoo([g[i] for g in seq], lr, 1e-2) for i in range(3)]
+        matrix = shampoo([g[0] for g in seq], lr, 1e-2)
+        v = np.zeros(6)
+        for t, g in enumerate(grads):
+            u, state = update(g, state)
+            for i in range(3):
+                ref = per_layer[i][t]
+                expected = ref * lr * rms * np.sqrt(ref.size) / np.linalg.norm(ref)
+                np.testing.assert_allclose(u["layers"][i], expected, rtol=1e-9)
+            ref = matrix[t]
+            np.testing.assert_allclose(
+                u["w"], ref * lr * rms * np.sqrt(ref.size) / np.linalg.norm(ref), rtol=1e-9
+            )
+            v = v + vec[t] ** 2
+            step = vec[t] / np.sqrt(v + 1e-2)  # Shampoo's vector rule, then the graft's size
+            np.testing.assert_allclose(
+                u["b"], -step * lr * rms * np.sqrt(6) / np.linalg.norm(step), rtol=1e-9
+            )
+            for leaf in jax.tree.leaves(u):
+                layer = leaf[0] if leaf.ndim == 3 else leaf
+                np.testing.assert_allclose(np.sqrt(np.mean(np.square(layer))), lr * rms)
