@@ -715,7 +715,7 @@ def kron_sketched(
     relative_delta: bool = False,
     stacked: str | tuple[str, ...] = (),
     factoring: Callable[[str, tuple[int, ...]], Any] | None = None,
-    graft_rms: float = 0.2,
+    graft_rms: float = 0.35,
 ) -> Metric:
     r"""Shampoo's Kronecker-factored metric with each factor kept as an FD/RFD sketch.
 
@@ -864,7 +864,7 @@ class _KronSketched:
 
     def __init__(
         self, k, delta, robust, exponents, decay, update_every, refresh_every, start_step, graft,
-        graft_decay, graft_eps, block, compress, relative_delta, factoring, graft_rms=0.2,
+        graft_decay, graft_eps, block, compress, relative_delta, factoring, graft_rms=0.35,
     ):  # fmt: skip
         self.k, self.delta, self.robust, self.exponents = k, delta, robust, exponents
         self.decay, self.update_every, self.refresh_every = decay, update_every, refresh_every
