@@ -1,7 +1,9 @@
 # The two commands of the README (`make run`, `make test`); each creates (or reuses) .venv and
-# installs what it needs. `make ci` is what .ci/run runs on a fresh machine: the tests, the
-# conformance battery, the documentation site (`make docs`), then the packaging checks (the lowest
-# declared dependency versions; the built wheel against the newest JAX, Optax and Flax).
+# installs what it needs. `make bench` runs the library's own benchmarks (speed, vw, networks,
+# defaults), outside `make run`'s time budget. `make ci` is what .ci/run runs on a fresh
+# machine: the tests, the conformance battery, the documentation site (`make docs`), then the
+# packaging checks (the lowest declared dependency versions; the built wheel against the newest
+# JAX, Optax and Flax).
 PYTHON ?= python3
 VENV := .venv
 STAMP := $(VENV)/.installed
@@ -26,12 +28,19 @@ $(DOCS_STAMP): $(STAMP) pyproject.toml
 	$(VENV)/bin/pip install --quiet -e '.[docs]'
 	touch $(DOCS_STAMP)
 
-.PHONY: venv run test test-fast conformance docs lint ci smoke-lowest smoke-wheel
+.PHONY: venv run bench test test-fast conformance docs lint ci smoke-lowest smoke-wheel
 venv: $(STAMP)
 
-# Main job: the default experiment suite; plots, JSON and a summary land in results/.
+# Main job: the papers' reproductions at the default size (at most 20 minutes on a 2-core
+# machine); plots, JSON and a summary land in results/.
 run: $(STAMP)
 	$(VENV)/bin/python experiments/run.py all --out results
+
+# The library's own benchmarks (experiments/run.py BENCHMARKS: speed, vw, networks, defaults) at
+# the default size, into results/ beside the reproductions (the README's headline table quotes
+# speed's claim from there); more than an hour on a 2-core machine.
+bench: $(STAMP)
+	$(VENV)/bin/python experiments/run.py bench --out results
 
 # The whole test suite (lint included, notebooks executed, the docstrings' examples run), as CI
 # runs it.

@@ -53,9 +53,10 @@ are 54 epochs of 31 steps, well over the few minutes of the default size at 28x2
 * ``quick``: 14x14 images (2x2 average pooling), 2000/1000 split, 2 epochs, 2 seeds, each
   optimizer at its grid's centre, no search; well under a minute of CPU time.
 * default: 14x14 images, the whole subset (4000 train / 1000 test), 3 x 3 grids selected on
-  1 epoch, then 4 seeds x 5 epochs; 356 s of CPU time (22 min of wall time on the shared,
-  heavily loaded 2-core machine; a few minutes alone). Selecting on 1 epoch is a short horizon
-  (the scores of neighbouring points often differ by < 0.01), the same for every learner.
+  1 epoch, then 3 seeds x 4 epochs: about 200 s of CPU time on the 2-core machine (4 seeds x 5
+  epochs until 0.10, 270-290 s: the largest part of ``make run``, cut to keep it within 20
+  minutes). Selecting on 1 epoch is a short horizon (the scores of neighbouring points often
+  differ by < 0.01), the same for every learner.
 * ``full``: 28x28 images (the paper's network unchanged), 4000/1000, 3 x 3 grids selected on
   2 epochs, then 5 seeds (as the paper) x 10 epochs; about an hour on a 2-core CPU, minutes on
   an accelerator.
@@ -76,7 +77,9 @@ so each optimizer compiles one ``jit`` step whose arguments include the hyperpar
 and the batch indices (one compilation serves the grid and the seeds), and a Python loop drives
 it. ``vmap`` over seeds was ~2x slower per run on 2 cores (batched kernels become grouped
 convolutions; a vmap over grid points batches the kernels the same way), so runs go one after
-another. An im2col convolution (patches times a matmul) was 1.2-1.6x slower than XLA's.
+another. An im2col convolution (patches times a matmul) was 1.2-1.6x slower than XLA's. A
+selection run evaluates nothing (its score is its training loss): the test set after each epoch
+and the training set at the end are the reported runs' only.
 """
 
 from __future__ import annotations
@@ -130,7 +133,7 @@ def config(size: str) -> Config:
         return Config("quick", 14, 2000, N_TEST, 2, 2, 0, 4, "centre")
     if size == "full":
         return Config("full", 28, N_TRAIN, N_TEST, 10, 5, 2, 8, "3x3")
-    return Config("default", 14, N_TRAIN, N_TEST, 5, 4, 1, 8, "3x3")
+    return Config("default", 14, N_TRAIN, N_TEST, 4, 3, 1, 8, "3x3")
 
 
 # ------------------------------------------------------------------------------------------------
@@ -376,8 +379,10 @@ class Trainer:
             "state_bytes_per_param": state_bytes,
         }
 
-    def train(self, hyper, diag, seed: int, epochs: int, bar=None) -> dict:
-        """Train from scratch on ``seed``; returns the curves (NumPy) and the final metrics."""
+    def train(self, hyper, diag, seed: int, epochs: int, bar=None, evaluate: bool = True) -> dict:
+        """Train from scratch on ``seed``; returns the curves (NumPy) and the final metrics.
+        ``evaluate=False`` skips the test set after each epoch and the training set at the end
+        (a selection run needs only its training loss): their metrics are then NaN."""
         (hyper_a, diag_a, key), params, opt_state = self._start(hyper, diag, seed)
         rng = np.random.default_rng(seed)
         n, spe = len(self.y_train), self.steps_per_epoch()
@@ -396,10 +401,12 @@ class Trainer:
                 if bar is not None:
                     bar.update(1)
             losses.append(np.asarray(jnp.stack(epoch)))
-            tl, ta = self._evaluate(params, self.x_test, self.y_test)
+            tl, ta = self._evaluate(params, self.x_test, self.y_test) if evaluate else (np.nan,) * 2
             test_loss.append(float(tl))
             test_acc.append(float(ta))
-        full_loss, full_acc = self._evaluate(params, self.x_train, self.y_train)
+        full_loss, full_acc = (
+            self._evaluate(params, self.x_train, self.y_train) if evaluate else (np.nan,) * 2
+        )
         losses = np.stack(losses).astype(np.float64)
         losses = np.where(np.isfinite(losses), losses, np.nan)
         w = self.cfg.log_every
@@ -502,7 +509,7 @@ def tune_and_train(
     scores = []
     if len(grid) > 1:
         for point in grid:
-            res = trainer.train(point, diag, select_seed, cfg.select_epochs, bar)
+            res = trainer.train(point, diag, select_seed, cfg.select_epochs, bar, evaluate=False)
             scores.append(_score(res))
         chosen = grid[common.best_index(scores)]
     else:
