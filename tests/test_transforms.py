@@ -870,7 +870,7 @@ def test_optax_inject_hyperparams_with_static_sketch_size(rule):
     factory = so.ada_fd if rule == "md" else so.ada_fd_dual_averaging
     z, y = make_stream(12, seed=31)
     injected = optax.inject_hyperparams(factory, static_args=("sketch_size",))(
-        learning_rate=0.1, sketch_size=3, delta=0.5
+        learning_rate=0.1, sketch_size=3, delta=0.5, robust=False
     )
     with x64(True):
         traj, state = run_tx(injected, X0, z, y, jnp.float64)
@@ -888,7 +888,7 @@ def _lower_lr_from_step_5(state, t):
     "kind, rule, factory, kwargs",
     [
         ("fast_rfd", "md", so.ada_fd, dict(sketch_size=3, delta=0.5, robust=True, fast=True)),
-        ("fd", "da", so.ada_fd_dual_averaging, dict(sketch_size=3, delta=0.5)),
+        ("fd", "da", so.ada_fd_dual_averaging, dict(sketch_size=3, delta=0.5, robust=False)),
         ("full", "md", so.ada_full, dict(delta=0.5)),
     ],
 )
