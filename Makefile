@@ -28,7 +28,7 @@ $(DOCS_STAMP): $(STAMP) pyproject.toml
 	$(VENV)/bin/pip install --quiet -e '.[docs]'
 	touch $(DOCS_STAMP)
 
-.PHONY: venv run bench test test-fast conformance docs lint ci smoke-lowest smoke-wheel
+.PHONY: venv run bench readme test test-fast conformance docs lint ci smoke-lowest smoke-wheel
 venv: $(STAMP)
 
 # Main job: the papers' reproductions at the default size (at most 20 minutes on a 2-core
@@ -41,6 +41,11 @@ run: $(STAMP)
 # speed's claim from there); more than an hour on a 2-core machine.
 bench: $(STAMP)
 	$(VENV)/bin/python experiments/run.py bench --out results
+
+# The README's headline tables (reproductions, speed, streams, networks) rewritten from the JSON
+# in results/ (experiments/readme_tables.py); a table whose JSON is absent stays as it is.
+readme: $(STAMP)
+	$(VENV)/bin/python experiments/readme_tables.py --results results --readme README.md
 
 # The whole test suite (lint included, notebooks executed, the docstrings' examples run), as CI
 # runs it.
