@@ -67,6 +67,26 @@ def size_name(*, quick: bool, full: bool) -> str:
     return "quick" if quick else "full" if full else "default"
 
 
+def script(run: Callable, doc: str, argv: Sequence[str] | None = None, *, full: str) -> int:
+    """The command line of an experiment run as a script, ``python experiments/NAME.py
+    [--quick|--full] [--seed S] [--out DIR]``: ``run(...)`` into ``DIR`` (default the checkout's
+    ``results/``); ``full`` says what ``--full`` is. ``experiments/run.py NAME`` is the same run
+    with the reproductions table and the summary."""
+    import argparse
+
+    parser = argparse.ArgumentParser(description=doc.splitlines()[0])
+    group = parser.add_mutually_exclusive_group()
+    group.add_argument("--quick", action="store_true", help="reduced size (what the tests run)")
+    group.add_argument("--full", action="store_true", help=full)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument(
+        "--out", type=pathlib.Path, default=pathlib.Path(__file__).parents[1] / "results"
+    )
+    args = parser.parse_args(argv)
+    run(quick=args.quick, full=args.full, seed=args.seed, out=args.out)
+    return 0
+
+
 def begin(config: Callable[[str], Any], *, quick: bool, full: bool) -> tuple[str, Any]:
     """An experiment's first lines: one BLAS thread (:func:`limit_blas_threads`), the size's
     name and ``config(size)``, its configuration."""

@@ -44,7 +44,6 @@ process, which is what the targets are about.
 
 from __future__ import annotations
 
-import argparse
 import pathlib
 import sys
 import time
@@ -781,13 +780,7 @@ def _plot(rows, cfg):
 
 
 def main(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true")
-    parser.add_argument("--full", action="store_true")
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--out", type=pathlib.Path, default=REPO / "results")
-    args = parser.parse_args(argv)
-    run(quick=args.quick, full=args.full, seed=args.seed, out=args.out)
+    return common.script(run, __doc__, argv, full="more dimensions, sketch sizes and repeats")
 
 
 if __name__ == "__main__":
