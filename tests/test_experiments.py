@@ -155,6 +155,8 @@ def test_readme_reproductions_table_is_the_headline_table():
     table = text[start:end]
     rows = [line for line in table.splitlines() if line.startswith("| ") and "`" in line]
     ids = [row.split("`")[-2] for row in rows]
-    assert ids == list(runner.HEADLINE)
+    # generated from a `make run` (the reproductions) or also from `make bench` (speed's claim)
+    in_run = [i for i in runner.HEADLINE if i.split("/")[0] in runner.IN_ALL]
+    assert ids in (list(runner.HEADLINE), in_run)
     for row in rows:
         assert any(f"**{v}**" in row for v in common.VERDICTS), row
