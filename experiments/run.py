@@ -3,23 +3,23 @@
 ``NAME`` is one or more of the registered experiments, ``all`` (the papers' reproductions:
 ``make run``) or ``bench`` (the library's own benchmarks: ``make bench``):
 
-==================  ==============================================================  ============
-name                what                                                            in
-==================  ==============================================================  ============
-``regret``          Ada-FD paper sec. 4.1 / Fig. 1: online regression regret        ``all``
-``sketch_error``    RFD paper sec. 6.1 / Fig. 1-2: covariance sketch error          ``all``
-``son_condition``   SON paper sec. 5.1 / Fig. 1: error versus condition number      ``all``
-``classification``  Ada-FD sec. 4.2 / Fig. 2-3, RFD paper sec. 6.2: online mistakes    ``all``
-``son_online``      RFD paper sec. 6.2 / Fig. 5-11: SON online error vs sketch size  ``all``
-``cnn``             Ada-FD paper sec. 4.3: CNN training                              ``all``
-``sparse_drift``    float32 drift of the sparse second-order learners' ``F Z``       ``all``
-``son_real``        SON paper sec. 5.2 / Fig. 3: real data, sketch and rescaling    ``all``
-``first_order``     slides Table 2, AdaGrad paper Tables 1, 3, 4: sparse learners   ``all``
-``speed``           per-step cost against optax.adagrad and ADA-FULL                 ``bench``
-``vw``              sparse streams: Vowpal Wabbit vs sketchopt.stream's learners    ``bench``
+==================  ================================================================  =========
+name                what                                                              in
+==================  ================================================================  =========
+``regret``          Ada-FD paper sec. 4.1 / Fig. 1: online regression regret          ``all``
+``sketch_error``    RFD paper sec. 6.1 / Fig. 1-2: covariance sketch error            ``all``
+``son_condition``   SON paper sec. 5.1 / Fig. 1: error versus condition number        ``all``
+``classification``  Ada-FD sec. 4.2 / Fig. 2-3, RFD paper sec. 6.2: online mistakes   ``all``
+``son_online``      RFD paper sec. 6.2 / Fig. 5-11: SON online error vs sketch size   ``all``
+``cnn``             Ada-FD paper sec. 4.3: CNN training                               ``all``
+``sparse_drift``    float32 drift of the sparse second-order learners' ``F Z``        ``all``
+``son_real``        SON paper sec. 5.2 / Fig. 3: real data, sketch and rescaling      ``all``
+``first_order``     slides Table 2, AdaGrad paper Tables 1, 3, 4: sparse learners     ``all``
+``speed``           per-step cost against optax.adagrad and ADA-FULL                  ``bench``
+``vw``              sparse streams: Vowpal Wabbit vs sketchopt.stream's learners      ``bench``
 ``networks``        network layers: kron_fd vs Adam, Shampoo, PSGD; transformer, CNN  ``bench``
-``defaults``        the library's defaults (the defaults issue's sweeps)             ``bench``
-==================  ==============================================================  ============
+``defaults``        the library's defaults (the defaults issue's sweeps)              ``bench``
+==================  ================================================================  =========
 
 ``all`` runs the reproductions (``IN_ALL``) and ``bench`` the library's own benchmarks
 (``BENCHMARKS``), each by name too. The benchmarks measure the library against its peers and its
@@ -52,8 +52,12 @@ minutes on the 2-core machine (issue 42). What changed for it (0.10 -> issue 42)
   ``first_order`` with 2 reported orders (``first_order/adagrad_t1_l1`` crossed its threshold,
   4 of 8 pairs against 3); ``son_real`` with 2 orders saved 7 s only.
 
-Measured at the default size (CPU seconds on this 2-core machine): TIMES_PLACEHOLDER.
-``all`` writes ``OUT/summary.md``, which opens with the "Reproductions" table, then every
+Measured (2026-11-27, the 2-core machine shared with other jobs, load 1-4): ``all`` took 961 s
+of wall time (16 minutes), 1128 s of CPU time; per experiment, wall (CPU) seconds: regret 136
+(130), sketch_error 78 (74), son_condition 150 (129), classification 155 (150), son_online 121
+(150), cnn 158 (231), sparse_drift 42 (74), son_real 57 (81), first_order 63 (108). Under a
+steady load of 4 it takes about 19.5 minutes (a run at that load took 1097 s for 1065 s of CPU
+time). ``all`` writes ``OUT/summary.md``, which opens with the "Reproductions" table, then every
 experiment's own.
 
 The contract for an experiment module (how ``cnn`` and ``speed`` plug in)
