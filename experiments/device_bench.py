@@ -101,7 +101,7 @@ def proxy_part() -> dict:
     params = speed._transformer_tree(24)
     rows = {}
     for name, tx in (
-        ("ada_fd", so.ada_fd(0.1, 10, 1.0)),
+        ("ada_fd", so.ada_fd(0.1, 10, 1.0, robust=False)),
         ("fd_son", so.fd_son(1.0, 10)),
         ("kron_fd", so.kron_fd(1e-3, 32)),
         ("ada_diag", so.ada_diag(0.1, 1e-3)),
@@ -131,9 +131,9 @@ def steps_part(dims: list[int], repeats: int = 7) -> dict:
     learners = (
         ("optax.adagrad", lambda: optax.adagrad(0.1)),
         ("optax.adam", lambda: optax.adam(1e-3)),
-        ("ada_fd", lambda: so.ada_fd(0.1, tau, 1.0)),
-        ("ada_fd(fast=True)", lambda: so.ada_fd(0.1, tau, 1.0, fast=True)),
-        ("ada_fd_dual_averaging", lambda: so.ada_fd_dual_averaging(0.1, tau, 1.0)),
+        ("ada_fd", lambda: so.ada_fd(0.1, tau, 1.0, robust=False)),
+        ("ada_fd(fast=True)", lambda: so.ada_fd(0.1, tau, 1.0, robust=False, fast=True)),
+        ("ada_fd_dual_averaging", lambda: so.ada_fd_dual_averaging(0.1, tau, 1.0, robust=False)),
         ("fd_son", lambda: so.fd_son(1.0, tau)),
         ("oja_son", lambda: so.oja_son(1.0, tau)),
     )
