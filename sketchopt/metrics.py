@@ -864,7 +864,7 @@ class _KronSketched:
 
     def __init__(
         self, k, delta, robust, exponents, decay, update_every, refresh_every, start_step, graft,
-        graft_decay, graft_eps, block, compress, relative_delta, factoring, graft_rms=0.35,
+        graft_decay, graft_eps, block, compress, relative_delta, factoring, graft_rms,
     ):  # fmt: skip
         self.k, self.delta, self.robust, self.exponents = k, delta, robust, exponents
         self.decay, self.update_every, self.refresh_every = decay, update_every, refresh_every
