@@ -19,14 +19,18 @@ The package is laid out along its architecture, metric x rule x regularizer (``D
   metric under the mirror-descent rule, and the bounded-prediction projection;
 * :mod:`sketchopt.first_order` -- FOBOS, RDA, FTRL-Proximal, truncated gradient;
 * :mod:`sketchopt.sharding` -- state shardings for ``jax.jit`` across devices;
-* :mod:`sketchopt.inspection` -- :func:`diagnostics`, what to watch in a running optimizer.
+* :mod:`sketchopt.inspection` -- :func:`diagnostics`, what to watch in a running optimizer;
+* :mod:`sketchopt.backends` -- the code paths per backend: :func:`accelerator_path`, which runs
+  the accelerators' path on the CPU, and :func:`batched_solves`, one solver call per kind and
+  level for all shape groups.
 
 Package-internal (underscore) modules hold what the public ones share, each in one place:
 ``_numerics`` (power-of-two scaling, safe norms, ``eigh``, precision and dtype rules),
 ``_partitioning`` (sharding helpers), ``_validation`` (argument checks), ``_groups`` (the group
 context the sketches consult inside the driver's ``vmap`` over a group of leaves), ``_layouts``
 (the state layout rules under a mesh, which :mod:`sketchopt.sharding` publishes), ``_leafwise``
-(the one per-leaf driver every transform runs on), ``_arrowhead`` (the arrowhead eigensolver
+(the one per-leaf driver every transform runs on), ``_solvers`` (the small factorizations,
+batched across the driver's groups), ``_arrowhead`` (the arrowhead eigensolver
 behind the FD sketches' structured ``eigh``) and ``_dct`` (RADAGRAD's randomized DCT). No module
 imports one that imports it back (``tests/test_layout.py``). Every transform is also importable
 from the package root.
@@ -34,6 +38,7 @@ from the package root.
 
 # ``baselines`` and ``transforms``: the modules of 0.2, kept importable (CHANGELOG.md, 0.3.0).
 from sketchopt import aliases as aliases
+from sketchopt import backends as backends
 from sketchopt import baselines as baselines
 from sketchopt import first_order as first_order
 from sketchopt import inspection as inspection
@@ -45,6 +50,7 @@ from sketchopt import sharding as sharding
 from sketchopt import sketches as sketches
 from sketchopt import transforms as transforms
 from sketchopt.aliases import *  # noqa: F403
+from sketchopt.backends import *  # noqa: F403
 from sketchopt.first_order import *  # noqa: F403
 from sketchopt.inspection import *  # noqa: F403
 from sketchopt.metrics import AdaLRMetricState as AdaLRMetricState

@@ -45,7 +45,7 @@ from typing import NamedTuple
 import jax
 import jax.numpy as jnp
 
-from sketchopt import _groups, _numerics
+from sketchopt import _groups, _numerics, _solvers
 
 __all__ = [
     "arrowhead_eigh",
@@ -285,8 +285,10 @@ def arrowhead_pays() -> bool:
     """Whether the arrowhead solve is worth its kernels: on GPU and TPU ``eigh`` is a solver
     library call costing far more than the ``O(n^2)`` fused work; on XLA:CPU, LAPACK's ``syevd``
     on an ``11 x 11`` matrix (about 3 us) beats the solve's dozens of small kernels (measured:
-    ADA-FD at ``d = 100`` went from 11 to 33 us per step)."""
-    return jax.default_backend() != "cpu"
+    ADA-FD at ``d = 100`` went from 11 to 33 us per step). :func:`sketchopt.accelerator_path`
+    (or ``SKETCHOPT_ACCELERATOR_PATH=1``) takes this path on the CPU too, so that tests cover it
+    on every machine (:func:`sketchopt._solvers.accelerator_path_active`)."""
+    return _solvers.accelerator_path_active()
 
 
 def eigh_desc_structured(gram, arrow):
@@ -303,15 +305,12 @@ def eigh_desc_structured(gram, arrow):
     A complex (Hermitian) ``gram`` always takes ``eigh`` (the arrowhead solve is real).
     """
     n = gram.shape[-1]
+    if n >= 2 and not jnp.iscomplexobj(gram) and _solvers.batchable():
+        return _structured_batched(gram, arrow)
     if _groups.grouped() or n < 2 or jnp.iscomplexobj(gram):
         mu, u = _numerics.eigh_desc(gram)
         return mu, u, jnp.bool_(False)
-    idx = jnp.arange(n)
-    zero = gram == 0
-    off = idx[:, None] != idx[None, :]
-    is_diag = jnp.all(zero | ~off)
-    in_arrow = (idx[:, None] == arrow) | (idx[None, :] == arrow)
-    is_arrow = jnp.all(zero | ~off | in_arrow) & jnp.all(gram == gram.T)
+    is_diag, is_arrow = _structure(gram, arrow)
     pays = arrowhead_pays()
     which = jnp.where(is_diag, 1, jnp.where(is_arrow & pays, 2, 0))
     # Module-level branches, operands passed explicitly: outside jit the switch is then traced
@@ -319,6 +318,31 @@ def eigh_desc_structured(gram, arrow):
     branches = _BRANCHES_ARROW if pays else _BRANCHES
     mu, u, fallback = jax.lax.switch(which, branches, gram, jnp.asarray(arrow, jnp.int32))
     return _numerics.zero_round_off_eigenvalues(mu, n), u, fallback
+
+
+def _structure(gram, arrow):
+    """Whether ``gram`` is diagonal, and whether it is a (symmetric) arrowhead at ``arrow``."""
+    idx = jnp.arange(gram.shape[-1])
+    zero = gram == 0
+    off = idx[:, None] != idx[None, :]
+    is_diag = jnp.all(zero | ~off)
+    in_arrow = (idx[:, None] == arrow) | (idx[None, :] == arrow)
+    is_arrow = jnp.all(zero | ~off | in_arrow) & jnp.all(gram == gram.T)
+    return is_diag, is_arrow
+
+
+def _structured_batched(gram, arrow):
+    """:func:`eigh_desc_structured` inside the update's batched factorizations
+    (:mod:`sketchopt._solvers`): a diagonal matrix sorted in plain array operations, any other
+    through one ``eigh`` request batched with every group's, run only when some leaf of the
+    update needs it (``when``). No arrowhead solve here: with one batched call per update
+    instead of one per group, its fused kernels no longer pay for their compile time."""
+    is_diag, _ = _structure(gram, arrow)
+    mu, u, _ = _diagonal(gram, arrow)
+    general_mu, general_u = _numerics.eigh_desc(gram, zero_round_off=False, when=~is_diag)
+    mu = jnp.where(is_diag, mu, general_mu)
+    u = jnp.where(is_diag, u, general_u)
+    return _numerics.zero_round_off_eigenvalues(mu, gram.shape[-1]), u, jnp.bool_(False)
 
 
 def _general(gram, arrow):
@@ -383,14 +407,17 @@ def householder_null_vector(a):
 
 
 def null_vector(a):
-    """A unit ``q`` with ``a @ q = 0`` for a ``k x n`` matrix ``a``, ``k < n``: LAPACK's complete
-    QR of ``a^T`` on CPU, :func:`householder_null_vector` (no solver-library call) where the
-    arrowhead solve pays (:func:`arrowhead_pays`). A complex ``a`` always takes the QR, whose last
-    column ``q`` satisfies ``q^H a^T = 0``: the null vector is ``conj(q)``."""
+    """A unit ``q`` with ``a @ q = 0`` for a ``k x n`` matrix ``a``, ``k < n``:
+    :func:`householder_null_vector` (no solver-library call) where the arrowhead solve pays
+    (:func:`arrowhead_pays`) and inside the driver's batched factorizations (the lazy basis
+    serves rows of 16384 entries and more, beside whose ``O(n d)`` pass the ``k`` reflections
+    cost nothing, and a QR there would be one more batched call per update); LAPACK's complete
+    QR of ``a^T`` on the CPU otherwise. A complex ``a`` always takes the QR, whose last column
+    ``q`` satisfies ``q^H a^T = 0``: the null vector is ``conj(q)``."""
     if jnp.iscomplexobj(a):
-        q, _ = jnp.linalg.qr(a.T, mode="complete")
+        q, _ = _solvers.qr(a.T, mode="complete")
         return jnp.conj(q[:, -1])
-    if arrowhead_pays():
+    if arrowhead_pays() or _solvers.batchable():
         return householder_null_vector(a)
-    q, _ = jnp.linalg.qr(a.T, mode="complete")
+    q, _ = _solvers.qr(a.T, mode="complete")
     return q[:, -1]

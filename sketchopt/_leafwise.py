@@ -17,6 +17,12 @@ the diagonal) the groups of *small* leaves (:data:`SMALL_LEAF`), a network's bia
 many sizes, are stepped as one group zero-padded to the widest of them (:func:`step_plan`); the
 state keeps each group at its own size, so only this small slice of it is copied per step.
 
+**Batched factorizations** (opt-in: :func:`sketchopt.batched_solves`). The groups' steps are
+traced once each and evaluated together (:func:`sketchopt._solvers.run_lockstep`): the small
+``eigh`` and QR calls of all groups run as one batched call per kind and level of dependence, so
+the number of solver calls per update does not grow with the number of groups (a GPU pays a
+launch for each).
+
 **State layout.** A transform's state is a NamedTuple, equal by value and printable like
 Optax's, with the scalars ``count`` and ``nonfinite_count`` and one field per per-leaf value of
 the rule, of two kinds (``LeafRule.param_fields`` says which):
@@ -81,7 +87,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from sketchopt import _groups, _layouts, _numerics, _partitioning
+from sketchopt import _groups, _layouts, _numerics, _partitioning, _solvers
 
 __all__ = [
     "GROUP_AXIS",
@@ -476,15 +482,22 @@ def _masked_updates(us, skipped):
 
 
 def _run_group(rule, ctx, out_dtype, gs, values, xs):
-    """All leaves of one group: a direct call for one leaf, one ``vmap`` for several."""
+    """All leaves of one group: a direct call for one leaf, one ``vmap`` for several. The step
+    is traced at a group's top level (:func:`sketchopt._solvers.group_level`), where its
+    factorizations join the update's batched calls."""
     step = functools.partial(_policy_step, rule, ctx, out_dtype)
+
+    def traced(g, values, x):
+        with _solvers.group_level():
+            return step(g, values, x)
+
     if gs.shape[0] == 1:
         take = functools.partial(jax.tree.map, lambda a: a[0])
         put = functools.partial(jax.tree.map, lambda a: a[None])
-        u, new, skipped = step(gs[0], take(values), None if xs is None else xs[0])
+        u, new, skipped = traced(gs[0], take(values), None if xs is None else xs[0])
         return _masked_updates(u[None], skipped[None]), put(new), skipped[None]
     with _groups.group_context(True):
-        us, new, skipped = jax.vmap(step, axis_name=GROUP_AXIS)(gs, values, xs)
+        us, new, skipped = jax.vmap(traced, axis_name=GROUP_AXIS)(gs, values, xs)
     return _masked_updates(us, skipped), new, skipped
 
 
@@ -619,8 +632,10 @@ class _Fields:
         return fields
 
 
-def _group_step(rule, layout, j, count, hyper, fields, flat, x_leaves):
-    """One step of group ``j``'s stacked leaves: ``(us, values, skipped)`` (:func:`_run_group`)."""
+def _group_step(rule, layout, steps, count, hyper, fields, flat, x_leaves):
+    """One step of the group ``steps = (j,)``: ``{j: (us, values, skipped)}``
+    (:func:`_run_group`)."""
+    (j,) = steps
     members, spec = layout.groups[j], layout.specs[j]
     leaf = layout.leaf(members[0])
     gs = jnp.stack([_flatten(flat[i], spec, leaf.dtype) for i in members])
@@ -628,7 +643,7 @@ def _group_step(rule, layout, j, count, hyper, fields, flat, x_leaves):
     if x_leaves is not None:
         xs = jnp.stack([_flatten(x_leaves[i], spec, leaf.dtype) for i in members])
     ctx = LeafContext(count, leaf.shape, hyper)
-    return _run_group(rule, ctx, _dtype_of(flat[members[0]]), gs, fields.group(j), xs)
+    return {j: _run_group(rule, ctx, _dtype_of(flat[members[0]]), gs, fields.group(j), xs)}
 
 
 def _merged_step(rule, layout, steps, count, hyper, fields, flat, x_leaves):
@@ -670,6 +685,35 @@ def _merged_step(rule, layout, steps, count, hyper, fields, flat, x_leaves):
         out[j] = (us[start : start + k, :size], _unpadded(new_j, values_j), skip[start : start + k])
         start += k
     return out
+
+
+def _step_groups(rule, layout, count, hyper, fields, flat, x_leaves):
+    """Every group stepped (:func:`step_plan`): ``{group: (us, values, skipped)}``.
+
+    The groups' steps run in lockstep (:func:`sketchopt._solvers.run_lockstep`): each is traced
+    once, and their small dense factorizations run as one batched call per kind and level of
+    dependence for the whole update, not one per group. Under an explicit mesh (the operands
+    keep their own layouts) and with batching off the steps are traced one by one.
+    """
+    steps = [
+        functools.partial(
+            _merged_step if len(s) > 1 else _group_step,
+            rule,
+            layout,
+            s,
+            count,
+            hyper,
+            fields,
+            flat,
+            x_leaves,
+        )
+        for s in step_plan(layout, rule.paddable)
+    ]
+    if _partitioning.explicit_mesh() or not _solvers.trace_key()[1]:
+        outs = [step() for step in steps]
+    else:
+        outs = _solvers.run_lockstep(steps)
+    return {j: out for stepped in outs for j, out in stepped.items()}
 
 
 def _layout_of_state(rule, state, treedef, updates, param_leaves) -> Layout:
@@ -828,15 +872,7 @@ def leafwise(rule: LeafRule, state_class: type) -> optax.GradientTransformationE
         count = state.count
         hyper = rule.hyper(count)
         values = _Fields(rule, layout, treedef, state, param_leaves)
-        stepped = {}
-        for steps in step_plan(layout, rule.paddable):
-            if len(steps) > 1:
-                stepped.update(
-                    _merged_step(rule, layout, steps, count, hyper, values, flat, x_leaves)
-                )
-                continue
-            (j,) = steps
-            stepped[j] = _group_step(rule, layout, j, count, hyper, values, flat, x_leaves)
+        stepped = _step_groups(rule, layout, count, hyper, values, flat, x_leaves)
         out, skipped = _leaf_updates(layout, stepped, flat)
         new_fields = values.assemble({j: stepped[j][1] for j in stepped})
         if not layout.groups:  # nothing stepped: the fields stay as they are
@@ -948,13 +984,17 @@ def _build(factory, static, dynamic):
         _IN_UNIT.reset(token)
 
 
-@functools.partial(jax.jit, static_argnums=(0, 1))
-def _init_unit(factory, static, dynamic, params):
+# ``path``: how the unit is traced (:func:`sketchopt._solvers.trace_key`: the backend's code path,
+# batched factorizations), a key of the cache.
+@functools.partial(jax.jit, static_argnums=(0, 1, 2))
+def _init_unit(factory, static, path, dynamic, params):
+    del path
     return _build(factory, static, dynamic).init(params)
 
 
-@functools.partial(jax.jit, static_argnums=(0, 1))
-def _update_unit(factory, static, dynamic, updates, state, params):
+@functools.partial(jax.jit, static_argnums=(0, 1, 2))
+def _update_unit(factory, static, path, dynamic, updates, state, params):
+    del path
     return _build(factory, static, dynamic).update(updates, state, params)
 
 
@@ -978,11 +1018,13 @@ def compiled(factory: Callable[..., optax.GradientTransformation]):
         static, dynamic = split
 
         def init_fn(params):
-            return _init_unit(factory, static, dynamic, _materialized(params))
+            path = _solvers.trace_key()
+            return _init_unit(factory, static, path, dynamic, _materialized(params))
 
         def update_fn(updates, state, params=None, **extra_args):
             del extra_args  # see above
-            return _update_unit(factory, static, dynamic, updates, state, params)
+            path = _solvers.trace_key()
+            return _update_unit(factory, static, path, dynamic, updates, state, params)
 
         return optax.GradientTransformationExtraArgs(init_fn, update_fn)
 

@@ -32,6 +32,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from sketchopt import _solvers
+
 __all__ = [
     "BIG_EXPONENT",
     "HIGHEST",
@@ -211,7 +213,7 @@ def denoise_residual(r, y, n):
     return jnp.where(safe_norm(r) > thr, r, 0)
 
 
-def eigh_desc(gram, *, zero_round_off=True):
+def eigh_desc(gram, *, zero_round_off=True, when=None):
     """Eigendecomposition of a small symmetric PSD matrix, descending, with round-off zeroed.
 
     Returns ``(mu, u)`` with ``gram = u diag(mu) u^T``, ``mu`` descending and every eigenvalue
@@ -222,10 +224,20 @@ def eigh_desc(gram, *, zero_round_off=True):
 
     A complex ``gram`` is Hermitian: its Hermitian part is decomposed, ``gram = u diag(mu) u^H``
     with real ``mu`` (eigenvectors then defined up to a phase each).
+
+    The call joins the update's batched factorizations where it can
+    (:func:`sketchopt._solvers.eigh`); ``when``, false where the result is not used, lets the
+    batched call be skipped when no leaf needs it (the result is then zero).
     """
-    n = gram.shape[-1]
-    gram = 0.5 * (gram + conj(jnp.swapaxes(gram, -1, -2)))
-    mu, u = jnp.linalg.eigh(gram)
+    mu, u = _solvers.eigh(_hermitian_part(gram), when=when)
+    return _descending(mu, u, gram.shape[-1], zero_round_off)
+
+
+def _hermitian_part(gram):
+    return 0.5 * (gram + conj(jnp.swapaxes(gram, -1, -2)))
+
+
+def _descending(mu, u, n, zero_round_off):
     mu, u = mu[..., ::-1], u[..., ::-1]
     if not zero_round_off:
         return jnp.maximum(mu, 0), u
