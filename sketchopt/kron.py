@@ -77,8 +77,14 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from sketchopt import _partitioning
-from sketchopt._numerics import HIGHEST, eigh_desc, exponent, ldexp, rescale_exponent
+from sketchopt import _partitioning, _solvers
+from sketchopt._numerics import (
+    HIGHEST,
+    eigh_desc,
+    exponent,
+    ldexp,
+    rescale_exponent,
+)
 
 __all__ = [
     "Factoring",
@@ -179,12 +185,11 @@ def streams(
 
     Exact (``compress="blocks"``, or ``"auto"`` for a side whose stream has at most
     :data:`EXACT_BLOCKS` blocks): the left stream is ``G``'s ``n`` columns, the right one its
-    ``m`` rows. Compressed (``"range"``, or ``"auto"`` for a side beyond that): a randomized
-    range finder with one power iteration (Halko, Martinsson & Tropp 2011, Alg. 4.3) gives ``Q``
-    (``m x r``,
-    ``r = min(k + OVERSAMPLING, m, n)``) and ``Q^T G`` (``r x n``), whose rows are the right
-    stream (``G^T Q Q^T G <= G^T G``); with ``P`` the orthonormal basis of their span (``n x r``),
-    the columns of ``G P`` are the left stream (``G P P^T G^T <= G G^T``). Each residual's
+    ``m`` rows. Compressed (``"range"``, or ``"auto"`` for a side beyond that): randomized range
+    finders with one power iteration (Halko, Martinsson & Tropp 2011, Alg. 4.3) give ``Q``
+    (``m x r``, ``r = min(k + OVERSAMPLING, m, n)``) and ``Q^T G`` (``r x n``), whose rows are
+    the right stream (``G^T Q Q^T G <= G^T G``), and independently ``P`` (``n x r``), the
+    columns of ``G P`` being the left stream (``G P P^T G^T <= G G^T``). Each residual's
     spectral norm (``|G - Q Q^T G|_2^2``, ``|G - G P P^T|_2^2``) is estimated by two power
     iterations. Cost ``O(m n r)``; the factor then takes one block of ``r`` vectors.
     """
@@ -224,18 +229,46 @@ def streams(
 
 def _range(unit, r, key):
     """The range finder of :func:`streams` on one device (or with automatic sharding): ``Q`` from
-    ``G G^T G Omega``, ``P`` from ``Q^T G``, both by QR. Returns the left stream's vectors
-    ``(G P)^T``, the right one's ``Q^T G`` and the two residuals' squared spectral norms."""
-    n = unit.shape[1]
-    # One draw (a Rademacher test matrix, Halko et al. 2011 sec. 4.6): r columns for the range,
-    # two more to start the residuals' power iterations (independent of the range found).
-    draws = jax.random.rademacher(key, (n, r + 2), unit.dtype)
-    q, _ = jnp.linalg.qr(_dot(unit, draws[:, :r]))
-    q, _ = jnp.linalg.qr(_dot(unit, _dot(unit.T, q)))  # m x r
+    ``G G^T G Omega_1`` and ``P`` from ``G^T G G^T Omega_2``, two independent randomized range
+    finders with one power iteration each (Halko et al. 2011, Alg. 4.3), orthonormalized by QR
+    (independent of each other: one batched call with every other group's, their rows
+    zero-padded to a common length, :mod:`sketchopt._solvers`). Returns the left stream's vectors
+    ``(G P)^T``, the right one's ``Q^T G`` and the two residuals' squared spectral norms.
+
+    ``P`` spans (an approximation of) ``G``'s top right singular subspace on its own, not the
+    span of ``G^T Q``: each compressed statistic is still a lower bound of the true one (any
+    projector gives one), a gradient of rank at most ``r`` is still compressed exactly, and the
+    two factorizations no longer wait on each other (one level of the batched calls, not two).
+    The power iteration is not re-orthonormalized in between (one QR level, not two): a
+    direction whose singular value is below ``eps**(1/3)`` of the largest (float32: ``5e-3``;
+    its share of the step's statistic below ``3e-5``) is then resolved only to that accuracy,
+    and what the range misses enters the residual, which RFD's ridge takes half of.
+    """
+    m, n = unit.shape
+    # Gaussian test matrices (Halko et al. 2011 sec. 4.1; a small Rademacher one is singular
+    # with a probability that matters, and a singular draw would lose a direction for good); two
+    # more columns start the residuals' power iterations (independent of the ranges found).
+    k_left, k_right = jax.random.split(key)
+    draws = jax.random.normal(k_left, (n, r + 2), unit.dtype)
+    omega = jax.random.normal(k_right, (m, r), unit.dtype)
+    wanted = []  # a side of length r keeps everything: its basis is the identity
+    if r < m:
+        wanted.append(_dot(unit, _dot(unit.T, _unit_columns(_dot(unit, draws[:, :r])))))
+    if r < n:
+        wanted.append(_dot(unit.T, _dot(unit, _unit_columns(_dot(unit.T, omega)))))
+    bases = iter(_solvers.qr(y)[0] for y in wanted)  # independent: one batched call
+    q = next(bases) if r < m else jnp.eye(m, dtype=unit.dtype)  # m x r
+    p = next(bases) if r < n else jnp.eye(n, dtype=unit.dtype)  # n x r
     right = _dot(q.T, unit)  # r x n
-    p, _ = jnp.linalg.qr(right.T)  # n x r
     left = _dot(unit, p).T  # r x m
     return (left, right, *_residuals(unit, q, p, draws[:, r:]))
+
+
+def _unit_columns(a):
+    """``a``'s columns scaled to unit norm (a zero column stays zero): the power iteration's
+    products then stay at the scale of ``G``'s entries."""
+    norms = jnp.linalg.norm(a, axis=0)
+    return a / jnp.where(norms > 0, norms, 1)
 
 
 def _range_split_rows(unit, r, key):
@@ -249,8 +282,8 @@ def _range_split_rows(unit, r, key):
     k_omega, k_start = jax.random.split(key)
     omega = jax.random.rademacher(k_omega, (m, r), dtype)
     omega = jax.sharding.reshard(omega, jax.sharding.PartitionSpec(_matrix_spec(unit)[0], None))
-    p, _ = jnp.linalg.qr(_dot(unit.T, omega))
-    p, _ = jnp.linalg.qr(_dot(unit.T, _dot(unit, p)))  # n x r
+    p, _ = _solvers.qr(_dot(unit.T, omega))
+    p, _ = _solvers.qr(_dot(unit.T, _dot(unit, p)))  # n x r
     gp = _dot(unit, p)  # m x r, split along m
     q = _orthonormalize(_orthonormalize(gp))
     right = _dot(q.T, unit)  # r x n
@@ -263,7 +296,8 @@ def _orthonormalize(a):
     eigendecomposition of its ``r x r`` Gram matrix; directions below ``r eps`` of the largest
     eigenvalue are dropped (zero columns: still ``Q Q^T <= I``). Applied twice, as CholeskyQR2
     (Fukaya et al. 2014), it is orthonormal to rounding."""
-    mu, v = jnp.linalg.eigh(_dot(a.T, a))
+    gram = _dot(a.T, a)
+    mu, v = _solvers.eigh(0.5 * (gram + gram.T))
     floor = a.shape[1] * jnp.finfo(a.dtype).eps * jnp.max(mu, initial=0)
     keep = mu > floor
     return _dot(a, v * jnp.where(keep, jax.lax.rsqrt(jnp.where(keep, mu, 1)), 0))
@@ -338,10 +372,43 @@ def absorb(
     takes half the stream's residual). With ``decay = beta`` the current statistic is first
     multiplied by ``beta`` (rows by ``sqrt(beta)``, the ridge by ``beta``).
 
+    A stream of at most :data:`EXACT_BLOCKS` blocks is unrolled, so that its ``eigh`` calls join
+    the driver's batched ones (:mod:`sketchopt._solvers`); a longer one (``compress="blocks"``)
+    is scanned, one ``eigh`` per block.
+
     Returns the new state; the caller selects the old one where the input was invalid.
     """
+    p = _prepared(state, stream, block_size, decay)
+    k = p.rows.shape[0]
+
+    def step(carry, block):
+        z = jnp.concatenate([carry[0], block])
+        return _shrunk(z, eigh_desc(_dot(z, z.T)), carry[1], robust, k), None
+
+    carry = (p.rows, p.alpha)
+    if p.vectors.shape[0] <= EXACT_BLOCKS:
+        for block in p.vectors:
+            carry, _ = step(carry, block)
+    else:
+        carry, _ = jax.lax.scan(step, carry, p.vectors)
+    rows, alpha = carry
+    if robust:
+        alpha = alpha + p.residual / 2
+    return FactorState(rows, alpha, p.exp)
+
+
+class _Prepared(NamedTuple):
+    rows: jax.Array
+    alpha: jax.Array
+    exp: jax.Array
+    vectors: jax.Array  # (blocks, b, dim)
+    residual: jax.Array
+
+
+def _prepared(state, stream, block_size, decay) -> _Prepared:
+    """The factor and the stream in one power-of-two unit, the stream cut into blocks."""
     rows, alpha, exp = state
-    k, dim = rows.shape
+    dim = rows.shape[1]
     dtype = rows.dtype
     if decay is not None:
         beta = jnp.asarray(decay, dtype)
@@ -363,27 +430,23 @@ def absorb(
     pad = blocks * b - count
     if pad:
         vectors = jnp.pad(vectors, ((0, pad), (0, 0)))  # (keeps a split dim split)
-    vectors = vectors.reshape(blocks, b, dim)
+    return _Prepared(rows, alpha, new_exp, vectors.reshape(blocks, b, dim), residual)
 
-    def step(carry, block):
-        rows, alpha = carry
-        z = jnp.concatenate([rows, block])
-        gram = _dot(z, z.T)
-        mu, u = eigh_desc(gram)
-        shrink = mu[k]
-        keep = mu[:k]
-        scale = jnp.where(
-            keep > 0, jnp.sqrt(jnp.maximum(keep - shrink, 0) / jnp.where(keep > 0, keep, 1)), 0
-        )
-        rows = _dot((u[:, :k] * scale).T, z)
-        if robust:
-            alpha = alpha + shrink / 2
-        return (rows, alpha), None
 
-    (rows, alpha), _ = jax.lax.scan(step, (rows, alpha), vectors)
+def _shrunk(z, spectrum, alpha, robust, k):
+    """Block FD's shrink of the stacked ``z = [B; X]`` (``B``: ``k`` rows; module docstring)
+    from the eigenpairs ``(mu, u)`` of ``z z^T``: ``B' = diag(sqrt((mu_i - mu_{k+1}) / mu_i))
+    u_{1..k}^T z``, and RFD's ridge grows by half the shrinkage."""
+    mu, u = spectrum
+    shrink = mu[k]
+    keep = mu[:k]
+    scale = jnp.where(
+        keep > 0, jnp.sqrt(jnp.maximum(keep - shrink, 0) / jnp.where(keep > 0, keep, 1)), 0
+    )
+    rows = _dot((u[:, :k] * scale).T, z)
     if robust:
-        alpha = alpha + residual / 2
-    return FactorState(rows, alpha, new_exp)
+        alpha = alpha + shrink / 2
+    return rows, alpha
 
 
 class InverseRoot(NamedTuple):

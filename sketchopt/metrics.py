@@ -969,7 +969,10 @@ class _KronSketched:
         """One matrix's sketches after ``mat`` and the inverse roots to step with."""
         sides = (left, right)
         absorbed = functools.partial(self.absorbed, mat, count)
-        new = jax.lax.cond(count % self.update_every == 0, absorbed, lambda s: s, sides)
+        if self.update_every == 1:  # no cond: its factorizations join the batched calls
+            new = absorbed(sides)
+        else:
+            new = jax.lax.cond(count % self.update_every == 0, absorbed, lambda s: s, sides)
         left, right = jax.tree.map(lambda a, b: jnp.where(valid, a, b), new, sides)
         if self.refresh_every == 1:
             return left, right, None, self.roots_of(left, right)
