@@ -12,7 +12,10 @@ keeps what it measured):
   ``fd_son``, ``kron_fd(k=32)``, ``ada_diag`` and ``optax.adam``: its dense linear-algebra
   library calls (``solver_calls``: eigendecomposition, QR factor and form, Cholesky, triangular
   solve, SVD, LU, as LAPACK or cuSOLVER/cuBLAS custom calls), while loops and fusions; and the
-  seconds to trace and compile it.
+  seconds to trace and compile it; on the backend's own code path and on the accelerator path
+  (``sketchopt.accelerator_path``: what a GPU or TPU compiles, measurable on the CPU), each
+  batched (one factorization call per kind and level for all shape groups) and per group (the
+  program before it, ``sketchopt._solvers.batching(False)``).
 * ``steps``: one jitted, state-donating step (cold cache, ``experiments.speed._time_step``) of
   ``ada_fd`` (plain, ``fast=True``, dual averaging), ``fd_son`` and ``oja_son`` at
   ``sketch_size = 10``, and of ``optax.adagrad`` and ``optax.adam``, at each ``--dims``; ratios
@@ -92,32 +95,52 @@ def program_counts(compiled_text: str) -> dict:
     }
 
 
-def proxy_part() -> dict:
+#: The code paths and programs the proxy compiles: ``(name, accelerator path, batched)``. On the
+#: CPU ``accelerator`` forces the path a GPU or TPU takes (:func:`sketchopt.accelerator_path`);
+#: ``per_group`` is the program before the batched factorizations (one call per shape group).
+PROXY_PATHS = (
+    ("backend", None, True),
+    ("backend_per_group", None, False),
+    ("accelerator", True, True),
+    ("accelerator_per_group", True, False),
+)
+
+
+def proxy_part(paths: tuple = PROXY_PATHS) -> dict:
     import optax
 
     import sketchopt as so
     from experiments import speed
+    from sketchopt import _solvers
 
     params = speed._transformer_tree(24)
-    rows = {}
-    for name, tx in (
-        ("ada_fd", so.ada_fd(0.1, 10, 1.0, robust=False)),
-        ("fd_son", so.fd_son(1.0, 10)),
-        ("kron_fd", so.kron_fd(1e-3, 32)),
-        ("ada_diag", so.ada_diag(0.1, 1e-3)),
-        ("optax.adam", optax.adam(1e-3)),
-    ):
-        _, compiled, trace, compile_ = common.compile_update(tx, params)
-        row = {"trace_seconds": trace, "compile_seconds": compile_}
-        row.update(program_counts(compiled.as_text()))
-        rows[name] = row
-        print(
-            f"[proxy] {name:11s} solver calls {row['solver_calls']:3d} "
-            f"{row['solver_targets']}, while {row['while_loops']}, fusions {row['fusions']}, "
-            f"trace {row['trace_seconds']:.1f} s, compile {row['compile_seconds']:.1f} s",
-            flush=True,
-        )
-    return {"tree": "speed._transformer_tree(24)", "learners": rows}
+    learners = (
+        ("ada_fd", lambda: so.ada_fd(0.1, 10, 1.0, robust=False)),
+        ("fd_son", lambda: so.fd_son(1.0, 10)),
+        ("kron_fd", lambda: so.kron_fd(1e-3, 32)),
+        ("ada_diag", lambda: so.ada_diag(0.1, 1e-3)),
+        ("optax.adam", lambda: optax.adam(1e-3)),
+    )
+    out = {}
+    for path, accelerator, batched in paths:
+        rows = {}
+        for name, make in learners:
+            if name in ("ada_diag", "optax.adam") and path != "backend":
+                continue  # no factorization: one program whatever the path
+            with so.accelerator_path(accelerator), _solvers.batching(batched):
+                _, compiled, trace, compile_ = common.compile_update(make(), params)
+            row = {"trace_seconds": trace, "compile_seconds": compile_}
+            row.update(program_counts(compiled.as_text()))
+            rows[name] = row
+            print(
+                f"[proxy] {path:21s} {name:11s} solver calls {row['solver_calls']:3d} "
+                f"{row['solver_targets']}, while {row['while_loops']}, fusions "
+                f"{row['fusions']}, trace {row['trace_seconds']:.1f} s, compile "
+                f"{row['compile_seconds']:.1f} s",
+                flush=True,
+            )
+        out[path] = rows
+    return {"tree": "speed._transformer_tree(24)", "paths": out}
 
 
 def steps_part(dims: list[int], repeats: int = 7) -> dict:
