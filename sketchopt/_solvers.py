@@ -93,14 +93,30 @@ _GROUP_TRACE: contextvars.ContextVar[Any] = contextvars.ContextVar(
 
 
 @contextlib.contextmanager
-def forced_accelerator_path(enabled: bool | None):
-    """The code traced inside it takes the accelerator code path (``enabled``), the CPU one
-    (``False``), or the backend's own (``None``)."""
-    token = _FORCED.set(enabled)
+def _setting(var: contextvars.ContextVar, value):
+    """``var`` set to ``value`` for the code inside it."""
+    token = var.set(value)
     try:
         yield
     finally:
-        _FORCED.reset(token)
+        var.reset(token)
+
+
+def _env_flag(name: str) -> bool | None:
+    """The environment variable ``name`` as a flag: ``True``, ``False``, or ``None`` if unset
+    or not a flag."""
+    value = os.environ.get(name, "").strip().lower()
+    return (
+        True
+        if value in ("1", "true", "yes", "on")
+        else (False if value in ("0", "false", "no", "off") else None)
+    )
+
+
+def forced_accelerator_path(enabled: bool | None):
+    """The code traced inside it takes the accelerator code path (``enabled``), the CPU one
+    (``False``), or the backend's own (``None``)."""
+    return _setting(_FORCED, enabled)
 
 
 def accelerator_path_active() -> bool:
@@ -111,24 +127,15 @@ def accelerator_path_active() -> bool:
     forced = _FORCED.get()
     if forced is not None:
         return forced
-    env = os.environ.get(ACCELERATOR_ENV, "").strip().lower()
-    if env in ("1", "true", "yes", "on"):
-        return True
-    if env in ("0", "false", "no", "off"):
-        return False
-    return jax.default_backend() != "cpu"
+    env = _env_flag(ACCELERATOR_ENV)
+    return jax.default_backend() != "cpu" if env is None else env
 
 
-@contextlib.contextmanager
 def batching(enabled: bool | None):
     """Updates traced inside it batch their factorizations across groups (``True``), call them
     group by group (``False``: the per-group program), or follow :data:`BATCHING_ENV`
     (``None``)."""
-    token = _BATCHING.set(enabled)
-    try:
-        yield
-    finally:
-        _BATCHING.reset(token)
+    return _setting(_BATCHING, enabled)
 
 
 def batching_active() -> bool:
@@ -140,7 +147,7 @@ def batching_active() -> bool:
     forced = _BATCHING.get()
     if forced is not None:
         return forced
-    return os.environ.get(BATCHING_ENV, "").strip().lower() in ("1", "true", "yes", "on")
+    return _env_flag(BATCHING_ENV) is True
 
 
 def trace_key() -> tuple[bool, bool]:
@@ -149,15 +156,10 @@ def trace_key() -> tuple[bool, bool]:
     return accelerator_path_active(), batching_active()
 
 
-@contextlib.contextmanager
 def group_level():
     """Marks the current trace level as a group step's top level (the driver enters it where
     it traces the step, inside the group's ``vmap``), for :func:`batchable`."""
-    token = _GROUP_TRACE.set(_core.trace_ctx.trace if batching_active() else None)
-    try:
-        yield
-    finally:
-        _GROUP_TRACE.reset(token)
+    return _setting(_GROUP_TRACE, _core.trace_ctx.trace if batching_active() else None)
 
 
 def batchable() -> bool:
