@@ -63,7 +63,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from sketchopt import _arrowhead, _groups, _validation
+from sketchopt import _arrowhead, _groups, _solvers, _validation
 from sketchopt._numerics import (
     HIGHEST,
     abs2,
@@ -1012,7 +1012,7 @@ def _orthonormalize_rows(a):
     """Gram-Schmidt orthonormalization of the rows of ``a`` (QR with a positive R diagonal)."""
     m, d = a.shape
     k = min(m, d)
-    q, r = jnp.linalg.qr(a.T)  # (d, k), (k, m)
+    q, r = _solvers.qr(a.T)  # (d, k), (k, m)
     q = (q * _unit_phase(jnp.diagonal(r))).T
     if k < m:  # more rows than dimensions: the extra rows cannot be orthonormal, keep them zero
         q = jnp.concatenate([q, jnp.zeros((m - k, d), a.dtype)])
@@ -1055,7 +1055,7 @@ def _oja_orthonormalize(v, keep, c, u):
     w = w / jnp.where(has_w, rho, 1)
     rho = jnp.where(has_w, rho, 0)
     mt = jnp.concatenate([(jnp.diag(keep) + jnp.outer(c, p)).T, (c * rho)[None, :]])
-    q, r = jnp.linalg.qr(mt)  # (m + 1, m), (m, m)
+    q, r = _solvers.qr(mt)  # (m + 1, m), (m, m): batched across the groups
     q = q * _unit_phase(jnp.diagonal(r))
     new = jnp.matmul(q[:m].T, v, precision=HIGHEST) + jnp.outer(q[m], w)
     # V_new conj(u) = Q^T W conj(u): W conj(u) = conj(W u) = conj([p; rho]) (rho real)

@@ -32,11 +32,9 @@ TREE = {
 }
 
 
-def _solver_calls(tx, params) -> dict[str, int]:
-    state = jax.eval_shape(tx.init, params)
-    text = jax.jit(tx.update).lower(params, state, params).compile().as_text()
+def _solver_calls(compiled) -> dict[str, int]:
     calls: dict[str, int] = {}
-    for target in re.findall(r'custom_call_target="([^"]+)"', text):
+    for target in re.findall(r'custom_call_target="([^"]+)"', compiled.as_text()):
         if SOLVER.search(target):
             calls[target] = calls.get(target, 0) + 1
     return calls
@@ -58,20 +56,22 @@ def _gradients(params, steps, seed=0):
 
 
 def _run(tx, params, grads):
-    step = jax.jit(tx.update)
+    """The updates over ``grads``, the final state and the solver calls of the compiled step."""
     state, updates = tx.init(params), []
+    step = jax.jit(tx.update).lower(grads[0], state, params).compile()
     for g in grads:
         u, state = step(g, state, params)
         updates.append(u)
-    return updates, state
+    return updates, state, _solver_calls(step)
 
 
+# One learner per distinct batched code path: the FD sketch under both rules, the SON sketches
+# (FD and Oja: QR levels), kron_fd. The robust variants and the other aliases step the same
+# factorizations.
 LEARNERS = {
     "ada_fd": lambda: so.ada_fd(0.1, 4, 0.5, robust=False),
-    "ada_fd_rfd": lambda: so.ada_fd(0.1, 4, 0.5),
     "ada_fd_dual_averaging": lambda: so.ada_fd_dual_averaging(0.1, 4, 0.5, robust=False),
     "fd_son": lambda: so.fd_son(1.0, 4),
-    "rfd_son": lambda: so.rfd_son(4),
     "oja_son": lambda: so.oja_son(1.0, 4),
     "kron_fd": lambda: so.kron_fd(1e-2, 4, graft=None, compress="range"),
 }
@@ -79,41 +79,31 @@ LEARNERS = {
 
 # Every learner on the CPU path; on the accelerator path (whose per-group program compiles an
 # arrowhead solve per group, the slow part of this module) the FD family and kron_fd.
-EQUALITY_CASES = [(name, False) for name in sorted(LEARNERS)] + [
+CASES = [(name, False) for name in sorted(LEARNERS)] + [
     (name, True) for name in ("ada_fd", "kron_fd")
 ]
 
 
-@pytest.mark.parametrize("name, accelerator", EQUALITY_CASES)
+@pytest.mark.parametrize("name, accelerator", CASES)
 def test_batched_updates_equal_the_per_group_calls_in_float64(name, accelerator):
+    """The batched step computes the per-group step's updates, and its compiled program holds at
+    most three solver calls for the four shape groups (the issue's budget: the FD family's two
+    ``eigh`` levels; ``kron_fd``'s QR, factor and form, and one ``eigh``), fewer than the
+    per-group program, which has them once per group."""
     with jax.enable_x64(True), so.accelerator_path(accelerator):
         params = jax.tree.map(lambda p: p.astype(jnp.float64), TREE)
-        grads = _gradients(params, 9)
+        grads = _gradients(params, 6)
         with _solvers.batching(True):
-            batched, state = _run(LEARNERS[name](), params, grads)
+            batched, state, batched_calls = _run(LEARNERS[name](), params, grads)
         with _solvers.batching(False):
-            direct, _ = _run(LEARNERS[name](), params, grads)
+            direct, _, direct_calls = _run(LEARNERS[name](), params, grads)
         assert int(so.diagnostics(state)["skipped_updates"]) == 0
     for b, d in zip(batched, direct, strict=True):
         for key in b:
             np.testing.assert_allclose(b[key], d[key], rtol=1e-9, atol=1e-12, err_msg=key)
-
-
-@pytest.mark.parametrize(
-    "name, accelerator",
-    [("ada_fd", False), ("ada_fd", True), ("fd_son", False), ("kron_fd", False)],
-)
-def test_one_solver_call_per_kind_and_level_whatever_the_groups(name, accelerator):
-    """Four shape groups, and at most three solver calls per update (the issue's budget: the FD
-    family's two ``eigh`` levels; ``kron_fd``'s QR, factor and form, and one ``eigh``); the
-    per-group program had them once per group."""
-    with so.accelerator_path(accelerator):
-        with _solvers.batching(True):
-            batched = _solver_calls(LEARNERS[name](), TREE)
-        with _solvers.batching(False):
-            direct = _solver_calls(LEARNERS[name](), TREE)
-    assert sum(batched.values()) <= 3, batched
-    assert sum(direct.values()) > sum(batched.values()), (direct, batched)
+    assert sum(batched_calls.values()) <= 3, batched_calls
+    if sum(direct_calls.values()):  # the accelerator path's FD family solves without LAPACK
+        assert sum(direct_calls.values()) > sum(batched_calls.values()), direct_calls
 
 
 def test_padded_eigh_keeps_each_spectrum():
