@@ -757,9 +757,9 @@ def _budgeted(examples, size: int, dim: int, budget: float):
 
 
 def _head(examples, n: int):
-    from sketchopt.stream.examples import SparseExamples
+    from sketchopt.stream.examples import rows
 
-    return SparseExamples(*(np.asarray(a)[:n] for a in examples))
+    return rows(examples, 0, n)
 
 
 def _second_order_pass(name: str, examples, dim: int, cfg, seed: int) -> tuple[float, int, int]:

@@ -356,7 +356,7 @@ def test_read_vw_file_and_errors(tmp_path):
     batch, _ = read_vw(path, bits=16)
     np.testing.assert_array_equal(batch.labels, [1, -1])
     cases = [
-        ("1 2.0 |a x\n", "line 1: importance weights other than 1 are not supported"),
+        ("1 -2.0 |a x\n", r"line 1: the importance weight \(-2.0\) is negative"),
         ("1 |a x\n |a y\n", "line 2: no label"),
         ("1 |a x:z\n", r"line 1: the value of feature 'x' \('z'\) is not a number"),
         ("1 |a x:nan\n", r"line 1: the value of feature 'x' \('nan'\) is not finite"),

@@ -192,8 +192,8 @@ def test_runner_scores_progressively_and_resumes_bit_identically():
     assert whole.examples == 200
     np.testing.assert_allclose(whole.progressive_loss, losses.mean(), rtol=1e-5)
     assert [line["examples"] for line in whole.curve] == [1, 2, 4, 8, 16, 32, 64, 128]
-    head = ex.SparseExamples(*(np.asarray(a)[:70] for a in stream))
-    tail = ex.SparseExamples(*(np.asarray(a)[70:] for a in stream))
+    head = ex.rows(stream, 0, 70)
+    tail = ex.rows(stream, 70, stream.size)
     first = runner.run_stream(learner, runner.chunked(head, 64, DIM), DIM)
     second = runner.run_stream(
         learner, runner.chunked(tail, 64, DIM), DIM, state=first.state, start=first.progress

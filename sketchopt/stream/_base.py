@@ -111,10 +111,12 @@ class LinearLearner(NamedTuple):
 
     ``init(dim, dtype=float32, key=None)`` (``key`` for learners with random state; ignored by
     the first-order ones), ``predict(state, x) -> p``, ``update(state, x, label) -> state``,
-    ``step(state, x, label, active=True) -> (state, p)`` (``p`` is ``predict(state, x)``; an
-    inactive step, a chunk's padding row, leaves the state as it is),
-    ``step_flat(state, indices, values, start, stop, label, active=True, *, width)`` (the same
-    on an example of a flat chunk, :class:`~sketchopt.stream.examples.FlatExamples`) and
+    ``step(state, x, label, active=True, weight=None) -> (state, p)`` (``p`` is
+    ``predict(state, x)``; an inactive step, a chunk's padding row or a held-out example, leaves
+    the state as it is; ``weight`` the example's importance weight, which scales its gradient,
+    0 not learning from it), ``step_flat(state, indices, values, start, stop, label,
+    active=True, *, width, weight=None)`` (the same on an example of a flat chunk,
+    :class:`~sketchopt.stream.examples.FlatExamples`) and
     ``weights(state) -> (d, *grid)``; ``columns`` names the per-coordinate numbers and
     ``blocks`` how ``state.table`` stores them (:class:`LinearState`, :func:`column`).
 

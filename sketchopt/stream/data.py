@@ -44,11 +44,13 @@ and ``qid:`` fields are dropped.
 data's own dimension is larger than ``2**bits``, else kept as they are; without ``bits``, ``dim``
 (given, at least the data's) or the data's own dimension.
 
-**Vowpal Wabbit's text format** (:func:`read_vw`) is read whole, by a small reader of its header
-and namespaces; features are hashed by scikit-learn's ``FeatureHasher`` on the names
-``"namespace^feature"``, which is not VW's hashing (VW seeds MurmurHash with the namespace's hash,
-takes all-digit feature names as indices, and combines crossed hashes with FNV), so feature
-indices differ from VW's. That does not matter for learning: only which features collide differs.
+**Vowpal Wabbit's text format** (:func:`read_vw` whole, :func:`iter_vw` in chunks in constant
+memory, :func:`detect_format` tells it from svmlight by the ``|``) is read by a small reader of
+its header (label, importance weight, tag) and namespaces; features are hashed by scikit-learn's
+``FeatureHasher`` on the names ``"namespace^feature"``, which is not VW's hashing (VW seeds
+MurmurHash with the namespace's hash, takes all-digit feature names as indices, and combines
+crossed hashes with FNV), so feature indices differ from VW's. That does not matter for
+learning: only which features collide differs.
 
 **Quadratic crosses** (:func:`cross_features`, VW's ``-q aa`` on numeric features) follow VW's
 default (no ``--permutations``) for a namespace crossed with itself: the unordered pairs ``i <= j``
@@ -75,18 +77,24 @@ from sketchopt.stream.examples import (
     from_csr,
     hash_indices,
     pad_rows,
+    with_constant,
 )
 
 __all__ = [
     "MAX_LABELS",
     "SvmlightInfo",
+    "VwInfo",
     "cross_features",
+    "detect_format",
     "hash_pairs",
     "iter_svmlight",
+    "iter_vw",
     "load_svmlight",
     "read_vw",
     "scan_svmlight",
+    "scan_vw",
     "stream_dim",
+    "weights_dim",
 ]
 
 #: The most distinct label values :class:`SvmlightInfo` keeps (the smallest ones).
@@ -297,15 +305,28 @@ def stream_dim(info: SvmlightInfo, bits: int | None = None, dim: int | None = No
 
 class _Plan(NamedTuple):
     info: SvmlightInfo
-    dim: int
+    dim: int  # the features' dimension (the constant, if any, is feature dim)
     nnz: int
     bits: int | None  # hash into 2**bits when not None
     seed: int
+    constant: bool = False
+    drop_unseen: bool = False
 
 
-def _plan(info, *, loss, dim, bits, nnz, zero_based, hash_seed) -> _Plan:
+def _check_unseen(unseen) -> bool:
+    if unseen not in ("error", "drop"):
+        raise ValueError(f'unseen must be "error" or "drop", got {unseen!r}')
+    return unseen == "drop"
+
+
+def _plan(
+    info, *, loss, dim, bits, nnz, zero_based, hash_seed, constant=False, unseen="error"
+) -> _Plan:
     if zero_based != "auto" and bool(zero_based) != info.zero_based:
         raise ValueError(f"zero_based={zero_based} contradicts the scan's {info.zero_based}")
+    drop = _check_unseen(unseen)
+    if drop and bits is None and dim is not None:  # features beyond dim are dropped, not refused
+        info = info._replace(dim=min(info.dim, int(dim)))
     d = stream_dim(info, bits=bits, dim=dim)
     # The whole file's labels at once: a chunk-wise check would accept {-1, 0, 1} in pieces.
     check_labels(np.asarray(info.labels, np.float64), loss)
@@ -313,22 +334,35 @@ def _plan(info, *, loss, dim, bits, nnz, zero_based, hash_seed) -> _Plan:
     s = max(info.nnz if nnz is None else int(nnz), 1)
     if nnz is not None and not hashed and info.nnz > s:
         raise ValueError(f"an example has {info.nnz} non-zeros, more than nnz = {s}")
-    return _Plan(info, d, s, int(bits) if hashed else None, int(hash_seed))
+    plan = _Plan(info, d, s, int(bits) if hashed else None, int(hash_seed), bool(constant), drop)
+    return plan
 
 
 def _to_csr(raw: _Raw, plan: _Plan) -> scipy.sparse.csr_matrix:
-    """A raw block as a CSR matrix over the plan's ``d`` features (shifted, maybe hashed)."""
+    """A raw block as a CSR matrix over the plan's ``d`` features (shifted, maybe hashed; with
+    ``drop_unseen``, the features at ``d`` or beyond left out: they have no weight)."""
     indices = raw.indices if plan.info.zero_based else raw.indices - 1
+    data, indptr = raw.data, raw.indptr
     if plan.bits is not None:
         indices = hash_indices(indices, plan.bits, plan.seed)
     elif indices.size and indices.max() >= plan.dim:
-        raise ValueError(f"a feature index {indices.max()} beyond dim = {plan.dim}")
+        if not plan.drop_unseen:
+            raise ValueError(f"a feature index {indices.max()} beyond dim = {plan.dim}")
+        keep = indices < plan.dim
+        indptr = np.concatenate([[0], np.cumsum(keep)])[indptr]
+        indices, data = indices[keep], data[keep]
     shape = (raw.labels.shape[0], plan.dim)
-    return scipy.sparse.csr_matrix((raw.data, indices, raw.indptr), shape=shape)
+    return scipy.sparse.csr_matrix((data, indices, indptr), shape=shape)
 
 
 def _examples(x, labels, loss, plan: _Plan, dtype) -> SparseExamples:
-    return from_csr(x, check_labels(labels, loss), dim=plan.dim, nnz=plan.nnz, dtype=dtype)
+    examples = from_csr(x, check_labels(labels, loss), dim=plan.dim, nnz=plan.nnz, dtype=dtype)
+    return with_constant(examples, plan.dim) if plan.constant else examples
+
+
+def weights_dim(dim: int, constant: bool) -> int:
+    """The learner's dimension for ``dim`` features: ``dim + 1`` with the constant feature."""
+    return int(dim) + int(bool(constant))
 
 
 def iter_svmlight(
@@ -344,9 +378,16 @@ def iter_svmlight(
     chunk_bytes: int = 1 << 24,
     dtype=np.float32,
     info: SvmlightInfo | None = None,
+    constant: bool = False,
+    unseen: str = "error",
 ) -> Iterator[SparseExamples]:
     """The examples of the svmlight/LIBSVM file ``path`` in chunks of exactly ``chunk_size`` rows
     (the last one padded with rows whose ``mask`` is false), in constant memory.
+
+    ``constant``: VW's constant feature, index ``d`` (value 1) in every example, so the chunks
+    are over ``d + 1`` features (:func:`weights_dim`). ``unseen="drop"`` with ``dim`` given (a
+    test file read with the training file's dimension): features at ``dim`` or beyond are left
+    out, as features that have no weight; ``"error"`` (default) refuses them.
 
     The file is scanned first (:func:`scan_svmlight`, skipped when ``info`` is given), so every
     error -- bad lines, labels outside the domain of ``loss`` -- is raised by this call, before
@@ -361,8 +402,9 @@ def iter_svmlight(
     if info is None:
         info = scan_svmlight(path, zero_based=zero_based, chunk_bytes=chunk_bytes)
     plan = _plan(
-        info, loss=loss, dim=dim, bits=bits, nnz=nnz, zero_based=zero_based, hash_seed=hash_seed
-    )
+        info, loss=loss, dim=dim, bits=bits, nnz=nnz, zero_based=zero_based, hash_seed=hash_seed,
+        constant=constant, unseen=unseen,
+    )  # fmt: skip
 
     def chunks() -> Iterator[SparseExamples]:
         carry_x, carry_y = None, None
@@ -378,7 +420,7 @@ def iter_svmlight(
             carry_x, carry_y = x[full:], y[full:]
         if carry_x is not None and carry_x.shape[0]:
             last = _examples(carry_x, carry_y, loss, plan, dtype)
-            yield pad_rows(last, chunk_size, plan.dim)
+            yield pad_rows(last, chunk_size, weights_dim(plan.dim, plan.constant))
 
     return chunks()
 
@@ -395,10 +437,12 @@ def load_svmlight(
     chunk_bytes: int = 1 << 24,
     dtype=np.float32,
     info: SvmlightInfo | None = None,
+    constant: bool = False,
+    unseen: str = "error",
 ) -> tuple[SparseExamples, int]:
-    """The whole svmlight/LIBSVM file as one batch (no padding rows) and its dimension ``d``; the
-    options are :func:`iter_svmlight`'s. Reads the file once (the scan is made from the parsed
-    blocks, which are all kept)."""
+    """The whole svmlight/LIBSVM file as one batch (no padding rows) and its dimension ``d``
+    (``d + 1`` with ``constant``: the learner's); the options are :func:`iter_svmlight`'s.
+    Reads the file once (the scan is made from the parsed blocks, which are all kept)."""
     _check_zero_based(zero_based)
     raws = list(_raw_blocks(path, chunk_bytes, one_based=zero_based is False))
     if info is None:
@@ -407,8 +451,9 @@ def load_svmlight(
             scan.add(raw)
         info = scan.info(zero_based)
     plan = _plan(
-        info, loss=loss, dim=dim, bits=bits, nnz=nnz, zero_based=zero_based, hash_seed=hash_seed
-    )
+        info, loss=loss, dim=dim, bits=bits, nnz=nnz, zero_based=zero_based, hash_seed=hash_seed,
+        constant=constant, unseen=unseen,
+    )  # fmt: skip
     if not info.zero_based:
         for raw in raws:
             if raw.indices.size and raw.indices.min() == 0:
@@ -418,7 +463,7 @@ def load_svmlight(
         y = np.concatenate([raw.labels for raw in raws])
     else:
         x, y = scipy.sparse.csr_matrix((0, plan.dim)), np.zeros((0,))
-    return _examples(x, y, loss, plan, dtype), plan.dim
+    return _examples(x, y, loss, plan, dtype), weights_dim(plan.dim, plan.constant)
 
 
 # --------------------------------------------------------------------------------------------
@@ -427,10 +472,9 @@ def load_svmlight(
 
 def _vw_lines(source) -> Iterator[str]:
     if isinstance(source, (str, os.PathLike)):
-        path = os.fspath(source)
-        opener = gzip.open if path.endswith(".gz") else open
-        with opener(path, "rt", encoding="utf-8") as f:
-            yield from f
+        with _open_binary(source) as f:
+            for line in f:
+                yield line.decode("utf-8")
     else:
         for line in source:
             yield line.decode("utf-8") if isinstance(line, bytes) else line
@@ -446,23 +490,32 @@ def _vw_float(text: str, what: str) -> float:
     return value
 
 
-def _vw_example(line: str) -> tuple[float, dict[str, list[tuple[str, float]]]]:
-    """``(label, {first letter of a namespace: [(name, value), ...]})`` of one VW line."""
+class _VwExample(NamedTuple):
+    label: float
+    weight: float  # the importance weight
+    tag: str
+    groups: dict[str, list[tuple[str, float]]]  # first letter of a namespace -> (name, value)
+
+
+def _vw_example(line: str) -> _VwExample:
+    """One VW line: ``label [importance] ['tag]|namespace[:scale] feature[:value] ...``."""
     header, bar, rest = line.partition("|")
     if not bar:
         raise ValueError("no '|': an example needs at least one namespace")
     words = header.split()
+    tag = ""
     # The tag: the last word when it starts with a quote or touches the '|' (one word alone
     # touching it is read as the label here; VW would take it for a tag).
     if words and (words[-1].startswith("'") or (len(words) > 1 and not header[-1:].isspace())):
-        words = words[:-1]
+        tag = words.pop().removeprefix("'")
     if not words:
-        raise ValueError("no label")
+        raise ValueError("no label (unlabeled examples cannot be learned from)")
     if len(words) > 3:
         raise ValueError(f"cannot read the header {header.strip()!r}")
     label = _vw_float(words[0], "the label")
-    if len(words) >= 2 and _vw_float(words[1], "the importance weight") != 1.0:
-        raise ValueError(f"importance weights other than 1 are not supported (got {words[1]})")
+    weight = _vw_float(words[1], "the importance weight") if len(words) >= 2 else 1.0
+    if weight < 0:
+        raise ValueError(f"the importance weight ({words[1]}) is negative")
     if len(words) == 3:
         raise ValueError(f"a base (initial prediction) is not supported (got {words[2]})")
     groups: dict[str, list[tuple[str, float]]] = {}
@@ -483,7 +536,7 @@ def _vw_example(line: str) -> tuple[float, dict[str, list[tuple[str, float]]]]:
                 raise ValueError(f"a feature without a name: {feature!r}")
             value = _vw_float(text, f"the value of feature {name!r}") if colon else 1.0
             group.append((f"{namespace}^{name}", scale * value))
-    return label, groups
+    return _VwExample(label, weight, tag, groups)
 
 
 def _vw_pairs(quadratic) -> list[tuple[str, str]]:
@@ -500,6 +553,151 @@ def _vw_pairs(quadratic) -> list[tuple[str, str]]:
     return pairs
 
 
+def _vw_features(example: _VwExample, pairs) -> dict[str, float]:
+    """The example's features by name (repeats summed) and its ``-q`` crosses."""
+    groups = example.groups
+    features: dict[str, float] = {}
+    for group in groups.values():
+        for name, value in group:
+            features[name] = features.get(name, 0.0) + value
+    for a, b in pairs:
+        first, second = groups.get(a, []), groups.get(b, [])
+        for i, (name, value) in enumerate(first):
+            for other, other_value in second[i:] if a == b else second:
+                cross = f"{name}*{other}"
+                features[cross] = features.get(cross, 0.0) + value * other_value
+    return features
+
+
+def _vw_parsed(source, name: str) -> Iterator[_VwExample]:
+    """The examples of ``source`` (blank lines skipped), a ``ValueError`` naming the file and the
+    line for a bad one."""
+    for number, line in enumerate(_vw_lines(source), 1):
+        if not line.strip():
+            continue
+        try:
+            yield _vw_example(line.rstrip("\r\n"))
+        except ValueError as err:
+            text = line.strip()
+            text = text if len(text) <= 80 else text[:77] + "..."
+            raise ValueError(f"{name}, line {number}: {err}: {text!r}") from None
+
+
+def _vw_name(source) -> str:
+    return os.fspath(source) if isinstance(source, (str, os.PathLike)) else "VW input"
+
+
+def _check_bits(bits) -> int:
+    bits = int(bits)
+    if not 1 <= bits <= 31:
+        raise ValueError(f"bits must lie in [1, 31], got {bits}")
+    return bits
+
+
+def _vw_hashed(rows: list[dict], d: int) -> scipy.sparse.csr_matrix:
+    from sklearn.feature_extraction import FeatureHasher
+
+    if not rows:
+        return scipy.sparse.csr_matrix((0, d))
+    hasher = FeatureHasher(n_features=d, input_type="dict", alternate_sign=False, dtype=np.float64)
+    return hasher.transform(rows)
+
+
+class VwInfo(NamedTuple):
+    """What one pass over a VW text file found (:func:`scan_vw`)."""
+
+    examples: int
+    nnz: int  # most features of one example after the crosses (an upper bound: before hashing)
+    labels: tuple  # sorted distinct label values, at most MAX_LABELS (the smallest)
+    weighted: bool  # whether an importance weight other than 1 occurs
+
+
+def _pair_count(example: _VwExample, pairs) -> int:
+    sizes = {k: len(v) for k, v in example.groups.items()}
+    total = sum(sizes.values())
+    for a, b in pairs:
+        na, nb = sizes.get(a, 0), sizes.get(b, 0)
+        total += na * (na + 1) // 2 if a == b else na * nb
+    return total
+
+
+def scan_vw(source, *, quadratic: Iterable[str] = ()) -> VwInfo:
+    """One pass over VW text (a path or lines) in constant memory: every line validated (a
+    ``ValueError`` naming the file and the line), the examples counted, the static bound on
+    their features (with ``quadratic``'s crosses) and the labels found."""
+    pairs = _vw_pairs(quadratic)
+    examples, nnz, weighted, labels = 0, 0, False, set()
+    for example in _vw_parsed(source, _vw_name(source)):
+        examples += 1
+        nnz = max(nnz, _pair_count(example, pairs))
+        weighted = weighted or example.weight != 1.0
+        if len(labels) < MAX_LABELS:
+            labels.add(example.label)
+    return VwInfo(examples, nnz, tuple(sorted(labels)), weighted)
+
+
+def detect_format(path) -> str:
+    """``"vw"`` when the first example line of ``path`` holds a ``|`` (VW's text format), else
+    ``"svmlight"`` (LIBSVM/svmlight); blank lines and ``#`` comments are passed over."""
+    with _open_binary(path) as f:
+        for line in f:
+            text = line.strip()
+            if text and not text.startswith(b"#"):
+                return "vw" if b"|" in text else "svmlight"
+    return "svmlight"
+
+
+def iter_vw(
+    source,
+    *,
+    chunk_size: int = 4096,
+    bits: int = 18,
+    quadratic: Iterable[str] = (),
+    loss: str = "logistic",
+    constant: bool = False,
+    nnz: int | None = None,
+    dtype=np.float32,
+    info: VwInfo | None = None,
+) -> Iterator[SparseExamples]:
+    """The examples of VW text (a path, ``.gz``/``.bz2`` read compressed, or lines) in chunks of
+    exactly ``chunk_size`` rows (the last padded), in constant memory: :func:`read_vw`'s
+    features (hashed into ``2**bits``; ``quadratic``'s crosses), ``constant`` VW's constant
+    feature at index ``2**bits`` (so ``2**bits + 1`` features, :func:`weights_dim`), and the
+    importance weights in the chunks' ``weights`` (``None`` where every weight is 1). The source
+    is scanned first (:func:`scan_vw`, unless ``info`` is given: it must be read twice), so bad
+    lines and labels outside the loss's domain fail before the first chunk."""
+    if int(chunk_size) < 1:
+        raise ValueError(f"chunk_size must be positive, got {chunk_size}")
+    chunk_size, bits = int(chunk_size), _check_bits(bits)
+    pairs = _vw_pairs(quadratic)
+    info = scan_vw(source, quadratic=quadratic) if info is None else info
+    check_labels(np.asarray(info.labels, np.float64), loss)  # the whole file's, once
+    d = 2**bits
+    width = max(info.nnz if nnz is None else int(nnz), 1)
+    name = _vw_name(source)
+
+    def chunk(parsed: list[_VwExample]) -> SparseExamples:
+        x = _vw_hashed([_vw_features(e, pairs) for e in parsed], d)
+        labels = check_labels([e.label for e in parsed], loss)
+        examples = from_csr(x, labels, dim=d, nnz=width, dtype=dtype)
+        if info.weighted:
+            examples = examples._replace(weights=np.asarray([e.weight for e in parsed], dtype))
+        examples = with_constant(examples, d) if constant else examples
+        return pad_rows(examples, chunk_size, weights_dim(d, constant))
+
+    def chunks() -> Iterator[SparseExamples]:
+        block: list[_VwExample] = []
+        for example in _vw_parsed(source, name):
+            block.append(example)
+            if len(block) == chunk_size:
+                yield chunk(block)
+                block = []
+        if block:
+            yield chunk(block)
+
+    return chunks()
+
+
 def read_vw(
     source,
     *,
@@ -508,61 +706,42 @@ def read_vw(
     loss: str = "logistic",
     nnz: int | None = None,
     dtype=np.float32,
+    constant: bool = False,
 ) -> tuple[SparseExamples, int]:
-    """The examples of Vowpal Wabbit's text format as one batch, and their dimension ``2**bits``.
+    """The examples of Vowpal Wabbit's text format as one batch, and their dimension ``2**bits``
+    (``2**bits + 1`` with ``constant``, VW's constant feature; :func:`iter_vw` reads the same in
+    chunks, in constant memory).
 
-    ``source`` is a path (``.gz`` read compressed) or an iterable of lines, each
+    ``source`` is a path (``.gz``/``.bz2`` read compressed) or an iterable of lines, each
     ``label [importance] ['tag]|namespace[:scale] feature[:value] ... |other ...``: a namespace's
     name touches its ``|`` (none: the default namespace), a feature without ``:value`` has value
-    1, ``:scale`` multiplies the namespace's values. Blank lines are skipped; importance weights
-    other than 1, a base, or a missing label raise ``ValueError`` (with the line number).
+    1, ``:scale`` multiplies the namespace's values. Blank lines are skipped; a missing label, a
+    negative importance weight or a base (a third header word) raise ``ValueError`` naming the
+    line. Importance weights other than 1 land in the batch's ``weights``; tags are read and
+    dropped. Labels ``-1/1`` or ``0/1`` (mapped to ``-1/1``) for the classification losses.
 
-    Features are hashed by scikit-learn's ``FeatureHasher`` (``2**bits`` columns, no alternating
-    sign) on the names ``"namespace^feature"``; the same feature twice in an example is summed.
-    ``quadratic``: VW's ``-q`` pairs of namespace letters (``"ab"``; a space is the default
-    namespace): the features of the namespaces starting with ``a`` crossed with those starting
-    with ``b``, named ``"a^f*b^g"``, value the product. A letter crossed with itself gives the
-    pairs ``i <= j`` in the example's order (VW's default; see the module docstring), and ``ab``
-    with ``ba`` is generated once (VW drops duplicate interactions). Indices differ from VW's own,
-    which does not matter for learning.
+    **Hashing** (not VW's own: the indices differ, which does not matter for learning, only which
+    features collide): scikit-learn's ``FeatureHasher`` (MurmurHash3, ``2**bits`` columns, no
+    alternating sign) on the names ``"namespace^feature"``; the same feature twice in an example
+    is summed. ``quadratic``: VW's ``-q`` pairs of namespace letters (``"ab"``; a space is the
+    default namespace): the features of the namespaces starting with ``a`` crossed with those
+    starting with ``b``, named ``"a^f*b^g"``, value the product. A letter crossed with itself
+    gives the pairs ``i <= j`` in the example's order (VW's default; see the module docstring),
+    and ``ab`` with ``ba`` is generated once (VW drops duplicate interactions).
     """
-    from sklearn.feature_extraction import FeatureHasher
-
-    bits = int(bits)
-    if not 1 <= bits <= 31:
-        raise ValueError(f"bits must lie in [1, 31], got {bits}")
+    bits = _check_bits(bits)
     pairs = _vw_pairs(quadratic)
-    rows, labels = [], []
-    for number, line in enumerate(_vw_lines(source), 1):
-        if not line.strip():
-            continue
-        try:
-            label, groups = _vw_example(line.rstrip("\r\n"))
-        except ValueError as err:
-            text = line.strip()
-            text = text if len(text) <= 80 else text[:77] + "..."
-            raise ValueError(f"VW line {number}: {err}: {text!r}") from None
-        features: dict[str, float] = {}
-        for group in groups.values():
-            for name, value in group:
-                features[name] = features.get(name, 0.0) + value
-        for a, b in pairs:
-            first, second = groups.get(a, []), groups.get(b, [])
-            for i, (name, value) in enumerate(first):
-                for other, other_value in second[i:] if a == b else second:
-                    cross = f"{name}*{other}"
-                    features[cross] = features.get(cross, 0.0) + value * other_value
-        rows.append(features)
-        labels.append(label)
+    parsed = list(_vw_parsed(source, _vw_name(source)))
     d = 2**bits
-    if rows:
-        hasher = FeatureHasher(
-            n_features=d, input_type="dict", alternate_sign=False, dtype=np.float64
-        )
-        x = hasher.transform(rows)
-    else:
-        x = scipy.sparse.csr_matrix((0, d))
-    return from_csr(x, check_labels(labels, loss), dim=d, nnz=nnz, dtype=dtype), d
+    x = _vw_hashed([_vw_features(e, pairs) for e in parsed], d)
+    examples = from_csr(
+        x, check_labels([e.label for e in parsed], loss), dim=d, nnz=nnz, dtype=dtype
+    )
+    if any(e.weight != 1.0 for e in parsed):
+        examples = examples._replace(weights=np.asarray([e.weight for e in parsed], dtype))
+    if constant:
+        examples = with_constant(examples, d)
+    return examples, weights_dim(d, constant)
 
 
 # --------------------------------------------------------------------------------------------

@@ -14,7 +14,16 @@ Invariants, which :func:`from_csr` and the loaders of :mod:`sketchopt.stream.dat
 * padding entries have index ``d`` (one past the end) and value 0: gathers read them as 0
   (``mode="fill"``) and scatters drop them (``mode="drop"``);
 * values and labels are finite; labels lie in the loss's domain (:func:`check_labels`);
-* ``mask`` is false for the rows that only pad a chunk to its static length.
+* ``mask`` is false for the rows that only pad a chunk to its static length;
+* ``weights``, when present, are the examples' importance weights (finite, ``>= 0``; ``None``
+  means 1 for every example): an example of weight ``h`` is learned as if its loss were ``h``
+  times larger (its gradient scaled by ``h``, as VW's non-invariant updates; weight 0 is
+  predicted and not learned from).
+
+**The constant feature** (VW's, on by default in the command line): :func:`with_constant` adds
+feature ``d`` with value 1 to every example of a ``d``-feature stream, a slot of its own outside
+the data's (or the hash's) range, so the weights have dimension ``d + 1`` and each learner learns
+the bias by its own rule, as any other feature.
 
 An example that breaks them anyway (an index below 0 or above ``d``, a NaN value) reaching a
 learner is skipped and counted, never learned from (:mod:`sketchopt.stream.learners`).
@@ -39,8 +48,10 @@ __all__ = [
     "from_dense",
     "hash_indices",
     "pad_rows",
+    "rows",
     "to_dense",
     "to_flat",
+    "with_constant",
 ]
 
 #: Losses whose labels are classes ``{-1, +1}`` (``{0, 1}`` is accepted and mapped).
@@ -61,6 +72,7 @@ class SparseExamples(NamedTuple):
     values: jax.Array  # (N, s)
     labels: jax.Array  # (N,)
     mask: jax.Array  # (N,) bool: false for padding rows
+    weights: jax.Array | None = None  # (N,) importance weights; None: 1 for every example
 
     @property
     def x(self) -> SparseVector:
@@ -173,11 +185,34 @@ def pad_rows(examples: SparseExamples, length: int, dim: int) -> SparseExamples:
         raise ValueError(f"{n} examples do not fit a chunk of {length}")
     extra = length - n
     nnz = examples.indices.shape[1]
+    weights = examples.weights
+    if weights is not None:
+        weights = np.concatenate([weights, np.zeros((extra,), np.asarray(weights).dtype)])
     return SparseExamples(
         np.concatenate([examples.indices, np.full((extra, nnz), dim, np.int32)]),
         np.concatenate([examples.values, np.zeros((extra, nnz), examples.values.dtype)]),
         np.concatenate([examples.labels, np.zeros((extra,), examples.labels.dtype)]),
         np.concatenate([examples.mask, np.zeros((extra,), bool)]),
+        weights,
+    )
+
+
+def rows(examples: SparseExamples, start: int, stop: int) -> SparseExamples:
+    """Rows ``[start, stop)`` of ``examples`` (host arrays)."""
+    return SparseExamples(*(None if a is None else np.asarray(a)[start:stop] for a in examples))
+
+
+def with_constant(examples: SparseExamples, dim: int) -> SparseExamples:
+    """``examples`` of a ``dim``-feature stream with VW's constant feature (module docstring):
+    index ``dim``, value 1, in every real row (padding rows get padding); the result is over
+    ``dim + 1`` features, its padding index ``dim + 1``."""
+    indices, values = np.asarray(examples.indices), np.asarray(examples.values)
+    real = np.asarray(examples.mask)[:, None]
+    return examples._replace(
+        indices=np.concatenate(
+            [np.where(indices == dim, dim + 1, indices), np.where(real, dim, dim + 1)], axis=1
+        ).astype(np.int32),
+        values=np.concatenate([values, real.astype(values.dtype)], axis=1),
     )
 
 
@@ -196,6 +231,7 @@ class FlatExamples(NamedTuple):
     labels: np.ndarray  # (N,)
     mask: np.ndarray  # (N,) bool
     width: int
+    weights: np.ndarray | None = None  # (N,) importance weights; None: 1 for every example
 
     @property
     def size(self) -> int:
@@ -229,6 +265,7 @@ def to_flat(examples: SparseExamples, dim: int, width: int | None = None) -> Fla
         np.asarray(examples.labels),
         np.asarray(examples.mask),
         int(width),
+        None if examples.weights is None else np.asarray(examples.weights),
     )
 
 

@@ -182,9 +182,15 @@ class _LinearSteps:
         sums = {n: jnp.sum(cols[n], axis=0) for n in self.rule.sums}
         return idx, vals, rows, cols, w, jnp.sum(w * vals, axis=0), ok, sums
 
-    def learn_from(self, state, p, label, ok, active):
-        label = class_label(self.loss, jnp.asarray(label, state.table[0].dtype))
+    def learn_from(self, state, p, label, ok, active, weight=None):
+        dtype = state.table[0].dtype
+        label = class_label(self.loss, jnp.asarray(label, dtype))
         slope = self.derivative(p, label)
+        if weight is not None:  # an importance weight scales the gradient; 0 learns nothing
+            weight = jnp.asarray(weight, dtype)
+            ok = ok & jnp.isfinite(weight) & (weight >= 0)
+            active = active & (weight > 0)
+            slope = slope * jnp.where(jnp.isfinite(weight), weight, 0)
         ok = ok & jnp.isfinite(label) & jnp.isfinite(slope)
         return slope, ok, ok & active
 
@@ -219,14 +225,16 @@ class _LinearSteps:
     def predict(self, state, x):
         return self.look(state, x)[5]
 
-    def step(self, state, x, label, active=True):
+    def step(self, state, x, label, active=True, weight=None):
         idx, vals, rows, cols, w, p, ok, sums = self.look(state, x)
-        slope, ok, learn = self.learn_from(state, p, label, ok, active)
+        slope, ok, learn = self.learn_from(state, p, label, ok, active, weight)
         new_cols, new_scalars = self.advance(state, cols, sums, w, slope * vals)
         table = self.write(state.table, idx, rows, new_cols, learn)
         return self.close(state, table, new_scalars, ok, learn, active), p
 
-    def step_flat(self, state, indices, values, start, stop, label, active=True, *, width: int):
+    def step_flat(
+        self, state, indices, values, start, stop, label, active=True, *, width: int, weight=None
+    ):
         """:meth:`step` on one example of a flat chunk (:class:`FlatExamples`): its non-zeros
         ``indices[start:stop]`` in segments of ``width``, read once for the prediction and once
         for the update (the segments' coordinates are distinct, so the order is free). The same
@@ -246,7 +254,7 @@ class _LinearSteps:
         zero = jnp.zeros(self.grid, state.table[0].dtype)
         start_sums = {n: zero for n in self.rule.sums}
         p, ok, sums = jax.lax.fori_loop(0, count, read, (zero, jnp.bool_(True), start_sums))
-        slope, ok, learn = self.learn_from(state, p, label, ok, active)
+        slope, ok, learn = self.learn_from(state, p, label, ok, active, weight)
 
         def update_segment(j, carry):
             table, _ = carry

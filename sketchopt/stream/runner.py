@@ -16,7 +16,13 @@ one compiled program, through the learners' grid form: every example touches ``O
 each holding all configurations' numbers of its coordinate.
 
 Rows whose ``mask`` is false (a chunk's padding) and examples skipped as bad input (see
-:mod:`sketchopt.stream.learners`) are not scored.
+:mod:`sketchopt.stream.learners`) are not scored. Chunks with ``weights`` (importance weights)
+pass each example's to the learner's step.
+
+**Holdout** (VW's, for more than one pass: ``holdout_period=k``): the ``k``-th, ``2k``-th, ...
+example of every pass (counted from 1 over the real rows of the stream, VW's ``in_pass_counter
+% holdout_period == 0``) is predicted and never learned from; its loss and error go to
+``StreamResult.holdout`` instead of the progressive totals.
 """
 
 from __future__ import annotations
@@ -36,6 +42,7 @@ from sketchopt.stream.examples import (
     SparseExamples,
     SparseVector,
     pad_rows,
+    rows,
     to_flat,
 )
 from sketchopt.stream.learners import LinearLearner, class_label, error, loss_value
@@ -67,6 +74,16 @@ class Progress(NamedTuple):
         return cls(np.zeros(shape, np.int64), np.zeros(shape), np.zeros(shape))
 
 
+def _held(mask: np.ndarray, seen: int, period: int | None) -> np.ndarray:
+    """Which rows of a chunk are held out: the real rows whose 1-based position in the pass
+    (``seen`` real rows came before the chunk) is a multiple of ``period``."""
+    mask = np.asarray(mask, bool)
+    if not period:
+        return np.zeros_like(mask)
+    position = seen + np.cumsum(mask)
+    return mask & (position % int(period) == 0)
+
+
 @dataclasses.dataclass
 class StreamResult:
     """What :func:`run_stream` measured.
@@ -83,6 +100,17 @@ class StreamResult:
     curve: list[dict]
     seconds: float
     examples_per_second: float
+    holdout: Progress | None = None  # the held-out examples' totals (``holdout_period``)
+
+    @property
+    def holdout_loss(self):
+        return None if self.holdout is None else _mean(self.holdout.loss_sum, self.holdout.examples)
+
+    @property
+    def holdout_error(self):
+        return (
+            None if self.holdout is None else _mean(self.holdout.error_sum, self.holdout.examples)
+        )
 
     @property
     def examples(self) -> int:
@@ -116,11 +144,7 @@ def chunked(
     ``flat``, as :class:`FlatExamples` (see :func:`as_flat`)."""
     n = examples.size
     chunks = (
-        pad_rows(
-            SparseExamples(*(np.asarray(a)[start : start + chunk_size] for a in examples)),
-            chunk_size,
-            dim,
-        )
+        pad_rows(rows(examples, start, start + chunk_size), chunk_size, dim)
         for start in range(0, max(n, 1), chunk_size)
     )
     yield from (as_flat(chunks, dim, width) if flat else chunks)
@@ -166,34 +190,41 @@ def as_flat(
 
 
 def _scan_chunk(learner: LinearLearner, width: int | None = None):
-    """``(state, chunk) -> (state, (loss, error, scored))`` per example of the chunk: a
-    :class:`SparseExamples` chunk, or with ``width`` the arrays of a :class:`FlatExamples`."""
+    """``(state, chunk, held) -> (state, (loss, error, scored, held_scored))`` per example of the
+    chunk: a :class:`SparseExamples` chunk, or with ``width`` the arrays of a
+    :class:`FlatExamples`; ``held`` marks the held-out rows (predicted, not learned from)."""
 
-    def score(state, new, p, label, active):
-        scored = active & (new.nonfinite_count == state.nonfinite_count)
+    def score(state, new, p, label, active, held):
+        learned = active & ~held & (new.nonfinite_count == state.nonfinite_count)
         label = class_label(learner.loss, label.astype(p.dtype))
-        loss = jnp.where(scored, loss_value(learner.loss, p, label), 0)
-        err = jnp.where(scored, error(p, label), 0)
-        return new, (loss, err, scored)
+        loss = loss_value(learner.loss, p, label)
+        held_ok = active & held & jnp.isfinite(loss)
+        loss = jnp.where(learned | held_ok, loss, 0)
+        err = jnp.where(learned | held_ok, error(p, label), 0)
+        return new, (loss, err, learned, held_ok)
 
-    def run(state, chunk):
+    def weighted(chunk):
+        return {} if chunk.weights is None else {"weight": chunk.weights}
+
+    def run(state, chunk, held):
         def body(state, example):
-            idx, val, label, active = example
-            new, p = learner.step(state, SparseVector(idx, val), label, active)
-            return score(state, new, p, label, active)
+            idx, val, label, active, held_i, extra = example
+            new, p = learner.step(state, SparseVector(idx, val), label, active & ~held_i, **extra)
+            return score(state, new, p, label, active, held_i)
 
-        xs = (chunk.indices, chunk.values, chunk.labels, chunk.mask)
+        xs = (chunk.indices, chunk.values, chunk.labels, chunk.mask, held, weighted(chunk))
         return jax.lax.scan(body, state, xs)
 
-    def run_flat(state, chunk):
+    def run_flat(state, chunk, held):
         def body(state, example):
-            start, stop, label, active = example
+            start, stop, label, active, held_i, extra = example
             new, p = learner.step_flat(
-                state, chunk.indices, chunk.values, start, stop, label, active, width=width
-            )
-            return score(state, new, p, label, active)
+                state, chunk.indices, chunk.values, start, stop, label, active & ~held_i,
+                width=width, **extra,
+            )  # fmt: skip
+            return score(state, new, p, label, active, held_i)
 
-        xs = (chunk.starts, chunk.stops, chunk.labels, chunk.mask)
+        xs = (chunk.starts, chunk.stops, chunk.labels, chunk.mask, held, weighted(chunk))
         return jax.lax.scan(body, state, xs)
 
     return run if width is None else run_flat
@@ -234,32 +265,53 @@ def _squeeze(x):
     return float(x[0]) if x.size == 1 else x.tolist()
 
 
+def _on_device(chunk):
+    """The chunk's arrays as JAX arrays (``width`` and an absent ``weights`` kept); its width."""
+    if isinstance(chunk, FlatExamples):
+        arrays = {k: v for k, v in chunk._asdict().items() if k != "width"}
+        width = chunk.width
+        chunk = chunk._replace(width=None)
+    else:
+        arrays, width = chunk._asdict(), None
+    return chunk._replace(
+        **{k: None if v is None else jnp.asarray(v) for k, v in arrays.items()}
+    ), width
+
+
 def _drive(
-    learner: LinearLearner, state, chunks: Iterable, progress: Progress, curve, bar
-) -> tuple[Any, Progress, float]:
+    learner: LinearLearner, state, chunks: Iterable, progress: Progress, curve, bar,
+    holdout_period: int | None = None,
+) -> tuple[Any, Progress, float, Progress]:  # fmt: skip
     """Runs the chunks; each chunk shape compiles once, outside the timed calls."""
     compiled: dict = {}
-    seconds = 0.0
+    seconds, seen = 0.0, 0
+    held_totals = Progress.zeros(learner.grid)
     for chunk in chunks:
-        if isinstance(chunk, FlatExamples):
-            width = chunk.width
-            chunk = FlatExamples(*(jnp.asarray(a) for a in chunk[:-1]), None)
-        else:
-            width = None
-            chunk = SparseExamples(*(jnp.asarray(a) for a in chunk))
-        key = (width, tuple(a.shape for a in chunk if a is not None))
+        chunk, width = _on_device(chunk)
+        mask = np.asarray(chunk.mask)
+        held = jnp.asarray(_held(mask, seen, holdout_period))
+        seen += int(mask.sum())
+        key = (width, jax.tree.map(lambda a: a.shape, tuple(chunk)))
         if key not in compiled:
             fn = jax.jit(_scan_chunk(learner, width), donate_argnums=0)
-            compiled[key] = fn.lower(state, chunk).compile()
+            compiled[key] = fn.lower(state, chunk, held).compile()
         start = time.perf_counter()
-        state, (loss, err, scored) = compiled[key](state, chunk)
+        state, (loss, err, scored, held_scored) = compiled[key](state, chunk, held)
         jax.block_until_ready((state, loss))
         seconds += time.perf_counter() - start
-        per_example = (np.moveaxis(np.asarray(a), 0, -1) for a in (loss, err, scored))
-        progress = _doubling_lines(progress, *per_example, curve)
+        loss, err, scored, held_scored = (
+            np.moveaxis(np.asarray(a), 0, -1) for a in (loss, err, scored, held_scored)
+        )
+        progress = _doubling_lines(progress, loss, err, scored, curve)
+        if holdout_period:
+            held_totals = Progress(
+                held_totals.examples + held_scored.sum(-1),
+                held_totals.loss_sum + (np.asarray(loss, np.float64) * held_scored).sum(-1),
+                held_totals.error_sum + (np.asarray(err, np.float64) * held_scored).sum(-1),
+            )
         if bar is not None:
-            bar.update(int(np.asarray(chunk.mask).sum()))
-    return state, progress, seconds
+            bar.update(int(mask.sum()))
+    return state, progress, seconds, held_totals
 
 
 def _bar(progress: bool, total: int | None):
@@ -282,10 +334,12 @@ def run_stream(
     key=None,
     progress: bool = False,
     total: int | None = None,
+    holdout_period: int | None = None,
 ) -> StreamResult:
     """One online pass of ``learner`` over ``chunks`` (all of one shape) with progressive
     validation; ``state``/``start``/``curve`` continue an earlier run (see the module
-    docstring); ``progress`` shows a ``tqdm`` bar (``total`` examples, when known)."""
+    docstring); ``progress`` shows a ``tqdm`` bar (``total`` examples, when known);
+    ``holdout_period`` holds every ``k``-th example out of learning (module docstring)."""
     state = learner.init(dim, dtype, key) if state is None else state
     # init runs asynchronously (Oja-SON's is a QR of d x m): it must not land in the timed pass
     state = jax.block_until_ready(state)
@@ -293,12 +347,15 @@ def run_stream(
     curve = [] if curve is None else curve
     bar = _bar(progress, total)
     try:
-        state, prog, seconds = _drive(learner, state, chunks, start, curve, bar)
+        state, prog, seconds, held = _drive(
+            learner, state, chunks, start, curve, bar, holdout_period
+        )
     finally:
         if bar is not None:
             bar.close()
-    examples = int(np.max(prog.examples - start.examples))
-    return StreamResult(state, prog, curve, seconds, examples / seconds if seconds else 0.0)
+    examples = int(np.max(prog.examples - start.examples + held.examples))
+    rate = examples / seconds if seconds else 0.0
+    return StreamResult(state, prog, curve, seconds, rate, held if holdout_period else None)
 
 
 def run_grid(
@@ -355,7 +412,7 @@ def evaluate(
     for chunk in chunks:
         if isinstance(chunk, FlatExamples):
             raise TypeError("evaluate takes padded SparseExamples chunks, not FlatExamples")
-        chunk = SparseExamples(*(jnp.asarray(a) for a in chunk))
+        chunk, _ = _on_device(chunk)
         p, loss, err = run(state, chunk)
         keep = np.asarray(chunk.mask)
         preds.append(np.asarray(p)[keep])

@@ -780,12 +780,18 @@ class _SketchedLearner:
         out |= {f"x_{c}": sums[rows + i] for i, c in enumerate(spec.columns)}
         return idx, vals, out, ok
 
-    def one(self, state, sums, ok, label, active, h):
-        """The small work of one configuration: prediction, then learning."""
+    def one(self, state, sums, ok, label, active, h, weight=None):
+        """The small work of one configuration: prediction, then learning (``weight``, the
+        importance weight, scales the gradient; 0 learns nothing)."""
         spec = self.spec
         p, pre = spec.predict(state.small, sums, h, state.t)
         y = class_label(self.loss, jnp.asarray(label, p.dtype))
         slope = self.derivative(p, y)
+        if weight is not None:
+            weight = jnp.asarray(weight, p.dtype)
+            ok = ok & jnp.isfinite(weight) & (weight >= 0)
+            active = active & (weight > 0)
+            slope = slope * jnp.where(jnp.isfinite(weight), weight, 0)
         small, coef, need, aux = spec.learn(state.small, sums, slope, pre, h, state.t)
         fine = jax.tree.reduce(
             lambda acc, a: acc & jnp.all(jnp.isfinite(a)) if jnp.issubdtype(a.dtype, jnp.floating)
@@ -868,21 +874,21 @@ class _SketchedLearner:
             table = self.rescale_one(state.table, state.small, idx, xt, slope)
         return state._replace(table=table)
 
-    def small_work(self, state, sums, ok, label, active, h):
+    def small_work(self, state, sums, ok, label, active, h, weight=None):
         if self.batched:
-            return jax.vmap(self.one, in_axes=(0, 0, 0, None, None, 0))(
-                state, sums, ok, label, active, h
+            return jax.vmap(self.one, in_axes=(0, 0, 0, None, None, 0, None))(
+                state, sums, ok, label, active, h, weight
             )
-        return self.one(state, sums, ok, label, active, h)
+        return self.one(state, sums, ok, label, active, h, weight)
 
-    def step(self, state, x, label, active=True):
+    def step(self, state, x, label, active=True, weight=None):
         h = self.h_of(state.table.dtype)
         if self.batched:
             idx, vals, sums, ok = jax.vmap(lambda tb: self.read(tb, x))(state.table)
             idx = idx[0]  # the same coordinates for every configuration
         else:
             idx, vals, sums, ok = self.read(state.table, x)
-        new, coef, p, need, aux, slope = self.small_work(state, sums, ok, label, active, h)
+        new, coef, p, need, aux, slope = self.small_work(state, sums, ok, label, active, h, weight)
         new = new._replace(table=self.scatter(new.table, idx, vals, coef))
 
         def dense_x(v):  # (the example as the spec saw it: x / ds when rescaled)
@@ -935,7 +941,9 @@ class _SketchedLearner:
 
         return jax.lax.fori_loop(0, flat.segments, add, jnp.zeros((flat.dim,), table.dtype))
 
-    def step_flat(self, state, indices, values, start, stop, label, active=True, *, width: int):
+    def step_flat(
+        self, state, indices, values, start, stop, label, active=True, *, width: int, weight=None
+    ):
         """:meth:`step` on one example of a flat chunk: read in segments of ``width`` (the sums
         are additive), the small work once, then the scatter in the same segments."""
         dim = state.table.shape[-2]
@@ -943,7 +951,7 @@ class _SketchedLearner:
         h = self.h_of(state.table.dtype)
         read = functools.partial(self.flat_sums, flat=flat)
         sums, ok = jax.vmap(read)(state.table) if self.batched else read(state.table)
-        new, coef, p, need, aux, slope = self.small_work(state, sums, ok, label, active, h)
+        new, coef, p, need, aux, slope = self.small_work(state, sums, ok, label, active, h, weight)
 
         def write(j, table):
             idx, xt = self.segment_values(table, flat, j)
