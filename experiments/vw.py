@@ -1207,6 +1207,21 @@ def run(*, quick: bool, full: bool, seed: int, out: pathlib.Path) -> dict:
         "grid_cost": cost,
         "targets": targets,
     }
+    # Every learner at its defaults against VW at its own, on every stream and real file
+    # (experiments/vw_defaults.py).
+    from experiments import vw_defaults
+
+    if size == "quick":  # two learners on the dense control and the real files: its code path
+        quick_streams = {"digits": streams["digits"]}
+        defaults = vw_defaults.run(quick_streams, pyvw, learners=("ada_diag", "oja_son"))
+    else:
+        defaults = vw_defaults.run(streams, pyvw)
+    payload["defaults"] = defaults
+    table += (
+        "\n\nAt the defaults (nothing but `--learner`; test error %, the best of each kind "
+        "against VW default and VW --OjaNewton, margin max(0.5 points, 3 test examples)):\n\n"
+        + vw_defaults.table(defaults)
+    )
     fig = _plot(scale, stream_rows)
     summary = common.finish_run(NAME, out, payload, fig, table)
     summary["notes"] = [NOTE] + ([VW_MISSING] if pyvw is None else [])

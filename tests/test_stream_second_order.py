@@ -245,8 +245,9 @@ def test_flat_layout_equals_padded(name):
     padded = runner.run_stream(learner, runner.chunked(stream, 64, DIM), DIM)
     flat = runner.run_stream(learner, runner.chunked(stream, 64, DIM, flat=True, width=4), DIM)
     np.testing.assert_allclose(flat.progress.loss_sum, padded.progress.loss_sum, rtol=1e-5)
+    # (float32 sums in another order; the defaults' automatic ridge, mean |x|^2 / 16, is small)
     np.testing.assert_allclose(
-        learner.weights(flat.state), learner.weights(padded.state), rtol=1e-4, atol=1e-5
+        learner.weights(flat.state), learner.weights(padded.state), rtol=1e-4, atol=1e-4
     )
 
 

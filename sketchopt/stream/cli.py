@@ -1,13 +1,39 @@
-"""The command line: one online pass over a LIBSVM/svmlight file, VW-style.
+"""The command line: online passes over a LIBSVM/svmlight or Vowpal Wabbit text file, VW-style.
 
     python -m sketchopt.stream train.svm [--learner NAME] [--loss LOSS] [--bits B] ...
-    sketchopt-stream train.svm ...                      (the same, as a console script)
+    sketchopt-stream train.vw -q ab --passes 3 ...      (the same, as a console script)
 
 Progressive validation over the training stream (each example predicted before it is learned
 from), the test error of the final weights with ``--test``, predictions with ``--predict``,
 checkpoints with ``--save``/``--resume`` (Orbax; a resumed run continues bit-identically: the
 same state and totals as one run over both files) and a JSON summary with ``--json``. Run with
 ``--help`` for every flag and its default.
+
+VW's habits:
+
+* **The format** is detected per file (:func:`sketchopt.stream.data.detect_format`: a ``|`` in the
+  first example line is VW's text format, anything else svmlight), or forced with ``--format``.
+  VW files are hashed into ``2**bits`` (``--bits``/``-b``, default 18, VW's), svmlight files
+  keep their own indices unless ``--bits`` asks for hashing.
+* **The constant feature** (VW's bias) is on: a slot of its own after the features (index
+  ``d``: the weights have ``d + 1`` entries), learned by each learner's own rule like any
+  feature (L1 included: none of the learners' papers exempts a coordinate); ``--noconstant``
+  turns it off.
+* **Test files** are read with the training file's dimension; features it never had (svmlight
+  indices beyond it) have no weight and are ignored.
+* ``-q ab``/``--quadratic ab`` (repeatable) and ``--interactions ab``: VW's quadratic crosses of
+  the namespaces starting with ``a`` and ``b`` (VW files only), built as the file is read
+  (:func:`sketchopt.stream.data.iter_vw`).
+* ``--passes N``: ``N`` passes over the training file, the first parsing it and writing the
+  chunks to a cache (a temporary directory, removed at the end), the others reading the cache.
+  With more than one pass VW's holdout is on: every ``--holdout_period``-th example (default
+  10) of each pass is never learned from, and ``holdout_loss``/``holdout_error`` (the last
+  pass's) are reported; ``--holdout_off`` learns from every example. VW's early termination is
+  not implemented (every pass runs).
+* Aliases: ``-b`` (``--bits``), ``-l`` (``--learning-rate``), ``-p`` (``--predict``),
+  ``--loss_function`` (``--loss``), ``-i``/``--initial_regressor`` (``--resume``),
+  ``-f``/``--final_regressor`` (``--save``), ``-c``/``--cache`` (accepted: the cache is
+  automatic with ``--passes``).
 
 Decisions (no VW flag has the same meaning everywhere):
 
@@ -41,12 +67,14 @@ import json
 import math
 import pathlib
 import sys
+import tempfile
 from typing import Any
 
 import jax
 import numpy as np
 
 from sketchopt.stream import data, learners, runner
+from sketchopt.stream.examples import FlatExamples, SparseExamples
 
 __all__ = ["DEFAULT_LEARNING_RATE", "build_parser", "main", "run"]
 
@@ -79,24 +107,69 @@ def build_parser() -> argparse.ArgumentParser:
 
 def _add_inputs(parser: argparse.ArgumentParser) -> None:
     """The data and the learner: ``train``, ``--learner``, ``--loss``, ``--bits``."""
-    parser.add_argument("train", type=pathlib.Path, help="training examples (svmlight format)")
+    parser.add_argument(
+        "train", type=pathlib.Path, help="training examples (svmlight or VW text format)"
+    )
+    parser.add_argument(
+        "--format",
+        choices=("auto", "svmlight", "vw"),
+        default="auto",
+        help="the files' format (default auto: VW's when the first example line holds a '|')",
+    )
     names = list(learners.LEARNERS) + list(learners.SECOND_ORDER_NAMES)
     parser.add_argument(
         "--learner", default=None, choices=names, help="the learner (default: ada_diag)"
     )
     parser.add_argument(
         "--loss",
+        "--loss_function",
         default=None,
         choices=sorted(learners.LOSSES),
         help="the loss (default: logistic; labels {-1, +1} or {0, 1} for the classification "
         "losses)",
     )
     parser.add_argument(
+        "-b",
         "--bits",
         type=int,
         default=None,
         help="weights of dimension 2^B, indices hashed into it when the data's are larger "
-        "(default: the data's own dimension)",
+        "(default: the data's own dimension; VW files: 18)",
+    )
+    parser.add_argument(
+        "--noconstant",
+        action="store_true",
+        help="no constant feature (default: VW's constant, a bias learned like any feature)",
+    )
+    parser.add_argument(
+        "-q",
+        "--quadratic",
+        action="append",
+        default=[],
+        metavar="AB",
+        help="cross the namespaces starting with A and B (VW files; repeatable)",
+    )
+    parser.add_argument(
+        "--interactions",
+        action="append",
+        default=[],
+        metavar="AB",
+        help="VW's --interactions, two namespaces only: the same as -q AB",
+    )
+    parser.add_argument(
+        "--passes", type=int, default=1, help="passes over the training file (default 1)"
+    )
+    parser.add_argument(
+        "--holdout_off", action="store_true", help="with --passes > 1: learn from every example"
+    )
+    parser.add_argument(
+        "--holdout_period",
+        type=int,
+        default=10,
+        help="with --passes > 1: hold out every k-th example of each pass (default 10, VW's)",
+    )
+    parser.add_argument(
+        "-c", "--cache", action="store_true", help="accepted (the cache is automatic)"
     )
 
 
@@ -106,7 +179,9 @@ def _add_hyperparameters(parser: argparse.ArgumentParser) -> None:
         "--sketch-size", type=int, default=10, help="second-order learners' m (default: 10)"
     )
     parser.add_argument(
+        "-l",
         "--learning-rate",
+        "--learning_rate",
         type=float,
         default=None,
         help="the learner's step-size parameter: eta (ada_diag, nag, fobos, truncated_gradient), "
@@ -163,9 +238,25 @@ def _add_hyperparameters(parser: argparse.ArgumentParser) -> None:
 def _add_outputs(parser: argparse.ArgumentParser) -> None:
     """Evaluation, predictions, checkpoints, the report and the run's layout."""
     parser.add_argument("--test", type=pathlib.Path, help="test examples: report test_error")
-    parser.add_argument("--predict", type=pathlib.Path, help="write one score per test example")
-    parser.add_argument("--save", type=pathlib.Path, help="save the state here (Orbax) at the end")
-    parser.add_argument("--resume", type=pathlib.Path, help="continue from a --save directory")
+    parser.add_argument(
+        "-p", "--predict", type=pathlib.Path, help="write one score per test example"
+    )
+    parser.add_argument(
+        "-f",
+        "--final_regressor",
+        "--save",
+        dest="save",
+        type=pathlib.Path,
+        help="save the state here (Orbax) at the end",
+    )
+    parser.add_argument(
+        "-i",
+        "--initial_regressor",
+        "--resume",
+        dest="resume",
+        type=pathlib.Path,
+        help="continue from a --save directory",
+    )
     parser.add_argument("--json", type=pathlib.Path, help="write the summary as JSON here")
     parser.add_argument(
         "--chunk-size", type=int, default=4096, help="examples per compiled scan (default 4096)"
@@ -221,7 +312,7 @@ def _second_order_hyperparameters(args) -> dict[str, Any]:
         raise ValueError(f"{', '.join(wrong)} do(es) not apply to {name}")
     if name == "ada_fd":
         lr = DEFAULT_LEARNING_RATE[name] if args.learning_rate is None else args.learning_rate
-        delta = 1.0 if args.delta is None else args.delta
+        delta = "auto" if args.delta is None else args.delta
         return options | {
             "learning_rate": lr, "delta": delta, "rule": args.rule, "robust": args.robust,
         }  # fmt: skip
@@ -231,7 +322,7 @@ def _second_order_hyperparameters(args) -> dict[str, Any]:
     options["diagonal_rescaling"] = args.diagonal_rescaling
     if name == "rfd_son":
         return options | {"alpha0": 0.0 if args.alpha is None else args.alpha}
-    return options | {"alpha": 1.0 if args.alpha is None else args.alpha}
+    return options | {"alpha": "auto" if args.alpha is None else args.alpha}
 
 
 def _save(directory: pathlib.Path, config: dict, state, result: runner.StreamResult) -> None:
@@ -261,42 +352,84 @@ def _restore(directory: pathlib.Path, learner, dim: int):
 
 
 def _resolve(args) -> tuple[dict, dict | None]:
-    """The run's configuration (learner, loss, hyperparameters, bits), from the flags or, with
-    ``--resume``, from the checkpoint (explicit conflicting flags are an error)."""
+    """The run's configuration (learner, loss, hyperparameters, bits, the constant, the
+    crosses), from the flags or, with ``--resume``, from the checkpoint (explicit conflicting
+    flags are an error)."""
     given = {"learner": args.learner, "loss": args.loss, "bits": args.bits}
+    pairs = list(args.quadratic) + list(args.interactions)
+    for pair in args.interactions:
+        if len(pair) != 2:
+            raise ValueError(f"--interactions {pair}: only two namespaces (VW's -q) are supported")
+    if args.passes < 1:
+        raise ValueError(f"--passes must be at least 1, got {args.passes}")
+    if args.holdout_period < 1:
+        raise ValueError(f"--holdout_period must be at least 1, got {args.holdout_period}")
     if args.resume is None:
         args.learner = args.learner or "ada_diag"
         config = {"learner": args.learner, "loss": args.loss or "logistic", "bits": args.bits}
         config["hyperparameters"] = _hyperparameters(args)
+        config |= {"constant": not args.noconstant, "quadratic": pairs}
         return config, None
     saved = json.loads((args.resume / _CONFIG).read_text())
     for key, value in given.items():
         if value is not None and value != saved[key]:
             raise ValueError(f"--{key} {value} differs from the checkpoint's {saved[key]}")
     keys = ("learner", "loss", "bits", "hyperparameters", "dim", "layout", "width", "nnz")
-    keys += ("zero_based",)
-    return {k: saved[k] for k in keys}, saved
+    keys += ("zero_based", "format", "constant", "quadratic")
+    return {k: saved.get(k) for k in keys}, saved
 
 
-def _layout(args, config, info, dim):
+def _format(args, path) -> str:
+    return data.detect_format(path) if args.format == "auto" else args.format
+
+
+def _vw_bits(config) -> int:
+    return 18 if config["bits"] is None else int(config["bits"])
+
+
+def _scan(path, fmt: str, config):
+    """The file's scan (every line validated before learning starts)."""
+    if fmt == "vw":
+        return data.scan_vw(path, quadratic=config["quadratic"])
+    if config["quadratic"]:
+        raise ValueError("-q/--interactions cross VW namespaces: they need a VW text file")
+    return data.scan_svmlight(path, zero_based=config.get("zero_based") or "auto")
+
+
+def _feature_dim(fmt: str, info, config) -> int:
+    if fmt == "vw":
+        return 2 ** _vw_bits(config)
+    return data.stream_dim(info, bits=config["bits"])
+
+
+def _read(path, fmt, info, config, chunk_size, *, nnz=None, test=False):
+    """The file's chunks (padded), with the run's constant, crosses and dimension."""
+    if fmt == "vw":
+        return data.iter_vw(
+            path, chunk_size=chunk_size, bits=_vw_bits(config), quadratic=config["quadratic"],
+            loss=config["loss"], constant=config["constant"], nnz=nnz, info=info,
+        )  # fmt: skip
+    return data.iter_svmlight(
+        path, chunk_size=chunk_size, loss=config["loss"], dim=config["dim"], bits=config["bits"],
+        info=info, nnz=nnz, constant=config["constant"], unseen="drop" if test else "error",
+        zero_based=config["zero_based"] if test else "auto",
+    )  # fmt: skip
+
+
+def _layout(args, config, chunks, dim):
     """The training chunks in the run's layout. A new run resolves ``--layout auto`` from the
     first chunk and records the layout, the segment width and the padded width in ``config``;
     a resumed run reuses the checkpoint's, so that both halves compute alike, to the bit."""
-    nnz = config.get("nnz") if config.get("layout") == "padded" else None
-    chunks = iter(
-        data.iter_svmlight(
-            args.train, chunk_size=args.chunk_size, loss=config["loss"], dim=dim,
-            bits=config["bits"], info=info, nnz=nnz,
-        )
-    )  # fmt: skip
+    chunks = iter(chunks)
     first = next(chunks, None)
     if first is None:
         return iter(())
-    if "layout" not in config:
+    if "layout" not in config or config["layout"] is None:
         layout = args.layout
         if layout == "auto":
             layout = "flat" if runner.flat_pays(first, dim) else "padded"
-        config.update(layout=layout, nnz=int(first.indices.shape[1]), width=None)
+        nnz = int(first.indices.shape[1]) - int(config["constant"])
+        config.update(layout=layout, nnz=nnz, width=None)
     chunks = itertools.chain([first], chunks)
     if config["layout"] == "padded":
         return chunks
@@ -306,48 +439,109 @@ def _layout(args, config, info, dim):
     return itertools.chain([first_flat], flat)
 
 
+def _cached(chunks, directory: pathlib.Path):
+    """``chunks`` as they are, each written to ``directory`` as it passes (the cache of the
+    parsed examples that the later passes read, :func:`_replay`)."""
+    for i, chunk in enumerate(chunks):
+        arrays = {k: np.asarray(v) for k, v in chunk._asdict().items() if v is not None}
+        np.savez(directory / f"{i:08d}.npz", flat=isinstance(chunk, FlatExamples), **arrays)
+        yield chunk
+
+
+def _replay(directory: pathlib.Path):
+    for path in sorted(directory.glob("*.npz")):
+        with np.load(path) as stored:
+            arrays = {k: stored[k] for k in stored.files if k != "flat"}
+            if bool(stored["flat"]):
+                arrays["width"] = int(arrays["width"])
+                yield FlatExamples(**arrays)
+            else:
+                yield SparseExamples(**arrays)
+
+
+def _passes(args, config, info, fmt, dim, learner, state, start, curve, cache):
+    """The training passes; ``cache`` a directory for the parsed chunks when more than one."""
+    holdout = None if args.passes == 1 or args.holdout_off else args.holdout_period
+    nnz = config.get("nnz") if config.get("layout") == "padded" else None
+    seconds, result = 0.0, None
+    for k in range(args.passes):
+        if k == 0:
+            chunks = _read(args.train, fmt, info, config, args.chunk_size, nnz=nnz)
+            chunks = _layout(args, config, chunks, dim)
+            if args.passes > 1:
+                chunks = _cached(chunks, cache)
+        else:
+            chunks = _replay(cache)
+        result = runner.run_stream(
+            learner, chunks, dim, state=state, start=start, curve=curve,
+            progress=not args.quiet, total=info.examples, key=jax.random.PRNGKey(args.seed),
+            holdout_period=holdout,
+        )  # fmt: skip
+        seconds += result.seconds
+        state, start, curve = result.state, result.progress, result.curve
+    return result, seconds
+
+
 def run(args) -> dict:
     """Runs the command line's job for parsed ``args``; returns the summary."""
     config, saved = _resolve(args)
     learner = learners.make_learner(
         config["learner"], loss=config["loss"], **config["hyperparameters"]
     )
+    fmt = _format(args, args.train)
+    if saved is not None and config["format"] not in (None, fmt):
+        raise ValueError(f"{args.train} is {fmt}, the checkpoint's files were {config['format']}")
+    config["format"] = fmt
+    config["constant"] = bool(config["constant"]) if config["constant"] is not None else False
+    config["quadratic"] = list(config["quadratic"] or [])
     # The index base is decided once: by the first training file (one-based unless it holds an
     # index 0), then kept for the test file and for resumed runs, which a file of their own,
     # lacking an index 0, would otherwise shift.
-    info = data.scan_svmlight(args.train, zero_based=config.get("zero_based", "auto"))
-    config["zero_based"] = info.zero_based
-    dim = data.stream_dim(info, bits=config["bits"]) if saved is None else saved["dim"]
-    config["dim"] = dim
+    info = _scan(args.train, fmt, config)
+    if fmt == "svmlight":
+        config["zero_based"] = info.zero_based
+    config["dim"] = _feature_dim(fmt, info, config) if saved is None else saved["dim"]
+    dim = data.weights_dim(config["dim"], config["constant"])
     state, start, curve = None, None, None
     if saved is not None:
         state, start = _restore(args.resume, learner, dim)
         curve = [dict(line) for line in saved["curve"]]
-    chunks = _layout(args, config, info, dim)
-    result = runner.run_stream(
-        learner, chunks, dim, state=state, start=start, curve=curve,
-        progress=not args.quiet, total=info.examples, key=jax.random.PRNGKey(args.seed),
-    )  # fmt: skip
+    with tempfile.TemporaryDirectory(prefix="sketchopt-cache-") as cache:
+        result, seconds = _passes(
+            args, config, info, fmt, dim, learner, state, start, curve, pathlib.Path(cache)
+        )
+    examples = info.examples * args.passes
     summary = {
         "learner": config["learner"],
         "loss": config["loss"],
-        "dim": dim,
+        "format": fmt,
+        "dim": config["dim"],
+        "constant": config["constant"],
+        "quadratic": config["quadratic"],
         "hyperparameters": config["hyperparameters"],
         "layout": config.get("layout"),
         "width": config.get("width") if config.get("layout") == "flat" else config.get("nnz"),
+        "passes": args.passes,
         "examples": result.examples,
         "progressive_loss": float(result.progressive_loss),
         "progressive_error": float(result.progressive_error),
-        "examples_per_second": result.examples_per_second,
-        "seconds": result.seconds,
+        "examples_per_second": examples / seconds if seconds else 0.0,
+        "seconds": seconds,
         "skipped": int(result.state.nonfinite_count),
         "curve": [{k: v for k, v in line.items() if k != "loss_sum"} for line in result.curve],
     }
+    if result.holdout is not None:
+        summary.update(
+            holdout_loss=float(result.holdout_loss),
+            holdout_error=float(result.holdout_error),
+            holdout_examples=int(result.holdout.examples),
+        )
     if args.test is not None:
-        test_chunks = data.iter_svmlight(
-            args.test, chunk_size=args.chunk_size, loss=config["loss"], dim=dim,
-            bits=config["bits"], zero_based=config["zero_based"],
-        )  # fmt: skip
+        test_fmt = _format(args, args.test)
+        if test_fmt != fmt:
+            raise ValueError(f"{args.test} is {test_fmt}, the training file {fmt}")
+        test_info = _scan(args.test, fmt, config)
+        test_chunks = _read(args.test, fmt, test_info, config, args.chunk_size, test=True)
         test_loss, test_error, predictions = runner.evaluate(learner, result.state, test_chunks)
         summary.update(test_loss=test_loss, test_error=test_error, test_examples=len(predictions))
         if args.predict is not None:
@@ -375,6 +569,11 @@ def _report(summary: dict) -> None:
         f"error {summary['progressive_error']:.4f}, {summary['examples_per_second']:.0f} "
         "examples/s (the pass alone)"
     )
+    if "holdout_error" in summary:
+        print(
+            f"holdout: {summary['holdout_examples']} examples, loss "
+            f"{summary['holdout_loss']:.6f}, error {summary['holdout_error']:.4f}"
+        )
     if "test_error" in summary:
         print(f"test: {summary['test_examples']} examples, error {summary['test_error']:.4f}")
 

@@ -72,7 +72,7 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Callable
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -623,7 +623,7 @@ class _OjaSon:
 # RP-SON.
 
 
-def _rp_spec(m, *, eta, curvature):
+def _rp_spec(m, *, eta, curvature, auto=False):
     def init(dim, dtype, key, h):
         key = jax.random.PRNGKey(0) if key is None else key
         small = {
@@ -657,7 +657,8 @@ def _rp_spec(m, *, eta, curvature):
         q = zg + 0.5 * gg * r  # S S^T += r q^T + q r^T (SON sec. 3)
         k = k + jnp.outer(r, q) + jnp.outer(q, r)
         h_new, safe = rank_two_inverse_update(hm, r, q)
-        refresh = ~safe | ~jnp.all(jnp.isfinite(h_new)) | ((t + 1) % m == 0)
+        # (an automatic alpha moves with the data: H from K at every step, an m x m eigh)
+        refresh = ~safe | ~jnp.all(jnp.isfinite(h_new)) | ((t + 1) % m == 0) | auto
 
         def rebuild():
             mu, u = jnp.linalg.eigh(0.5 * (k + k.T))
@@ -686,14 +687,15 @@ def _rp_spec(m, *, eta, curvature):
 
 
 def _learner(
-    name, loss, spec: _Spec, hyper: dict, grid: tuple[int, ...], rescaled: bool = False
-) -> LinearLearner:
+    name, loss, spec: _Spec, hyper: dict, grid: tuple[int, ...], rescaled: bool = False,
+    auto: str | None = None,
+) -> LinearLearner:  # fmt: skip
     """The :class:`LinearLearner` of ``spec``. With ``rescaled`` (SON sec. 5.2, diagonal
     rescaling) the spec runs in the coordinates ``z = D^{1/2} w``: the table gains a column
     ``ds = D^{1/2}`` (``D_1 = 0.1 I``), the spec sees the example ``x / ds``, and after each step
     ``D += g^2`` on the example's coordinates, each of them re-expressed (``u_i`` scales by
     ``ds_new / ds_old``): ``O(s (R + k))``, as the dense ``diagonal_rescaling``."""
-    s = _SketchedLearner(loss, spec, hyper, grid, rescaled)
+    s = _SketchedLearner(loss, spec, hyper, grid, rescaled, auto)
     # Compiled once per learner: called outside jit, the conds and loops of the steps would
     # otherwise be traced and compiled again at every call (their branches are fresh closures).
     step, update, predict, weights = map(jax.jit, (s.step, s.update, s.predict, s.weights))
@@ -729,8 +731,11 @@ class _SketchedLearner:
     the spec asks for one (:meth:`settle`) and, with diagonal rescaling, ``D`` grows
     (:meth:`rescale`). A grid runs the configurations by ``vmap`` (module docstring)."""
 
-    def __init__(self, loss, spec: _Spec, hyper: dict, grid: tuple[int, ...], rescaled: bool):
+    def __init__(
+        self, loss, spec: _Spec, hyper: dict, grid: tuple[int, ...], rescaled: bool, auto=None
+    ):
         self.loss, self.spec, self.hyper, self.rescaled = loss, spec, hyper, rescaled
+        self.auto = auto  # "alpha" or "delta": set from the data's running scale (_SCALE_FREE)
         self.derivative = jax.grad(loss_function(loss))
         self.rows = spec.rows
         self.batched = bool(grid)
@@ -743,8 +748,28 @@ class _SketchedLearner:
     def h_of(self, dtype):
         return {k: jnp.asarray(v, dtype) for k, v in self.hyper.items()}
 
+    def effective(self, small, h, xx=None):
+        """``h`` with the ridge set from the data's running scale, when it is automatic
+        (:data:`_SCALE_FREE`): ``alpha = alpha_scale * r`` (SON) or ``delta = delta_scale *
+        sqrt(r)`` (Ada-FD), ``r`` the mean ``|x|^2`` of the examples learned from (``xx``, the
+        example's own, before any)."""
+        if self.auto is None:
+            return h
+        count = small["xx_count"]
+        r = small["xx_sum"] / jnp.maximum(count, 1)
+        if xx is not None:
+            r = jnp.where(count > 0, r, xx)
+        r = jnp.where(r > 0, r, 1)  # (no example yet, or only empty ones: the unit scale)
+        # floored where the metric's products of three ridges would leave the dtype's range
+        # (Ada-FD's c ~ 1/delta^3): below it, features of scale ~1e-10 are not scale-free
+        r = jnp.maximum(r, jnp.sqrt(jnp.finfo(r.dtype).tiny))
+        value = r if self.auto == "alpha" else jnp.sqrt(r)
+        return h | {self.auto: h[f"{self.auto}_scale"] * value}
+
     def init_one(self, dim, dtype, key, h):
-        z, small = self.spec.init(dim, dtype, key, h)
+        z, small = self.spec.init(dim, dtype, key, h)  # (an automatic alpha: 1 until data)
+        if self.auto is not None:
+            small = small | {"xx_sum": jnp.zeros((), dtype), "xx_count": jnp.zeros((), dtype)}
         table = jnp.zeros((dim, self.width), dtype)
         if z is not None:
             table = table.at[:, : self.rows].set(z.T)
@@ -784,6 +809,13 @@ class _SketchedLearner:
         """The small work of one configuration: prediction, then learning (``weight``, the
         importance weight, scales the gradient; 0 learns nothing)."""
         spec = self.spec
+        scale = {}
+        if self.auto is not None:  # the running scale with this example (module docstring)
+            scale = {
+                "xx_sum": state.small["xx_sum"] + sums["xx"],
+                "xx_count": state.small["xx_count"] + 1,
+            }
+            h = self.effective(scale, h)
         p, pre = spec.predict(state.small, sums, h, state.t)
         y = class_label(self.loss, jnp.asarray(label, p.dtype))
         slope = self.derivative(p, y)
@@ -793,6 +825,7 @@ class _SketchedLearner:
             active = active & (weight > 0)
             slope = slope * jnp.where(jnp.isfinite(weight), weight, 0)
         small, coef, need, aux = spec.learn(state.small, sums, slope, pre, h, state.t)
+        small = small | scale
         fine = jax.tree.reduce(
             lambda acc, a: acc & jnp.all(jnp.isfinite(a)) if jnp.issubdtype(a.dtype, jnp.floating)
             else acc, (small, coef), jnp.bool_(True),
@@ -826,7 +859,13 @@ class _SketchedLearner:
     def settle(self, state, need, h, aux, xarg, make_x):
         """The compaction, where needed: one ``cond`` for the whole grid (module docstring).
         ``make_x(xarg)`` builds the example (as the spec saw it) as a dense vector, inside the
-        rare branch only; ``xarg`` is per configuration in a grid."""
+        rare branch only; ``xarg`` is per configuration in a grid. (An automatic ridge is the
+        one the step used: the running scale in ``state`` includes the example.)"""
+        h = (
+            jax.vmap(self.effective)(state.small, h)
+            if self.batched
+            else self.effective(state.small, h)
+        )
         if not self.batched:
             return jax.lax.cond(
                 need,
@@ -973,6 +1012,7 @@ class _SketchedLearner:
 
         def one_p(st, hh):
             _, _, sums, _ = self.read(st.table, x)
+            hh = self.effective(st.small, hh, sums["xx"])
             return self.spec.predict(st.small, sums, hh, st.t)[0]  # (projected: clip(u . x))
 
         if self.batched:
@@ -983,7 +1023,7 @@ class _SketchedLearner:
         return self.step(state, x, label)[0]
 
     def weights_one(self, table, small, h):
-        u = self.spec.weights(table, small, h)
+        u = self.spec.weights(table, small, self.effective(small, h))
         return u / table[:, self.ds_col] if self.rescaled else u  # w = D^{-1/2} u
 
     def weights(self, state):
@@ -1004,6 +1044,22 @@ def _scatter_one(table, idx, vals, coef):
 def _hyper(grid, **values) -> dict:
     """The numeric hyperparameters, broadcast to the grid (float64 NumPy; cast at use)."""
     return {k: np.broadcast_to(np.asarray(v, np.float64), grid) for k, v in values.items()}
+
+
+#: The default ``alpha_scale`` (SON) and ``delta_scale`` (Ada-FD) of an automatic ridge
+#: (module docstring, "Scale-free defaults").
+ALPHA_SCALE = 1 / 16
+DELTA_SCALE = 1.0
+
+
+def _automatic(name: str, value, scale) -> tuple[Any, bool]:
+    """``(numeric value, automatic?)`` of a ridge given as a number or ``"auto"``."""
+    if isinstance(value, str):
+        if value != "auto":
+            raise ValueError(f'{name} must be a number or "auto", got {value!r}')
+        check_each(_validation.ridge, f"{name}_scale", scale, positive=True)
+        return 1.0, True
+    return value, False
 
 
 def _son_checks(alpha_name, alpha, eta, curvature, bound, sketch_size):
@@ -1035,9 +1091,10 @@ def _spare(spare_rows, sketch_size) -> int:
 
 
 def fd_son(
-    alpha=1.0,
+    alpha="auto",
     sketch_size: int = 10,
     *,
+    alpha_scale=ALPHA_SCALE,
     eta=None,
     curvature=0.0,
     bound=float("inf"),
@@ -1053,16 +1110,21 @@ def fd_son(
     ``F Z`` form of the module docstring. ``spare_rows`` stored rows beyond ``sketch_size`` take
     gradients the sketch keeps whole (default ``sketch_size``); ``max_growth`` (default ``1e3`` in
     float32, ``1e6`` in float64) bounds the factors' round-off amplification before a compaction;
-    ``diagonal_rescaling`` is SON sec. 5.2 (:func:`sketchopt.fd_son`'s, ``D_1 = 0.1 I``)."""
+    ``diagonal_rescaling`` is SON sec. 5.2 (:func:`sketchopt.fd_son`'s, ``D_1 = 0.1 I``).
+    ``alpha="auto"`` (the default) is ``alpha_scale`` times the running mean of ``|x|^2`` (module
+    docstring, "Scale-free defaults"); a number is the dense transform's fixed ``alpha``."""
+    alpha, auto = _automatic("alpha", alpha, alpha_scale)
     _son_checks("alpha", alpha, eta, curvature, bound, sketch_size)
-    grid = grid_shape(alpha, bound)
+    grid = grid_shape(alpha, bound, alpha_scale)
     eta = inverse_sqrt_time if eta is None else eta
     spec = _fd_spec(
         "son", "md", int(sketch_size), _spare(spare_rows, sketch_size), eta=eta,
         curvature=curvature, robust=False, max_growth=max_growth,
     )  # fmt: skip
-    hyper = _hyper(grid, alpha=alpha, bound=bound)
-    return _learner("fd_son", loss, spec, hyper, grid, _flag(diagonal_rescaling))
+    hyper = _hyper(grid, alpha=alpha, bound=bound, alpha_scale=alpha_scale)
+    return _learner(
+        "fd_son", loss, spec, hyper, grid, _flag(diagonal_rescaling), "alpha" if auto else None
+    )
 
 
 def rfd_son(
@@ -1093,9 +1155,10 @@ def rfd_son(
 
 
 def oja_son(
-    alpha=1.0,
+    alpha="auto",
     sketch_size: int = 10,
     *,
+    alpha_scale=ALPHA_SCALE,
     eta=None,
     curvature=0.0,
     oja_learning_rate=None,
@@ -1108,11 +1171,12 @@ def oja_son(
     ``init`` (default ``PRNGKey(0)``; ``Z_0`` is the dense sketch's random orthonormal ``V_0``)
     and ``oja_learning_rate`` (``Gamma_t``, default ``1/t``), with SON's projection onto
     ``|w . x| <= bound``. ``O(m s + m^3)`` per example; a compaction (``O(m^2 d)``) re-bases
-    ``Z <- F Z`` when ``|F|^2 tr(K) / m`` exceeds ``max_growth``."""
+    ``Z <- F Z`` when ``|F|^2 tr(K) / m`` exceeds ``max_growth``. ``alpha`` and ``alpha_scale``
+    as :func:`fd_son`'s."""
+    alpha, auto = _automatic("alpha", alpha, alpha_scale)
     _son_checks("alpha", alpha, eta, curvature, bound, sketch_size)
     if oja_learning_rate is not None and not callable(oja_learning_rate):
         _validation.fraction("oja_learning_rate", oja_learning_rate, low_open=True)
-    grid = grid_shape(alpha, bound)
     eta = inverse_sqrt_time if eta is None else eta
 
     def gamma(t):
@@ -1123,14 +1187,18 @@ def oja_son(
     spec = _oja_spec(
         int(sketch_size), eta=eta, curvature=curvature, gamma=gamma, max_growth=max_growth
     )
-    hyper = _hyper(grid, alpha=alpha, bound=bound)
-    return _learner("oja_son", loss, spec, hyper, grid, _flag(diagonal_rescaling))
+    grid = grid_shape(alpha, bound, alpha_scale)
+    hyper = _hyper(grid, alpha=alpha, bound=bound, alpha_scale=alpha_scale)
+    return _learner(
+        "oja_son", loss, spec, hyper, grid, _flag(diagonal_rescaling), "alpha" if auto else None
+    )
 
 
 def rp_son(
-    alpha=1.0,
+    alpha="auto",
     sketch_size: int = 10,
     *,
+    alpha_scale=ALPHA_SCALE,
     eta=None,
     curvature=0.0,
     bound=float("inf"),
@@ -1139,15 +1207,20 @@ def rp_son(
 ) -> LinearLearner:
     """Sparse RP-SON (SON sec. 3): equals :func:`sketchopt.rp_son` with the ``key`` given to
     ``init`` (default ``PRNGKey(0)``: the same ``r_t``), ``O(m s + m^2)`` per example and no
-    compaction ever (``S`` changes by ``r_t ghat^T`` only)."""
+    compaction ever (``S`` changes by ``r_t ghat^T`` only). ``alpha`` and ``alpha_scale`` as
+    :func:`fd_son`'s; an automatic ``alpha`` recomputes ``H`` from ``S S^T`` at every step (an
+    ``m x m`` eigendecomposition; the prediction uses the previous step's ``H``)."""
+    alpha, auto = _automatic("alpha", alpha, alpha_scale)
     _son_checks("alpha", alpha, eta, curvature, bound, sketch_size)
     why = "RP-SON keeps (alpha I + SS^T)^-1"
     check_each(_validation.ridge, "alpha", alpha, positive=True, why=why)
-    grid = grid_shape(alpha, bound)
+    grid = grid_shape(alpha, bound, alpha_scale)
     eta = inverse_sqrt_time if eta is None else eta
-    spec = _rp_spec(int(sketch_size), eta=eta, curvature=curvature)
-    hyper = _hyper(grid, alpha=alpha, bound=bound)
-    return _learner("rp_son", loss, spec, hyper, grid, _flag(diagonal_rescaling))
+    spec = _rp_spec(int(sketch_size), eta=eta, curvature=curvature, auto=auto)
+    hyper = _hyper(grid, alpha=alpha, bound=bound, alpha_scale=alpha_scale)
+    return _learner(
+        "rp_son", loss, spec, hyper, grid, _flag(diagonal_rescaling), "alpha" if auto else None
+    )
 
 
 #: ``rule`` names of :func:`ada_fd`.
@@ -1157,8 +1230,9 @@ RULES = ("mirror_descent", "dual_averaging")
 def ada_fd(
     learning_rate=0.5,
     sketch_size: int = 10,
-    delta=1.0,
+    delta="auto",
     *,
+    delta_scale=DELTA_SCALE,
     rule: str = "mirror_descent",
     robust: bool = False,
     spare_rows: int | None = None,
@@ -1169,24 +1243,27 @@ def ada_fd(
     :func:`sketchopt.ada_fd` (Ada-FD paper Alg. 2), ``"dual_averaging"``
     :func:`sketchopt.ada_fd_dual_averaging` (Alg. 1, anchored at ``w_1 = 0``), with ``robust``
     the RFD sketch (RFD paper Alg. 2). ``delta`` is also ``1/`` the step outside the sketch, so
-    on sparse data with ``m << d`` it wants to be of the gradients' scale (default 1).
+    on sparse data with ``m << d`` it wants to be of the gradients' scale: ``"auto"`` (the
+    default) is ``delta_scale`` times the root of the running mean of ``|x|^2`` (module
+    docstring, "Scale-free defaults"); a number is the dense transform's fixed ``delta``.
     Options as :func:`fd_son`."""
+    delta, auto = _automatic("delta", delta, delta_scale)
     check_each(_validation.step_size, "learning_rate", learning_rate, positive=True)
     check_each(_validation.ridge, "delta", delta, positive=True)
     _validation.size("sketch_size", sketch_size)
     if rule not in RULES:
         raise ValueError(f"rule must be one of {RULES}, got {rule!r}")
     robust = _validation.flag("robust", robust)
-    grid = grid_shape(learning_rate, delta)
+    grid = grid_shape(learning_rate, delta, delta_scale)
     spec = _fd_spec(
         "ada_fd", "md" if rule == RULES[0] else "da", int(sketch_size),
         _spare(spare_rows, sketch_size), eta=learning_rate, curvature=0.0, robust=robust,
         max_growth=max_growth,
     )  # fmt: skip
-    hyper = _hyper(grid, delta=delta)
+    hyper = _hyper(grid, delta=delta, delta_scale=delta_scale)
     if not callable(learning_rate):  # a constant (or a grid of them) is a hyperparameter
         hyper |= _hyper(grid, learning_rate=learning_rate)
-    return _learner("ada_fd", loss, spec, hyper, grid)
+    return _learner("ada_fd", loss, spec, hyper, grid, auto="delta" if auto else None)
 
 
 #: The second-order learners by the CLI's ``--learner`` names.

@@ -1,0 +1,183 @@
+"""Every ``sketchopt-stream`` learner at its defaults against Vowpal Wabbit at its own, as a new
+user would run both: the section "defaults" of ``experiments/run.py vw`` (issue 41).
+
+Each stream is a training file and a test file on disk, read by the command line itself
+(``sketchopt.stream.cli``, nothing but ``--learner`` chosen, besides the file's ``-b``/``-q``
+for VW text files) and by VW (``pyvw``, ``--loss_function logistic`` with the stream's ``-b`` /
+``-q``: the default learner, and ``--OjaNewton`` at its defaults, ``m = 10``), one pass each,
+in the same order: the training lines are shuffled with a fixed seed first (some public files
+are sorted by label). Streams: the benchmark's generated and bundled ones, as VW text files
+(the form VW reads them in; the command line reads the same files), and every LIBSVM pair in
+``../shared/data/`` (VW gets them as ``label |f index:value ...``; the command line reads the
+svmlight files, so each tool hashes in its own way).
+
+The targets (the issue's): with defaults only, the best second-order learner's test error at
+most VW ``--OjaNewton``'s + 0.5 points (or 3 test examples, whichever is larger), the best
+first-order learner's at most VW default's + the same margin; ``oja_son``'s examples/s at least
+VW ``--OjaNewton``'s (VW's clock counts its parse, ours the compiled pass: both as the main
+benchmark times them).
+"""
+
+from __future__ import annotations
+
+import json
+import pathlib
+import tempfile
+import time
+
+import numpy as np
+
+FIRST_ORDER = ("ada_diag", "nag", "ftrl", "fobos", "rda", "truncated_gradient")
+SECOND_ORDER = ("oja_son", "fd_son", "rfd_son", "rp_son", "ada_fd")
+DATA = pathlib.Path(__file__).resolve().parents[1].parent / "shared" / "data"
+SEED = 0
+MARGIN_POINTS = 0.005
+MARGIN_EXAMPLES = 3
+
+
+def real_pairs(root: pathlib.Path = DATA) -> list[tuple[str, pathlib.Path, pathlib.Path]]:
+    """``(name, train, test)`` of every ``NAME.train.svm`` with its ``NAME.test.svm``."""
+    if not root.is_dir():
+        return []
+    pairs = []
+    for train in sorted(root.glob("*.train.svm")):
+        name = train.name.removesuffix(".train.svm")
+        test = root / f"{name}.test.svm"
+        if test.exists():
+            pairs.append((name, train, test))
+    return pairs
+
+
+def _lines(path: pathlib.Path) -> list[str]:
+    return [line.strip() for line in path.read_text().splitlines() if line.strip()]
+
+
+def _shuffled(lines: list[str], seed: int = SEED) -> list[str]:
+    order = np.random.default_rng(seed).permutation(len(lines))
+    return [lines[i] for i in order]
+
+
+def svmlight_to_vw(line: str) -> str:
+    """``label index:value ...`` as VW's ``label |f index:value ...`` (labels ``0/1`` as
+    ``-1/1``, which VW's logistic loss wants)."""
+    label, *features = line.split()
+    y = 1 if float(label) > 0 else -1
+    return f"{y} |f " + " ".join(features)
+
+
+def _vw_pass(pyvw, args: str, train: list[str], test: list[str]) -> dict:
+    model = pyvw.Workspace(f"{args} --loss_function logistic --quiet")
+    try:
+        errors = 0
+        start = time.perf_counter()
+        for line in train:
+            ex = model.parse(line)
+            model.learn(ex)
+            p = ex.get_simplelabel_prediction()
+            model.finish_example(ex)
+            errors += (p > 0) != (not line.startswith("-"))
+        seconds = time.perf_counter() - start
+        wrong = sum((model.predict(line) > 0) != (not line.startswith("-")) for line in test)
+    finally:
+        model.finish()
+    return {
+        "progressive_error": errors / len(train),
+        "test_error": wrong / len(test),
+        "examples_per_second": len(train) / seconds,
+    }
+
+
+def _cli_pass(learner: str, train, test, flags: list[str], work: pathlib.Path) -> dict:
+    from sketchopt.stream import cli
+
+    out = work / f"{learner}.json"
+    code = cli.main([str(train), "--test", str(test), "--learner", learner, "--quiet",
+                     "--json", str(out), *flags])  # fmt: skip
+    if code != 0:
+        return {"error": f"exit code {code}"}
+    summary = json.loads(out.read_text())
+    keys = ("progressive_error", "test_error", "examples_per_second")
+    return {k: summary[k] for k in keys}
+
+
+def compare(name, train, test, vw_args: str, cli_flags, vw_train, vw_test, pyvw, learners):
+    """One stream: every learner at its defaults, VW default and ``--OjaNewton``, the verdicts."""
+    with tempfile.TemporaryDirectory(prefix="vw-defaults-") as work:
+        work = pathlib.Path(work)
+        rows = {k: _cli_pass(k, train, test, cli_flags, work) for k in learners}
+    if pyvw is not None:
+        rows["vw_default"] = _vw_pass(pyvw, vw_args, vw_train, vw_test)
+        rows["vw_oja_newton"] = _vw_pass(pyvw, f"{vw_args} --OjaNewton", vw_train, vw_test)
+    margin = max(MARGIN_POINTS, MARGIN_EXAMPLES / len(vw_test))
+
+    def best(names):
+        scored = [(rows[k]["test_error"], k) for k in names if "test_error" in rows.get(k, {})]
+        return min(scored) if scored else (None, None)
+
+    first, second = best(FIRST_ORDER), best(SECOND_ORDER)
+    verdict = {"margin": margin, "best_first_order": first[1], "best_second_order": second[1]}
+    if pyvw is not None:
+        vw, oja = rows["vw_default"]["test_error"], rows["vw_oja_newton"]["test_error"]
+        verdict["first_order_met"] = first[0] is not None and first[0] <= vw + margin
+        verdict["second_order_met"] = second[0] is not None and second[0] <= oja + margin
+        if "examples_per_second" in rows.get("oja_son", {}):
+            verdict["oja_son_speed_ratio"] = (
+                rows["oja_son"]["examples_per_second"]
+                / rows["vw_oja_newton"]["examples_per_second"]
+            )
+    return {"stream": name, "test_examples": len(vw_test), "rows": rows, "verdict": verdict}
+
+
+def stream_files(stream, work: pathlib.Path):
+    """A benchmark stream (``experiments.vw.Stream``) as shuffled VW text files; the arguments
+    of :func:`compare`. The command line gets the stream's ``-b``/``-q``."""
+    train, test = _shuffled(stream.vw_train), stream.vw_test
+    (work / f"{stream.name}.train.vw").write_text("\n".join(train) + "\n")
+    (work / f"{stream.name}.test.vw").write_text("\n".join(test) + "\n")
+    flags = stream.vw_args.split()
+    return (stream.name, work / f"{stream.name}.train.vw", work / f"{stream.name}.test.vw",
+            stream.vw_args, flags, train, test)  # fmt: skip
+
+
+def real_files(name, train_path, test_path, work: pathlib.Path):
+    """A LIBSVM pair of ``../shared/data/``: the training lines shuffled (both tools)."""
+    train, test = _shuffled(_lines(train_path)), _lines(test_path)
+    (work / f"{name}.train.svm").write_text("\n".join(train) + "\n")
+    vw_train, vw_test = [svmlight_to_vw(x) for x in train], [svmlight_to_vw(x) for x in test]
+    return (name, work / f"{name}.train.svm", test_path, "-b 18", [], vw_train, vw_test)
+
+
+def run(streams: dict, pyvw, learners=FIRST_ORDER + SECOND_ORDER, skip=()) -> list[dict]:
+    """The comparison on every benchmark stream (but ``skip``) and every real pair."""
+    results = []
+    with tempfile.TemporaryDirectory(prefix="vw-defaults-files-") as work:
+        work = pathlib.Path(work)
+        jobs = [stream_files(s, work) for k, s in streams.items() if k not in skip]
+        jobs += [real_files(*pair, work) for pair in real_pairs()]
+        for job in jobs:
+            results.append(compare(*job, pyvw, learners))
+    return results
+
+
+def table(results: list[dict]) -> str:
+    """The markdown table: each stream's test errors (%) at the defaults, the best of each kind
+    against its VW reference, and the verdicts."""
+    from experiments import common
+
+    names = [k for k in (*FIRST_ORDER, *SECOND_ORDER) if any(k in r["rows"] for r in results)]
+    header = ["stream", "VW default", "VW --OjaNewton", *names, "first-order", "second-order"]
+    body = []
+    for r in results:
+        rows, v = r["rows"], r["verdict"]
+
+        def cell(k, rows=rows):
+            row = rows.get(k, {})
+            return f"{100 * row['test_error']:.2f}" if "test_error" in row else "-"
+
+        met = {True: "met", False: "**not met**", None: "-"}
+        body.append([
+            r["stream"], cell("vw_default"), cell("vw_oja_newton"), *map(cell, names),
+            f"{v['best_first_order']} ({met[v.get('first_order_met')]})",
+            f"{v['best_second_order']} ({met[v.get('second_order_met')]})",
+        ])  # fmt: skip
+    return common.markdown_table(header, body)
