@@ -137,3 +137,46 @@ def test_the_test_file_is_read_with_the_training_files_index_base(tmp_path):
     predictions = np.loadtxt(tmp_path / "p.txt")
     assert predictions[0] > 0 > predictions[1]  # feature 2 positive, feature 1 negative
     assert json.loads(out.read_text())["test_error"] == 0.0
+
+
+def test_vw_text_passes_holdout_and_aliases(tmp_path):
+    """A VW text file (auto-detected, ``-q`` crosses, importance weights, tags, ``0/1`` labels)
+    over three passes with VW's holdout; ``-f``/``-i`` save and resume; a ``-1/+1`` test file."""
+    rng = np.random.default_rng(7)
+    lines = []
+    for i in range(300):
+        a, b = rng.integers(0, 6, 2)
+        y = int((a + b) % 2 == 0)  # needs the cross of the two namespaces
+        weight = " 2" if i % 7 == 0 else ""
+        lines.append(f"{y}{weight} 'ex{i}|a f{a} |b g{b}:1\n")
+    train, test = tmp_path / "train.txt", tmp_path / "test.txt"
+    train.write_text("".join(lines))
+    test.write_text("".join(("-1" if ln_[0] == "0" else "1") + ln_[1:] for ln_ in lines[:60]))
+    out, model = tmp_path / "s.json", tmp_path / "model"
+    flags = ["-q", "ab", "-b", "10", "--test", test, "--json", out]
+    assert run_cli(train, *flags, "--passes", "3", "-f", model) == 0
+    summary = json.loads(out.read_text())
+    assert summary["format"] == "vw" and summary["constant"] and summary["dim"] == 1024
+    assert summary["holdout_examples"] == 30 and summary["examples"] == 3 * 270
+    assert summary["test_error"] == 0.0 and summary["holdout_error"] == 0.0
+    assert run_cli(train, *flags, "--holdout_off") == 0
+    assert "holdout_error" not in json.loads(out.read_text())
+    assert run_cli(train, "-i", model, "--json", out) == 0  # one more pass from the model
+    assert json.loads(out.read_text())["examples"] == 3 * 270 + 300
+    assert run_cli(train, "--noconstant", "--json", out) == 0  # no -q: the cross is missing
+    assert json.loads(out.read_text())["progressive_error"] > 0.3
+
+
+def test_real_test_file_with_unseen_features(capsys):
+    """sofia-ml's demo pair (``../shared/data``): its test file has 32,883 feature ids the
+    training file never had; they are ignored."""
+    import pathlib
+
+    root = pathlib.Path(__file__).resolve().parents[2] / "shared" / "data"
+    if not (root / "sofia_demo.train.svm").exists():
+        pytest.skip("../shared/data is absent")
+    code = cli.main([str(root / "sofia_demo.train.svm"), "--test",
+                     str(root / "sofia_demo.test.svm"), "--learner", "fd_son"])  # fmt: skip
+    assert code == 0
+    report = capsys.readouterr().out
+    assert "test: 1000 examples" in report

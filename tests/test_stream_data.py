@@ -13,6 +13,7 @@ import pytest
 import scipy.sparse
 from sklearn.datasets import dump_svmlight_file, load_svmlight_file
 
+from sketchopt.stream import data
 from sketchopt.stream.data import (
     MAX_LABELS,
     SvmlightInfo,
@@ -406,3 +407,65 @@ def test_cross_features_against_brute_force():
     assert cross_features(np.zeros((0, 5)), 4).shape == (0, 16)
     with pytest.raises(ValueError, match="dim"):
         cross_features(scipy.sparse.csr_matrix((1, 50000)), 10)
+
+
+# --------------------------------------------------------------------------------------------
+# VW's habits: the constant feature, unseen test features, VW text in chunks (issue 41).
+
+
+def test_the_constant_is_one_more_feature_after_the_data(tmp_path):
+    path = tmp_path / "a.svm"
+    path.write_text("1 1:2 3:1\n0\n1 2:0.5\n")
+    plain, d = load_svmlight(path)
+    with_one, d1 = load_svmlight(path, constant=True)
+    assert d1 == d + 1 == 4
+    dense = to_dense(with_one, d1)
+    np.testing.assert_array_equal(dense[:, :d], to_dense(plain, d))
+    np.testing.assert_array_equal(dense[:, d], 1.0)  # the featureless example too
+    (chunk,) = list(iter_svmlight(path, chunk_size=4, constant=True))
+    assert not chunk.mask[3] and np.all(np.asarray(chunk.indices)[3] == d1)  # padding
+    np.testing.assert_array_equal(to_dense(chunk, d1)[:3], dense)
+
+
+def test_test_features_unseen_in_training_are_dropped_not_refused(tmp_path):
+    path = tmp_path / "test.svm"
+    path.write_text("1 1:1 7:2\n-1 2:3\n")
+    with pytest.raises(ValueError, match="more than dim"):
+        list(iter_svmlight(path, dim=3))
+    (chunk,) = list(iter_svmlight(path, dim=3, unseen="drop", chunk_size=2, constant=True))
+    np.testing.assert_array_equal(to_dense(chunk, 4), [[1, 0, 0, 1], [0, 3, 0, 1]])
+
+
+def test_vw_text_in_chunks_equals_the_whole_read(tmp_path):
+    lines = [
+        "1 2.5 'first|a x:2 y |b z\n",
+        "-1 |a y\n",
+        "\n",
+        "1 'tag |a x:-1 |b z:3 w\n",  # the tag touching nothing: a quoted word
+        "-1 0.5 |b w:2\n",
+        "1 |a x\n",
+    ]
+    path = tmp_path / "data.vw.gz"
+    with gzip.open(path, "wt") as f:
+        f.writelines(lines)
+    assert data.detect_format(path) == "vw"
+    info = data.scan_vw(path, quadratic=["ab"])
+    assert info.examples == 5 and info.weighted and info.labels == (-1.0, 1.0)
+    assert info.nnz == 3 + 2  # x, y, z and their crosses x*z, y*z
+    whole, d = read_vw(path, bits=12, quadratic=["ab"], constant=True)
+    chunks = list(data.iter_vw(path, bits=12, quadratic=["ab"], constant=True, chunk_size=2))
+    assert d == 2**12 + 1 and len(chunks) == 3
+    got = np.concatenate([to_dense(c, d)[np.asarray(c.mask)] for c in chunks])
+    np.testing.assert_allclose(got, to_dense(whole, d))
+    np.testing.assert_allclose(got[:, -1], 1.0)
+    weights = np.concatenate([np.asarray(c.weights)[np.asarray(c.mask)] for c in chunks])
+    np.testing.assert_allclose(weights, [2.5, 1, 1, 0.5, 1])
+    np.testing.assert_allclose(whole.weights, weights)
+    np.testing.assert_array_equal(whole.labels, [1, -1, 1, -1, 1])
+
+
+def test_detect_format_reads_the_first_example_line(tmp_path):
+    svm, vw = tmp_path / "a.svm", tmp_path / "b.txt"
+    svm.write_text("# a comment | with a bar\n\n1 3:1\n")
+    vw.write_text("\n1 | a b\n")
+    assert data.detect_format(svm) == "svmlight" and data.detect_format(vw) == "vw"

@@ -12,6 +12,7 @@ import pytest
 import sketchopt as so
 from sketchopt.stream import examples as ex
 from sketchopt.stream import learners as ln
+from sketchopt.stream import runner
 
 DIM = 40
 
@@ -343,3 +344,50 @@ def test_a_grid_over_flat_chunks_equals_the_grid_over_padded_chunks():
     for a, b in zip(results[0].state.table, results[1].state.table, strict=True):
         np.testing.assert_allclose(np.asarray(b), np.asarray(a), rtol=1e-12, atol=1e-14)
     np.testing.assert_allclose(results[1].progressive_loss, results[0].progressive_loss, rtol=1e-12)
+
+
+@pytest.mark.parametrize("name", ["ada_diag", "ftrl", "oja_son", "fd_son"])
+def test_importance_weights_scale_the_gradient(name):
+    """Weight 1 is no weight, to the bit; weight 0 learns nothing (``t`` stays); on the squared
+    loss with a constant rate, weight 2 on one example is the gradient of the loss doubled, as
+    for FOBOS, whose step is linear in it: checked through SON/ADA-DIAG's state being finite
+    and different from weight 1."""
+    stream = sparse_stream(n=20, seed=3, dtype=np.float32)[0]
+    learner = ln.make_learner(name)
+    step = jax.jit(learner.step)
+    state = learner.init(DIM)
+    for i in range(10):
+        x = ex.SparseVector(stream.indices[i], stream.values[i])
+        plain, p0 = step(state, x, stream.labels[i])
+        one, p1 = step(state, x, stream.labels[i], True, 1.0)
+        zero, _ = step(state, x, stream.labels[i], True, 0.0)
+        two, _ = step(state, x, stream.labels[i], True, 2.0)
+        for a, b in zip(jax.tree.leaves(plain), jax.tree.leaves(one), strict=True):
+            np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+        for a, b in zip(jax.tree.leaves(zero), jax.tree.leaves(state), strict=True):
+            np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+        assert float(p0) == float(p1)
+        assert int(two.t) == int(plain.t) == int(state.t) + 1
+        state = plain
+    fobos = ln.fobos(0.1, loss="squared")
+    s0 = fobos.init(DIM)
+    x = ex.SparseVector(stream.indices[0], stream.values[0])
+    w1 = fobos.weights(fobos.step(s0, x, 1.0, True, 1.0)[0])
+    w2 = fobos.weights(fobos.step(s0, x, 1.0, True, 2.0)[0])
+    np.testing.assert_allclose(w2, 2 * w1, rtol=1e-6)
+
+
+def test_holdout_keeps_every_kth_example_out_of_learning():
+    """VW's holdout (period 3): the run equals learning from the other examples alone, and the
+    held-out examples' losses are those of the state they met."""
+    stream = sparse_stream(n=90, seed=4)[0]
+    learner = ln.ada_diag(0.5)
+    held = runner.run_stream(learner, runner.chunked(stream, 25, DIM), DIM, holdout_period=3)
+    keep = np.arange(stream.size) % 3 != 2  # the 3rd, 6th, ... (1-based) are held out
+    rest = ex.SparseExamples(*(np.asarray(a)[keep] for a in stream[:4]))
+    alone = runner.run_stream(learner, runner.chunked(rest, 25, DIM), DIM)
+    for a, b in zip(jax.tree.leaves(held.state), jax.tree.leaves(alone.state), strict=True):
+        np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-12)
+    assert int(held.holdout.examples) == 30 and held.examples == 60
+    np.testing.assert_allclose(held.progress.loss_sum, alone.progress.loss_sum, rtol=1e-12)
+    assert 0 < float(held.holdout_loss) < 1.0

@@ -423,3 +423,45 @@ def test_eager_calls_compile_once(name):
         state = learner.update(state, x, float(stream.labels[i]))
         learner.predict(state, x)
     assert learner.update._cache_size() == 1 and learner.predict._cache_size() == 1
+
+
+@pytest.mark.parametrize("name", ["fd_son", "rp_son"])
+def test_son_defaults_are_scale_free(name):
+    """SON at its defaults (``alpha`` from the running mean ``|x|^2``): features scaled by 1000
+    give the same predictions (``A`` scales by ``c^2``, the step by ``1/c``), in float64, to the
+    round-off of the compactions, which happen at other steps. (Not Oja-SON: Oja's rule
+    ``V + Gamma_t V ghat ghat^T`` moves its directions by an amount that scales with ``ghat``.)"""
+    stream, _, _ = sparse_stream(n=80, seed=9)
+    learner = ln.make_learner(name, sketch_size=4)
+    with jax.enable_x64(True):
+        runs = [
+            runner.run_stream(
+                learner,
+                runner.chunked(stream._replace(values=stream.values * c), 40, DIM),
+                DIM,
+                dtype=jnp.float64,
+            )  # fmt: skip
+            for c in (1.0, 1000.0)
+        ]
+    np.testing.assert_allclose(runs[1].progress.loss_sum, runs[0].progress.loss_sum, rtol=1e-8)
+    w0, w1 = (np.asarray(learner.weights(r.state)) for r in runs)
+    np.testing.assert_allclose(w1 * 1000.0, w0, rtol=1e-4, atol=1e-5)
+
+
+def test_automatic_ridge_is_the_fixed_one_at_the_same_value():
+    """With every example of squared norm ``r``, ``alpha="auto"`` is the fixed ``alpha =
+    r / 16``: the same steps as the dense-equivalent learner."""
+    rng = np.random.default_rng(4)
+    x = rng.normal(size=(60, DIM)) * (rng.random((60, DIM)) < 0.2)
+    x[:, 0] += 1.0  # no empty row
+    x /= np.linalg.norm(x, axis=1, keepdims=True) / 2.0  # |x|^2 = 4
+    y = np.where(x @ rng.normal(size=DIM) > 0, 1.0, -1.0)
+    stream = ex.from_dense(x, y, nnz=DIM)
+    with jax.enable_x64(True):
+        auto, fixed = (
+            runner.run_stream(
+                so2.fd_son(a, 4), runner.chunked(stream, 60, DIM), DIM, dtype=jnp.float64
+            )  # fmt: skip
+            for a in ("auto", 4.0 / 16)
+        )
+    np.testing.assert_allclose(auto.progress.loss_sum, fixed.progress.loss_sum, rtol=1e-7)
