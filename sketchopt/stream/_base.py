@@ -28,6 +28,7 @@ __all__ = [
     "column",
     "error",
     "grid_shape",
+    "importance",
     "loss_function",
     "loss_value",
     "segment_count",
@@ -73,6 +74,19 @@ def loss_function(loss: str) -> Callable:
     if loss not in LOSSES:
         raise ValueError(f"unknown loss {loss!r}; use one of {sorted(LOSSES)}")
     return LOSSES[loss]
+
+
+def importance(slope, ok, active, weight, dtype):
+    """An example's importance weight applied to its loss's slope: ``(slope * weight, ok,
+    active)`` with a non-finite or negative weight a bad example (``ok`` false) and a zero
+    weight not learned from (``active`` false); ``weight=None`` changes nothing (weight 1). The
+    gradient scales by the weight, as VW's non-invariant updates."""
+    if weight is None:
+        return slope, ok, active
+    weight = jnp.asarray(weight, dtype)
+    finite = jnp.isfinite(weight)
+    ok = ok & finite & (weight >= 0)
+    return slope * jnp.where(finite, weight, 0), ok, active & (weight > 0)
 
 
 def segment_count(start, stop, width: int):

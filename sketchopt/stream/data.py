@@ -603,6 +603,17 @@ def _vw_hashed(rows: list[dict], d: int) -> scipy.sparse.csr_matrix:
     return hasher.transform(rows)
 
 
+def _vw_batch(parsed, pairs, d, *, loss, nnz, dtype, constant, weighted) -> SparseExamples:
+    """Parsed VW examples as one batch over ``d`` hashed features: the crosses of ``pairs``,
+    labels in the loss's domain, the importance weights (``weighted``) and the constant."""
+    x = _vw_hashed([_vw_features(e, pairs) for e in parsed], d)
+    labels = check_labels([e.label for e in parsed], loss)
+    examples = from_csr(x, labels, dim=d, nnz=nnz, dtype=dtype)
+    if weighted:
+        examples = examples._replace(weights=np.asarray([e.weight for e in parsed], dtype))
+    return with_constant(examples, d) if constant else examples
+
+
 class VwInfo(NamedTuple):
     """What one pass over a VW text file found (:func:`scan_vw`)."""
 
@@ -677,12 +688,10 @@ def iter_vw(
     name = _vw_name(source)
 
     def chunk(parsed: list[_VwExample]) -> SparseExamples:
-        x = _vw_hashed([_vw_features(e, pairs) for e in parsed], d)
-        labels = check_labels([e.label for e in parsed], loss)
-        examples = from_csr(x, labels, dim=d, nnz=width, dtype=dtype)
-        if info.weighted:
-            examples = examples._replace(weights=np.asarray([e.weight for e in parsed], dtype))
-        examples = with_constant(examples, d) if constant else examples
+        examples = _vw_batch(
+            parsed, pairs, d, loss=loss, nnz=width, dtype=dtype, constant=constant,
+            weighted=info.weighted,
+        )  # fmt: skip
         return pad_rows(examples, chunk_size, weights_dim(d, constant))
 
     def chunks() -> Iterator[SparseExamples]:
@@ -733,14 +742,10 @@ def read_vw(
     pairs = _vw_pairs(quadratic)
     parsed = list(_vw_parsed(source, _vw_name(source)))
     d = 2**bits
-    x = _vw_hashed([_vw_features(e, pairs) for e in parsed], d)
-    examples = from_csr(
-        x, check_labels([e.label for e in parsed], loss), dim=d, nnz=nnz, dtype=dtype
-    )
-    if any(e.weight != 1.0 for e in parsed):
-        examples = examples._replace(weights=np.asarray([e.weight for e in parsed], dtype))
-    if constant:
-        examples = with_constant(examples, d)
+    examples = _vw_batch(
+        parsed, pairs, d, loss=loss, nnz=nnz, dtype=dtype, constant=constant,
+        weighted=any(e.weight != 1.0 for e in parsed),
+    )  # fmt: skip
     return examples, weights_dim(d, constant)
 
 

@@ -62,6 +62,7 @@ from sketchopt.stream._base import (
     column,
     error,
     grid_shape,
+    importance,
     loss_function,
     loss_value,
     segment_count,
@@ -186,11 +187,7 @@ class _LinearSteps:
         dtype = state.table[0].dtype
         label = class_label(self.loss, jnp.asarray(label, dtype))
         slope = self.derivative(p, label)
-        if weight is not None:  # an importance weight scales the gradient; 0 learns nothing
-            weight = jnp.asarray(weight, dtype)
-            ok = ok & jnp.isfinite(weight) & (weight >= 0)
-            active = active & (weight > 0)
-            slope = slope * jnp.where(jnp.isfinite(weight), weight, 0)
+        slope, ok, active = importance(slope, ok, active, weight, dtype)
         ok = ok & jnp.isfinite(label) & jnp.isfinite(slope)
         return slope, ok, ok & active
 

@@ -94,6 +94,7 @@ from sketchopt.stream._base import (
     check_each,
     class_label,
     grid_shape,
+    importance,
     loss_function,
     segment_count,
 )
@@ -819,11 +820,7 @@ class _SketchedLearner:
         p, pre = spec.predict(state.small, sums, h, state.t)
         y = class_label(self.loss, jnp.asarray(label, p.dtype))
         slope = self.derivative(p, y)
-        if weight is not None:
-            weight = jnp.asarray(weight, p.dtype)
-            ok = ok & jnp.isfinite(weight) & (weight >= 0)
-            active = active & (weight > 0)
-            slope = slope * jnp.where(jnp.isfinite(weight), weight, 0)
+        slope, ok, active = importance(slope, ok, active, weight, p.dtype)
         small, coef, need, aux = spec.learn(state.small, sums, slope, pre, h, state.t)
         small = small | scale
         fine = jax.tree.reduce(
