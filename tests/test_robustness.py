@@ -458,16 +458,22 @@ LONG_STEPS = 100_000
 LONG_DIM, LONG_TAU, LONG_RANK = 64, 8, 7
 ORTHONORMAL_TOL = 1e-4
 COVARIANCE_TOL = 1e-2  # relative spectral norm, float32 vs float64 sketch of the same stream
+FULL_OPTIMIZATION = {"xla_backend_optimization_level": 3, "xla_cpu_use_fusion_emitters": True}
 
 
-def _stream_row(t, dtype):
+def _stream_basis():
+    """The stream's fixed rank-7 basis and its decaying scales (float32)."""
+    f32 = jnp.float32
+    basis = jax.random.normal(jax.random.PRNGKey(12), (LONG_RANK, LONG_DIM), f32)
+    return basis, 10.0 ** (-jnp.arange(LONG_RANK, dtype=f32) / 8)
+
+
+def _stream_row(t, dtype, basis, scales):
     """Row ``t`` of a generated stream: a decaying rank-7 signal (one direction less than the
     sketch keeps) plus isotropic noise, drawn in float32 whatever ``dtype`` is (the float64 run
     must see the very same rows)."""
     f32 = jnp.float32
     k1, k2 = jax.random.split(jax.random.fold_in(jax.random.PRNGKey(11), t))
-    basis = jax.random.normal(jax.random.PRNGKey(12), (LONG_RANK, LONG_DIM), f32)
-    scales = 10.0 ** (-jnp.arange(LONG_RANK, dtype=f32) / 8)
     z = jax.random.normal(k1, (LONG_RANK,), f32) * scales
     noise = 0.05 * jax.random.normal(k2, (LONG_DIM,), f32)
     return ((z @ basis + noise) / f32(math.sqrt(LONG_DIM))).astype(f32).astype(dtype)
@@ -485,12 +491,16 @@ def _long_run(dtype):
     }
     params = jnp.zeros((LONG_DIM,), dtype)
 
-    def body(states, t):
-        g = _stream_row(t, dtype)
-        return {k: txs[k].update(g, s, params)[1] for k, s in states.items()}, None
-
-    @jax.jit
+    # A run this long is execution-bound: compile it with XLA's full backend optimization, not
+    # the suite's cheap setting (tests/conftest.py).
+    @functools.partial(jax.jit, compiler_options=FULL_OPTIMIZATION)
     def scan(states):
+        basis, scales = _stream_basis()  # drawn once, outside the loop
+
+        def body(states, t):
+            g = _stream_row(t, dtype, basis, scales)
+            return {k: txs[k].update(g, s, params)[1] for k, s in states.items()}, None
+
         return jax.lax.scan(body, states, jnp.arange(LONG_STEPS))[0]
 
     states = scan({k: tx.init(params) for k, tx in txs.items()})
