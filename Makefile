@@ -28,7 +28,7 @@ $(DOCS_STAMP): $(STAMP) pyproject.toml
 	$(VENV)/bin/pip install --quiet -e '.[docs]'
 	touch $(DOCS_STAMP)
 
-.PHONY: venv run bench readme test test-fast conformance docs lint ci smoke-lowest smoke-wheel
+.PHONY: venv run bench readme test test-benchmarks test-fast conformance docs lint ci smoke-lowest smoke-wheel
 venv: $(STAMP)
 
 # Main job: the papers' reproductions at the default size (at most 20 minutes on a 2-core
@@ -47,11 +47,18 @@ bench: $(STAMP)
 readme: $(STAMP)
 	$(VENV)/bin/python experiments/readme_tables.py --results results --readme README.md
 
-# The whole test suite (lint included, notebooks executed, the docstrings' examples run), as CI
-# runs it.
+# The test suite (lint included, notebooks executed, the docstrings' examples run), as CI runs it
+# first; the benchmarks' quick runs are a tier of their own (test-benchmarks), as `make bench` is
+# outside `make run`'s budget.
 test: $(STAMP)
 	$(VENV)/bin/ruff check .
-	$(PYTEST) --nbmake --doctest-modules --durations=15 tests notebooks sketchopt
+	$(PYTEST) -m "not benchmark" --nbmake --doctest-modules --durations=15 tests notebooks sketchopt
+
+# The library's own benchmarks (experiments/run.py BENCHMARKS: speed, vw, networks, defaults) at
+# their quick size: the form of their JSON and the claims that hold there. A CI tier after make
+# test (about 2.5 minutes of the suite's time on a 2-core machine).
+test-benchmarks: $(STAMP)
+	$(PYTEST) -m benchmark --durations=10 tests
 
 # The development tier: everything but the tests marked slow (experiments, notebooks, the
 # 8-device sharding run, the long float32 drift runs), and the per-family tests for a sample of
@@ -79,7 +86,7 @@ docs: $(DOCS_STAMP)
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .
 
-ci: test conformance docs smoke-lowest smoke-wheel
+ci: test test-benchmarks conformance docs smoke-lowest smoke-wheel
 
 # The lowest declared versions of every dependency ("lowest direct" resolution, pins written by
 # .ci/lowest_requirements.py) in a separate environment, and the smoke subset of the tests. These

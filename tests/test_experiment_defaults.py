@@ -12,7 +12,7 @@ from experiment_support import load, quick_run, verdict
 
 from experiments.defaults import EXEMPT
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.benchmark]
 
 
 defaults_run = quick_run("defaults")

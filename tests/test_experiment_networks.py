@@ -11,7 +11,7 @@ from experiment_support import check_claims, finite_numbers, load, quick_run
 
 from experiments import networks as nw
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.benchmark]
 
 
 networks_run = quick_run("networks")

@@ -8,7 +8,7 @@ import json
 import pytest
 from experiment_support import check_claims, finite_numbers, quick_run
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.benchmark]
 
 
 speed_run = quick_run("speed")

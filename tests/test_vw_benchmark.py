@@ -22,7 +22,7 @@ sys.path.insert(0, str(REPO))
 
 from experiments import common  # noqa: E402
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.benchmark]
 
 STREAMS = ("mnist", "mnist_cross", "text", "digits")
 SECOND_ORDER = ("oja_son", "fd_son", "rfd_son", "rp_son", "ada_fd")
