@@ -9,13 +9,18 @@ everything around the arithmetic, once for all families:
 same sharding) form a *group*; a group's per-leaf states are stored stacked along a leading axis
 in one :class:`LeafGroups` container, and one ``vmap`` of the leaf step runs the whole group. The
 compiled program therefore grows with the number of distinct leaf shapes, not of leaves (a
-transformer's 24 identical layers compile once), and the stacked state is updated in place, with
-no copy per step. A group of one leaf is stepped without ``vmap``. What remains per leaf is one
-slice of the group's update, kept a plain copy (see :func:`_masked_updates`). Under a rule that
-is exact under zero padding (``LeafRule.paddable``: the FD-family and random-projection sketches,
-the diagonal) the groups of *small* leaves (:data:`SMALL_LEAF`), a network's biases and norms of
-many sizes, are stepped as one group zero-padded to the widest of them (:func:`step_plan`); the
-state keeps each group at its own size, so only this small slice of it is copied per step.
+transformer's 24 identical layers compile once). A group of one leaf is stored as that leaf's
+value, without the stacking axis, and stepped without ``vmap``, its donated sketch updated in
+place: XLA shares a buffer only with a result of the very same shape, so a ``(1, m, d)`` sketch
+stepped as ``(m, d)`` was copied whole at every step (0.10 and before; :func:`migrate` reads
+those states). (Inside the ``vmap`` of a stacked group the row insertion becomes a gather and a
+scatter, and XLA may still copy the group's rows once per step.) What remains per leaf is one
+slice of the group's update, kept a plain copy (see :func:`_masked_updates`). Under
+a rule that is exact under zero padding (``LeafRule.paddable``: the FD-family and
+random-projection sketches, the diagonal) the groups of *small* leaves (:data:`SMALL_LEAF`), a
+network's biases and norms of many sizes, are stepped as one group zero-padded to the widest of
+them (:func:`step_plan`); the state keeps each group at its own size, so only this small slice of
+it is copied per step.
 
 **Batched factorizations** (opt-in: :func:`sketchopt.batched_solves`). The groups' steps are
 traced once each and evaluated together (:func:`sketchopt._solvers.run_lockstep`): the small
@@ -157,6 +162,12 @@ class Layout:
     def num_leaves(self) -> int:
         return len(self.shapes)
 
+    def stacked(self, j: int) -> bool:
+        """Whether group ``j``'s values are stored stacked along a leading axis: for a group of
+        several leaves; a group of one stores its leaf's value as it is (the module docstring:
+        XLA then updates it in place)."""
+        return len(self.groups[j]) > 1
+
     def leaf(self, i: int) -> LeafSpec:
         param_dtype = jnp.dtype(self.dtypes[i])
         dtype = _numerics.state_dtype(param_dtype)
@@ -216,12 +227,15 @@ class LeafGroups:
     """Per-leaf values of a transform state, stacked by group (see :class:`Layout`).
 
     ``groups[j]`` holds the values of the leaves ``layout.groups[j]`` stacked along a new leading
-    axis (any pytree: a sketch state, a running sum, ...). The layout is static (part of the
-    pytree structure), so a state carries the shapes it was built for; :func:`per_leaf` (and the
-    public :func:`sketchopt.per_leaf_states`) unstacks it into a tree like the parameters.
+    axis (any pytree: a sketch state, a running sum, ...); a group of one leaf holds that leaf's
+    value as it is, without the stacking axis (:meth:`Layout.stacked`). The layout is static
+    (part of the pytree structure), so a state carries the shapes it was built for;
+    :func:`per_leaf` (and the public :func:`sketchopt.per_leaf_states`) unstacks it into a tree
+    like the parameters.
 
     Fields of the stacked values read through: for groups of ``FrequentDirectionsState``\\ s,
-    ``groups.rows`` is the :class:`LeafGroups` of their ``rows`` (``(k, n, d)`` per group).
+    ``groups.rows`` is the :class:`LeafGroups` of their ``rows`` (``(k, n, d)`` per group of
+    ``k > 1`` leaves, ``(n, d)`` for a group of one).
     """
 
     __slots__ = ("groups", "layout")
@@ -273,6 +287,8 @@ class LeafGroups:
         """Leaf ``i``'s value (unstacked)."""
         for j, members in enumerate(self.layout.groups):
             if i in members:
+                if not self.layout.stacked(j):
+                    return self.groups[j]
                 k = members.index(i)
                 return jax.tree.map(lambda x, k=k: x[k], self.groups[j])
         raise IndexError(f"leaf {i} is not in this state ({self.layout.num_leaves} leaves)")
@@ -321,7 +337,9 @@ def per_leaf(groups: LeafGroups) -> list:
 
 
 def _stack(values: Sequence[Any], layout: Callable[[Any], Any] | None):
-    stacked = jax.tree.map(lambda *xs: jnp.stack(xs), *values)
+    """One group's stored value from its leaves' values: stacked, or for one leaf its value
+    (:meth:`Layout.stacked`); ``layout`` lays it out under an explicit mesh."""
+    stacked = values[0] if len(values) == 1 else jax.tree.map(lambda *xs: jnp.stack(xs), *values)
     return stacked if layout is None else layout(stacked)
 
 
@@ -600,7 +618,10 @@ class _Fields:
         out = []
         for f in self.names:
             if f not in self.leaves:
-                out.append(getattr(self.state, f).groups[j])
+                value = getattr(self.state, f).groups[j]
+                if not self.layout.stacked(j):  # stored unstacked: one leading axis for the step
+                    value = jax.tree.map(lambda a: a[None], value)
+                out.append(value)
                 continue
             per_leaf = [self.leaves[f][i] for i in members]
             out.append(
@@ -616,7 +637,12 @@ class _Fields:
         fields = {}
         for f_index, f in enumerate(self.names):
             if f not in self.leaves:
-                groups = tuple(stepped[j][f_index] for j in range(len(layout.groups)))
+                groups = tuple(
+                    stepped[j][f_index]
+                    if layout.stacked(j)
+                    else jax.tree.map(lambda a: a[0], stepped[j][f_index])
+                    for j in range(len(layout.groups))
+                )
                 fields[f] = LeafGroups(groups, layout)
                 continue
             per_leaf = [None] * layout.num_leaves
@@ -803,10 +829,10 @@ def _initial_field(rule, f, params, treedef, layout, leaf_spec, per_leaf_values)
     if not per_leaf_values:
         return no_leaves()
     groups = []
-    for members, spec in zip(layout.groups, layout.specs, strict=True):
+    for j, (members, spec) in enumerate(zip(layout.groups, layout.specs, strict=True)):
         values = [per_leaf_values[i][f] for i in members]
         shape = layout.shapes[members[0]]
-        groups.append(_stack(values, _explicit_layout(spec, shape)))
+        groups.append(_stack(values, _explicit_layout(spec, shape, int(layout.stacked(j)))))
     return LeafGroups(tuple(groups), layout)
 
 
@@ -887,15 +913,15 @@ def leafwise(rule: LeafRule, state_class: type) -> optax.GradientTransformationE
     return optax.GradientTransformationExtraArgs(init_fn, update_fn)
 
 
-def _explicit_layout(spec, shape):
-    """Under an explicit mesh, a function resharding a group's stacked state value like its
-    parameter (:func:`sketchopt.sharding.group_specs`)."""
+def _explicit_layout(spec, shape, stacked: int):
+    """Under an explicit mesh, a function resharding a group's stored state value (``stacked``
+    leading group axes) like its parameter (:func:`sketchopt.sharding.group_specs`)."""
     if spec is None or not _partitioning.explicit_mesh():
         return None
 
     def reshard(value):
         mesh = jax.sharding.get_abstract_mesh()
-        specs = _layouts.group_specs(value, spec, shape, mesh, stacked=1)
+        specs = _layouts.group_specs(value, spec, shape, mesh, stacked=stacked)
         return jax.tree.map(jax.sharding.reshard, value, specs)
 
     return reshard
@@ -1080,10 +1106,11 @@ def _added_since(old_field, value_path) -> bool:
     return False
 
 
-def _initial_value(leaf):
-    """What a 0.1 state implied for an added field shaped like ``leaf``: a stack of identity
-    matrices (``(k, n, n)``, the transform) or zeros (a counter)."""
-    if leaf.ndim < 3:
+def _initial_value(leaf, stacked: bool):
+    """What a 0.1 state implied for an added field shaped like ``leaf`` (a group's stored array,
+    ``stacked`` or not): identity matrices (``(k, n, n)`` or ``(n, n)``, the transform) or zeros
+    (a counter)."""
+    if leaf.ndim - int(stacked) < 2:
         return jnp.zeros(leaf.shape, leaf.dtype)
     eye = jnp.eye(leaf.shape[-1], dtype=leaf.dtype)
     return jnp.broadcast_to(eye, leaf.shape)
@@ -1108,7 +1135,8 @@ def _saved_groups(old, layout: Layout | None):
 
 def _migrate_groups(path, old_field, node: LeafGroups) -> LeafGroups:
     """A field of stacked groups from a saved one: 0.1's trees like the parameters (stacked
-    here), or 0.2-0.9's groups of the same layout (taken as they are)."""
+    here), or 0.2-0.10's groups of the same layout (taken as they are; a group of one leaf,
+    saved stacked as ``(1, ...)`` before 0.11, loses that axis)."""
     layout = node.layout
     saved = _saved_groups(old_field, layout)
     groups = []
@@ -1119,7 +1147,7 @@ def _migrate_groups(path, old_field, node: LeafGroups) -> LeafGroups:
                 old = _at_path(saved[j], value_path)
                 return jnp.asarray(old, leaf.dtype).reshape(leaf.shape)
             if _added_since(old_field, value_path):
-                return _initial_value(leaf)
+                return _initial_value(leaf, layout.stacked(j))
             params_tree = _at_path(old_field, value_path)  # a tree like the parameters
             per_leaf_old = jax.tree.leaves(params_tree)
             if len(per_leaf_old) != layout.num_leaves:
@@ -1127,6 +1155,8 @@ def _migrate_groups(path, old_field, node: LeafGroups) -> LeafGroups:
                     f"the saved field {jax.tree_util.keystr(path + value_path)} covers "
                     f"{len(per_leaf_old)} parameter leaves, the new state {layout.num_leaves}"
                 )
+            if not layout.stacked(j):
+                return jnp.asarray(per_leaf_old[members[0]], leaf.dtype).reshape(leaf.shape)
             arrays = [
                 jnp.asarray(per_leaf_old[i], leaf.dtype).reshape(leaf.shape[1:]) for i in members
             ]

@@ -239,7 +239,8 @@ class _StateLayout:
         leaf_mesh, spec, shape = self.infos[members[0]]
         if len(layouts) != 1 or leaf_mesh is None:  # members sharded differently: replicated
             return jax.tree.map(self.replicated, group)
-        specs = group_specs(group, spec, shape, leaf_mesh, stacked=1)
+        stacked = int(len(members) > 1)  # a group of one leaf is stored unstacked
+        specs = group_specs(group, spec, shape, leaf_mesh, stacked=stacked)
         return jax.tree.map(lambda _, sp: self.make(sp, leaf_mesh), group, specs)
 
     def leaf_groups(self, node):

@@ -151,10 +151,10 @@ SCRIPT = textwrap.dedent(
                     for x, s in zip(leaves, jax.tree.leaves(wanted), strict=True)
                 )
                 out["sketch_specs"] = sorted(
-                    {str(spec_of(x)) for x in leaves if x.ndim == 3 and x.shape[-1] == 256}
+                    {str(spec_of(x)) for x in leaves if x.ndim == 2 and x.shape[-1] == 256}
                 )
-                out["factor_specs"] = {  # (1, 4, 32) and (1, 4, 8): kron_fd's two sides
-                    side: sorted({str(spec_of(x)) for x in leaves if x.shape[1:] == (4, size)})
+                out["factor_specs"] = {  # (4, 32) and (4, 8): kron_fd's two sides of w
+                    side: sorted({str(spec_of(x)) for x in leaves if x.shape == (4, size)})
                     for side, size in (("left", 32), ("right", 8))
                 }
                 out["param_specs"] = {k: spec_of(v) for k, v in got.items()}
@@ -315,11 +315,11 @@ def test_sharded_matches_single_device(results, subtests, record_property):
                 assert out["param_specs"] == {"w": ["model", None], "b": ["model"], "s": []}
                 if name == "kron_fd":  # sketch rows and inverse-root bases of each side
                     assert out["factor_specs"] == {
-                        "left": ["[None, None, 'model']"],
-                        "right": ["[None, None, None]"],
+                        "left": ["[None, 'model']"],
+                        "right": ["[None, None]"],
                     }, out["factor_specs"]
                 elif any(k in name for k in ("fd", "son", "radagrad")) and name != "ons":
-                    assert out["sketch_specs"] == ["[None, None, 'model']"], out["sketch_specs"]
+                    assert out["sketch_specs"] == ["[None, 'model']"], out["sketch_specs"]
                 if mode == "explicit":
                     assert out["plain_init_ok"]
                 allowed = FAMILIES[name][1]
@@ -332,15 +332,16 @@ def test_sharded_matches_single_device(results, subtests, record_property):
         extras = results["extras"]
         assert "error" not in extras, extras["error"]
         assert extras["orbax_equal"] and extras["orbax_sharding_ok"]
-        assert extras["orbax_rows_spec"] == [None, None, "model"]
-        assert extras["constrain_rows_spec"] == [None, None, "model"]
+        # the last group, w's (4, 256) rows, one leaf: stored unstacked
+        assert extras["orbax_rows_spec"] == [None, "model"]
+        assert extras["constrain_rows_spec"] == [None, "model"]
     for case, out in results["extras"]["cross"].items():
         with subtests.test("a parameter split along a non-leading axis", case=case):
             assert "error" not in out, out.get("error")
             assert out["stable"] and out["init_matches_update"]
             assert out["diff"] <= TOLERANCE, out["diff"]
             assert out["gathers"] == [], out["gathers"]  # the flat vector moves all-to-all
-            # the (1, k, 256) sketch rows (and (256,)-flat accumulators) stay split
+            # the (k, 256) sketch rows (and (256,)-flat accumulators) stay split
             assert all("model" in spec for spec in out["sketch_specs"]), out["sketch_specs"]
 
 
@@ -367,9 +368,15 @@ def _group(field, params, key):
 
 
 def test_state_sharding_rules(mesh):
-    params = {"w": jnp.zeros((8, 3)), "b": jnp.zeros((4,)), "s": jnp.zeros(())}
+    params = {
+        "w": jnp.zeros((8, 3)),
+        "v": jnp.zeros((8, 3)),
+        "b": jnp.zeros((4,)),
+        "s": jnp.zeros(()),
+    }
     shard = {
         "w": NamedSharding(mesh, P("model", None)),
+        "v": NamedSharding(mesh, P("model", None)),
         "b": NamedSharding(mesh, P(("data", "model"))),
         "s": NamedSharding(mesh, P()),
     }
@@ -378,14 +385,16 @@ def test_state_sharding_rules(mesh):
     out = sharding.state_sharding(state, shard, params)
     da = out[1]
     ms = da.metric_state
-    # Per-leaf values are stacked by leaf shape along a leading axis: (1, 3, 24) sketch rows.
+    # Per-leaf values are stacked by leaf shape along a leading axis: (2, 3, 24) sketch rows of
+    # w and v; a group of one leaf is stored unstacked: b's (3, 4) rows.
     assert _group(ms.rows, params, "w").spec == P(None, None, "model")
-    assert _group(ms.gram, params, "w").spec == P()  # (1, 3, 3)
+    assert _group(ms.rows, params, "v") == _group(ms.rows, params, "w")
+    assert _group(ms.gram, params, "w").spec == P()  # (2, 3, 3)
     assert _group(ms.count, params, "w").spec == P()
     # the parameter-shaped fields are trees like the parameters, sharded like them
     assert da.grad_sum["w"].spec == P("model", None)
     assert da.anchor["w"].spec == P("model", None)
-    assert _group(ms.rows, params, "b").spec == P(None, None, ("data", "model"))
+    assert _group(ms.rows, params, "b").spec == P(None, ("data", "model"))
     assert da.grad_sum["s"].spec == P() and da.count.spec == P()
     ftrl = sharding.state_sharding(so.ftrl_proximal(0.1).init(params), shard, params)
     assert ftrl.z["w"].spec == P("model", None) and ftrl.sqrt_n["b"].spec == P(("data", "model"))
@@ -400,7 +409,8 @@ def test_state_sharding_from_sharded_arrays_and_specs(mesh):
     tx = so.ada_fd(0.1, 2, 0.1, robust=False)
     state = tx.init(params)
     from_arrays = sharding.state_sharding(state, params)
-    assert _group(from_arrays.metric_state.rows, params, "w").spec == P(None, None, "model")
+    # one leaf per group: the (2, 24) rows unstacked
+    assert _group(from_arrays.metric_state.rows, params, "w").spec == P(None, "model")
     assert _group(from_arrays.metric_state.rows, params, "b").spec == P()
     with pytest.raises(ValueError, match="params="):
         sharding.state_sharding(state, {"w": P("model"), "b": P()})
@@ -408,7 +418,7 @@ def test_state_sharding_from_sharded_arrays_and_specs(mesh):
         sharding.state_sharding(state, {"w": P("model"), "b": P()}, params)
     with jax.set_mesh(mesh):
         specs = sharding.state_sharding(state, {"w": P("model"), "b": P()}, params)
-    assert _group(specs.metric_state.rows, params, "w") == P(None, None, "model")
+    assert _group(specs.metric_state.rows, params, "w") == P(None, "model")
     explicit = sharding.state_sharding(state, {"w": P("model"), "b": P()}, params, mesh=mesh)
     assert isinstance(_group(explicit.metric_state.rows, params, "w"), NamedSharding)
 
@@ -422,7 +432,7 @@ def test_state_sharding_replicates_what_cannot_be_split():
     specs = sharding.state_sharding(state, {"w": P("model")}, params, mesh=abstract)
     assert _group(specs.metric_state.rows, params, "w") == P()
     specs = sharding.state_sharding(state, {"w": P("model")}, params, mesh=mesh)
-    assert _group(specs.metric_state.rows, params, "w").spec == P(None, None, "model")
+    assert _group(specs.metric_state.rows, params, "w").spec == P(None, "model")
 
 
 def test_init_and_abstract_state_on_one_device(mesh):

@@ -915,7 +915,7 @@ def test_flatten_is_one_metric_over_the_concatenated_vector(rule):
     assert relerr(traj, want) < 1e-9
     # one sketch of width 11, not one per leaf
     assert jax.tree.leaves(state.metric_state.rows) == [state.metric_state.rows.groups[0]]
-    assert state.metric_state.rows.groups[0].shape == (1, 3, DIM)
+    assert state.metric_state.rows.groups[0].shape == (3, DIM)  # one leaf: stored unstacked
     per_leaf, _ = reference_run("fd", rule, X0, z, y, lambda c: 0.1, 0.5)
     assert relerr(traj, per_leaf) > 1e-3  # and that is a different learner
 
