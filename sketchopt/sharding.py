@@ -163,7 +163,8 @@ def state_sharding(
       ``NamedSharding`` / ``PartitionSpec`` model of the layouts).
 
     Examples:
-      The ``2 x 12`` sketch (one stacked group) is split along ``d = 12``, the rest replicated:
+      The ``2 x 12`` sketch (a group of one leaf, stored unstacked) is split along ``d = 12``,
+      the rest replicated:
 
       >>> import jax, jax.numpy as jnp, sketchopt as so
       >>> from jax.sharding import AxisType, PartitionSpec as P
@@ -172,7 +173,7 @@ def state_sharding(
       >>> state = jax.eval_shape(tx.init, params)
       >>> shardings = so.sharding.state_sharding(state, P("model", None), params, mesh=mesh)
       >>> sorted({tuple(s.spec) for s in jax.tree.leaves(shardings)}, key=len)
-      [(), (None, None, 'model')]
+      [(), (None, 'model')]
     """
     treedef, infos = _param_leaf_infos(params_shardings, params, mesh)
     return _StateLayout(treedef, infos, mesh).assign(state)
@@ -347,8 +348,8 @@ def init(tx: Any, params: Any, params_shardings: Any = None, **kwargs) -> Any:
       >>> params = jax.device_put(jnp.zeros((4, 3)), NamedSharding(mesh, P("model", None)))
       >>> tx = so.ada_fd(0.1, sketch_size=2, delta=1e-3)
       >>> state = so.sharding.init(tx, params)
-      >>> [tuple(x.sharding.spec) for x in jax.tree.leaves(state) if x.ndim == 3]
-      [(None, None, 'model'), (), ()]
+      >>> [tuple(x.sharding.spec) for x in jax.tree.leaves(state) if x.ndim == 2]
+      [(None, 'model'), (), ()]
     """
     refs, shape_params = _shardings_of(params, params_shardings)
     shardings = state_sharding(jax.eval_shape(tx.init, params), refs, shape_params, **kwargs)

@@ -145,8 +145,8 @@ def test_conv_kernel_labels():
     assert jax.tree.map(lambda x: x, dict(conv_kernel_labels(linen_params))) == want
     # ... and the conv kernel's state is a sketch of its flattened 3 * 3 * 1 * 4 entries.
     state = nnx_tx("ada_fd_conv_ada_diag_rest").init(nnx_params)
-    rows = state.inner_states["sketched"].inner_state.metric_state.rows  # stacked by leaf shape
-    assert [g.shape for g in rows.groups] == [(1, 6, 36)]  # the one conv kernel: 6 rows x 36
+    rows = state.inner_states["sketched"].inner_state.metric_state.rows  # grouped by leaf shape
+    assert [g.shape for g in rows.groups] == [(6, 36)]  # one conv kernel: 6 x 36 rows, unstacked
 
 
 @pytest.mark.parametrize("name", sorted(TRANSFORMS))
