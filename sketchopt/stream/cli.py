@@ -73,7 +73,7 @@ from typing import Any
 import jax
 import numpy as np
 
-from sketchopt.stream import data, learners, runner
+from sketchopt.stream import data, learners, runner, second_order
 from sketchopt.stream.examples import FlatExamples, SparseExamples
 
 __all__ = ["DEFAULT_LEARNING_RATE", "build_parser", "main", "run"]
@@ -193,13 +193,16 @@ def _add_hyperparameters(parser: argparse.ArgumentParser) -> None:
         "--alpha",
         type=float,
         default=None,
-        help="SON's ridge: alpha (oja_son, fd_son, rp_son; default 1), alpha0 (rfd_son; default 0)",
+        help="SON's ridge: alpha (oja_son, fd_son, rp_son; default auto: "
+        f"{second_order.ALPHA_SCALE:g} x the running mean of |x|^2, scale-free), alpha0 "
+        "(rfd_son; default 0)",
     )
     parser.add_argument(
         "--delta",
         type=float,
         default=None,
-        help="delta of ada_diag (default 1e-6) and of ada_fd (default 1)",
+        help="delta of ada_diag (default 1e-6) and of ada_fd (default auto: "
+        f"{second_order.DELTA_SCALE:g} x the root of the running mean of |x|^2, scale-free)",
     )
     parser.add_argument(
         "--bound", type=float, default=math.inf, help="SON's prediction bound C (default: none)"
