@@ -68,19 +68,22 @@ settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
 # shapes, x64 variants) and approached Linux's vm.max_map_count (65530 by default), where the next
 # compilation's mmap fails and XLA segfaults. Drop JAX's caches when the count gets within 10k of
 # the machine's limit (55.5k by default), ten times what the costliest test adds (about 1k: a
-# hypothesis run or an op-by-op step of one family). Each drop costs seconds and the programs
-# compiled again after it (a bound of 40k dropped twice per run, ~15 s of the suite's wall time),
-# so the bound is not set lower than it needs to be.
+# hypothesis run or an op-by-op step of one family), and at 55.5k at most (a machine with a higher
+# limit keeps the memory the cached programs hold bounded as here). Each drop costs seconds and
+# the programs compiled again after it (a bound of 40k dropped twice per run, ~15 s of the suite's
+# wall time), so the bound is not set lower than it needs to be.
 _MAPS = "/proc/self/maps"
 _MAPS_MARGIN = 10_000
+_DEFAULT_MAP_COUNT = 65_530  # Linux's default vm.max_map_count
 
 
 def _max_maps() -> int:
     try:
         with open("/proc/sys/vm/max_map_count") as limit:
-            return int(limit.read()) - _MAPS_MARGIN
+            count = int(limit.read())
     except (OSError, ValueError):  # not Linux
-        return 65_530 - _MAPS_MARGIN
+        count = _DEFAULT_MAP_COUNT
+    return min(count, _DEFAULT_MAP_COUNT) - _MAPS_MARGIN
 
 
 _MAX_MAPS = _max_maps()
