@@ -13,14 +13,14 @@ transformer's 24 identical layers compile once). A group of one leaf is stored a
 value, without the stacking axis, and stepped without ``vmap``, its donated sketch updated in
 place: XLA shares a buffer only with a result of the very same shape, so a ``(1, m, d)`` sketch
 stepped as ``(m, d)`` was copied whole at every step (0.10 and before; :func:`migrate` reads
-those states). (Inside the ``vmap`` of a stacked group the row insertion becomes a gather and a
-scatter, and XLA may still copy the group's rows once per step.) What remains per leaf is one
-slice of the group's update, kept a plain copy (see :func:`_masked_updates`). Under
-a rule that is exact under zero padding (``LeafRule.paddable``: the FD-family and
-random-projection sketches, the diagonal) the groups of *small* leaves (:data:`SMALL_LEAF`), a
-network's biases and norms of many sizes, are stepped as one group zero-padded to the widest of
-them (:func:`step_plan`); the state keeps each group at its own size, so only this small slice of
-it is copied per step.
+those states). (A stacked group's rows may still be copied once per step: inside its ``vmap``
+the row insertion becomes a gather and a scatter; ``ada_fd``'s are, ``fd_son``'s are not.)
+What remains per leaf is one slice of the group's update, kept a plain copy (see
+:func:`_masked_updates`). Under a rule that is exact under zero padding (``LeafRule.paddable``:
+the FD-family and random-projection sketches, the diagonal) the groups of *small* leaves
+(:data:`SMALL_LEAF`), a network's biases and norms of many sizes, are stepped as one group
+zero-padded to the widest of them (:func:`step_plan`); the state keeps each group at its own
+size, so only this small slice of it is copied per step.
 
 **Batched factorizations** (opt-in: :func:`sketchopt.batched_solves`). The groups' steps are
 traced once each and evaluated together (:func:`sketchopt._solvers.run_lockstep`): the small
