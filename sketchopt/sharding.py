@@ -233,15 +233,14 @@ class _StateLayout:
 
         return assign
 
-    def group_shardings(self, members, group):
-        """One group of a LeafGroups: the members' common layout (:func:`group_specs`), or
-        replicated."""
+    def group_shardings(self, members, group, stacked: bool):
+        """One group of a LeafGroups (``stacked`` along a leading axis or, for one leaf, not:
+        ``Layout.stacked``): the members' common layout (:func:`group_specs`), or replicated."""
         layouts = {(self.infos[i][0], tuple(self.infos[i][1])) for i in members}
         leaf_mesh, spec, shape = self.infos[members[0]]
         if len(layouts) != 1 or leaf_mesh is None:  # members sharded differently: replicated
             return jax.tree.map(self.replicated, group)
-        stacked = int(len(members) > 1)  # a group of one leaf is stored unstacked
-        specs = group_specs(group, spec, shape, leaf_mesh, stacked=stacked)
+        specs = group_specs(group, spec, shape, leaf_mesh, stacked=int(stacked))
         return jax.tree.map(lambda _, sp: self.make(sp, leaf_mesh), group, specs)
 
     def leaf_groups(self, node):
@@ -251,9 +250,10 @@ class _StateLayout:
                 f"state_sharding: the state covers {node.layout.num_leaves} parameter leaves, "
                 f"params_shardings has {len(self.infos)}"
             )
+        layout = node.layout
         groups = [
-            self.group_shardings(members, group)
-            for members, group in zip(node.layout.groups, node.groups, strict=True)
+            self.group_shardings(members, group, layout.stacked(j))
+            for j, (members, group) in enumerate(zip(layout.groups, node.groups, strict=True))
         ]
         return _leafwise.LeafGroups(tuple(groups), node.layout)
 
