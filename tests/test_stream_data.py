@@ -13,7 +13,7 @@ import pytest
 import scipy.sparse
 from sklearn.datasets import dump_svmlight_file, load_svmlight_file
 
-from sketchopt.stream import data
+from sketchopt.stream import crosses, data
 from sketchopt.stream.data import (
     MAX_LABELS,
     SvmlightInfo,
@@ -328,24 +328,47 @@ def test_read_vw_features_namespaces_and_values():
     np.testing.assert_array_equal(batch.mask, True)
 
 
+def cross_column(first: str, second: str, bits: int) -> int:
+    """The column of the cross of two named features, written out from its definition
+    (:func:`sketchopt.stream.crosses.cross_index`): VW's ``(h1 * 16777619) ^ h2`` of the names'
+    MurmurHash3, MurmurHash3's finalizer, the mask."""
+    from sklearn.utils import murmurhash3_32
+
+    h1, h2 = (murmurhash3_32(n, seed=0, positive=True) for n in (first, second))
+    h = ((h1 * 16777619) % 2**32) ^ h2
+    h = ((h ^ (h >> 16)) * 0x85EBCA6B) % 2**32
+    h = ((h ^ (h >> 13)) * 0xC2B2AE35) % 2**32
+    return (h ^ (h >> 16)) % 2**bits
+
+
+def crossed_expected(plain: dict, crosses: list, bits: int) -> np.ndarray:
+    """One row: ``plain`` features by name, ``crosses`` ``(name, name, value)`` triples."""
+    row = vw_expected([plain], bits)[0]
+    for first, second, value in crosses:
+        row[cross_column(first, second, bits)] += value
+    return row
+
+
 def test_read_vw_quadratic():
     lines = ["1 |user u1 u2:2 |url site:3 |item i1:0.5 |b k\n", "-1 |item i2\n"]
     batch, d = read_vw(lines, bits=22, quadratic=["ui", "iu", "uu"])
     u = [("user^u1", 1.0), ("user^u2", 2.0), ("url^site", 3.0)]  # namespaces starting with u
-    first = dict(u + [("item^i1", 0.5), ("b^k", 1.0)])
-    for name, value in u:  # ui (iu is the same interaction: generated once)
-        first[f"{name}*item^i1"] = value * 0.5
+    plain = dict(u + [("item^i1", 0.5), ("b^k", 1.0)])
+    pairs = [(name, "item^i1", value * 0.5) for name, value in u]  # ui (iu: the same, once)
     for i, (name, value) in enumerate(u):  # uu: pairs i <= j, squares included
-        for other, other_value in u[i:]:
-            first[f"{name}*{other}"] = first.get(f"{name}*{other}", 0.0) + value * other_value
-    second = {"item^i2": 1.0}  # no u namespace: no crosses
-    np.testing.assert_allclose(to_dense(batch, d), vw_expected([first, second], 22))
+        pairs += [(name, other, value * other_value) for other, other_value in u[i:]]
+    first = crossed_expected(plain, pairs, 22)
+    second = vw_expected([{"item^i2": 1.0}], 22)[0]  # no u namespace: no crosses
+    np.testing.assert_allclose(to_dense(batch, d), np.stack([first, second]))
     assert int(np.asarray(batch.mask).sum()) == 2
-    assert (np.asarray(batch.indices[0]) < d).sum() == len(first)
+    assert (np.asarray(batch.indices[0]) < d).sum() == len(plain) + len(pairs)
     # The default namespace is crossed with the letter " ".
     batch, d = read_vw(["1 | a:2 |n b:3\n"], bits=18, quadratic=[" n"])
-    expected = vw_expected([{"^a": 2, "n^b": 3, "^a*n^b": 6}], 18)
-    np.testing.assert_allclose(to_dense(batch, d), expected)
+    expected = crossed_expected({"^a": 2, "n^b": 3}, [("^a", "n^b", 6)], 18)
+    np.testing.assert_allclose(to_dense(batch, d)[0], expected)
+    # The device's crosses (sketchopt.stream.crosses) are the same vectors.
+    (chunk,) = data.iter_vw(lines, bits=22, quadratic=["ui", "uu"], crosses="device", chunk_size=4)
+    np.testing.assert_allclose(crosses.dense_reference(chunk)[:2], np.stack([first, second]))
 
 
 def test_read_vw_file_and_errors(tmp_path):

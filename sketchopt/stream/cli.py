@@ -22,8 +22,10 @@ VW's habits:
 * **Test files** are read with the training file's dimension; features it never had (svmlight
   indices beyond it) have no weight and are ignored.
 * ``-q ab``/``--quadratic ab`` (repeatable) and ``--interactions ab``: VW's quadratic crosses of
-  the namespaces starting with ``a`` and ``b`` (VW files only), built as the file is read
-  (:func:`sketchopt.stream.data.iter_vw`).
+  the namespaces starting with ``a`` and ``b`` (VW files only), built inside the compiled step
+  from each example's own features (:mod:`sketchopt.stream.crosses`: VW's index of a quadratic
+  feature, colliding crosses summed; the layout is ``crossed``); ``--layout flat`` or
+  ``padded`` builds the same vectors as the file is read and stores them instead.
 * ``--passes N``: ``N`` passes over the training file, the first parsing it and writing the
   chunks to a cache (a temporary directory, removed at the end), the others reading the cache.
   With more than one pass VW's holdout is on: every ``--holdout_period``-th example (default
@@ -74,6 +76,7 @@ import jax
 import numpy as np
 
 from sketchopt.stream import data, learners, runner, second_order
+from sketchopt.stream.crosses import CrossedExamples, CrossLayout
 from sketchopt.stream.examples import FlatExamples, SparseExamples
 
 __all__ = ["DEFAULT_LEARNING_RATE", "build_parser", "main", "run"]
@@ -270,7 +273,9 @@ def _add_outputs(parser: argparse.ArgumentParser) -> None:
         default="auto",
         help="flat: each example costs its own length; padded: every example padded to the "
         "longest; auto (default): flat when the padding would more than double the work "
-        "(sketchopt.stream.runner.auto_layout)",
+        "(sketchopt.stream.runner.auto_layout), and with -q the crosses built inside the "
+        "compiled step (flat or padded with -q: the crosses built as the file is read and "
+        "stored)",
     )
     parser.add_argument("--quiet", action="store_true", help="no progress bar or report")
 
@@ -405,12 +410,24 @@ def _feature_dim(fmt: str, info, config) -> int:
     return data.stream_dim(info, bits=config["bits"])
 
 
-def _read(path, fmt, info, config, chunk_size, *, nnz=None, test=False):
-    """The file's chunks (padded), with the run's constant, crosses and dimension."""
+def _crossed(args, config) -> bool:
+    """Whether the crosses are built inside the compiled step (``-q`` with ``--layout auto``,
+    or a checkpoint of such a run)."""
+    if not config["quadratic"]:
+        return False
+    if config.get("layout") is not None:
+        return config["layout"] == "crossed"
+    return args.layout == "auto"
+
+
+def _read(path, fmt, info, config, chunk_size, *, nnz=None, test=False, crossed=False):
+    """The file's chunks (padded, or with ``crossed`` the crosses left to the device), with the
+    run's constant, crosses and dimension."""
     if fmt == "vw":
         return data.iter_vw(
             path, chunk_size=chunk_size, bits=_vw_bits(config), quadratic=config["quadratic"],
             loss=config["loss"], constant=config["constant"], nnz=nnz, info=info,
+            crosses="device" if crossed else "host", width=config.get("width"),
         )  # fmt: skip
     return data.iter_svmlight(
         path, chunk_size=chunk_size, loss=config["loss"], dim=config["dim"], bits=config["bits"],
@@ -427,6 +444,9 @@ def _layout(args, config, chunks, dim):
     first = next(chunks, None)
     if first is None:
         return iter(())
+    if isinstance(first, CrossedExamples):
+        config.update(layout="crossed", width=first.layout.width, nnz=None)
+        return itertools.chain([first], chunks)
     if "layout" not in config or config["layout"] is None:
         layout = args.layout
         if layout == "auto":
@@ -446,20 +466,30 @@ def _cached(chunks, directory: pathlib.Path):
     """``chunks`` as they are, each written to ``directory`` as it passes (the cache of the
     parsed examples that the later passes read, :func:`_replay`)."""
     for i, chunk in enumerate(chunks):
-        arrays = {k: np.asarray(v) for k, v in chunk._asdict().items() if v is not None}
-        np.savez(directory / f"{i:08d}.npz", flat=isinstance(chunk, FlatExamples), **arrays)
+        fields = chunk._asdict()
+        layout = fields.pop("layout", None)
+        kind = type(chunk).__name__
+        arrays = {k: np.asarray(v) for k, v in fields.items() if v is not None}
+        if layout is not None:  # the static side of a crossed chunk, restored by _replay
+            arrays["layout"] = np.asarray(json.dumps(layout._asdict()))
+        np.savez(directory / f"{i:08d}.npz", kind=kind, **arrays)
         yield chunk
+
+
+_KINDS = {cls.__name__: cls for cls in (SparseExamples, FlatExamples, CrossedExamples)}
 
 
 def _replay(directory: pathlib.Path):
     for path in sorted(directory.glob("*.npz")):
         with np.load(path) as stored:
-            arrays = {k: stored[k] for k in stored.files if k != "flat"}
-            if bool(stored["flat"]):
-                arrays["width"] = int(arrays["width"])
-                yield FlatExamples(**arrays)
-            else:
-                yield SparseExamples(**arrays)
+            arrays = {k: stored[k] for k in stored.files if k != "kind"}
+            kind = _KINDS[str(stored["kind"])]
+        if kind is FlatExamples:
+            arrays["width"] = int(arrays["width"])
+        if kind is CrossedExamples:
+            layout = json.loads(str(arrays["layout"]))
+            arrays["layout"] = CrossLayout(**{**layout, "square": tuple(layout["square"])})
+        yield kind(**arrays)
 
 
 def _passes(args, config, info, fmt, dim, learner, state, start, curve, cache):
@@ -469,7 +499,10 @@ def _passes(args, config, info, fmt, dim, learner, state, start, curve, cache):
     seconds, result = 0.0, None
     for k in range(args.passes):
         if k == 0:
-            chunks = _read(args.train, fmt, info, config, args.chunk_size, nnz=nnz)
+            chunks = _read(
+                args.train, fmt, info, config, args.chunk_size, nnz=nnz,
+                crossed=_crossed(args, config),
+            )  # fmt: skip
             chunks = _layout(args, config, chunks, dim)
             if args.passes > 1:
                 chunks = _cached(chunks, cache)
@@ -523,7 +556,7 @@ def run(args) -> dict:
         "quadratic": config["quadratic"],
         "hyperparameters": config["hyperparameters"],
         "layout": config.get("layout"),
-        "width": config.get("width") if config.get("layout") == "flat" else config.get("nnz"),
+        "width": config.get("nnz") if config.get("layout") == "padded" else config.get("width"),
         "passes": args.passes,
         "examples": result.examples,
         "progressive_loss": float(result.progressive_loss),
@@ -544,7 +577,10 @@ def run(args) -> dict:
         if test_fmt != fmt:
             raise ValueError(f"{args.test} is {test_fmt}, the training file {fmt}")
         test_info = _scan(args.test, fmt, config)
-        test_chunks = _read(args.test, fmt, test_info, config, args.chunk_size, test=True)
+        test_chunks = _read(
+            args.test, fmt, test_info, config, args.chunk_size, test=True,
+            crossed=config.get("layout") == "crossed",
+        )  # fmt: skip
         test_loss, test_error, predictions = runner.evaluate(learner, result.state, test_chunks)
         summary.update(test_loss=test_loss, test_error=test_error, test_examples=len(predictions))
         if args.predict is not None:

@@ -56,7 +56,9 @@ learning: only which features collide differs.
 default (no ``--permutations``) for a namespace crossed with itself: the unordered pairs ``i <= j``
 of the example's features, the square terms included. VW generates them so since issue 698 (the
 inner loop starts at the outer feature, ``PROCESS_SELF_INTERACTIONS`` is true); VW 7.10 kept a
-square term only for a value other than 1.
+square term only for a value other than 1. VW files' ``-q`` crosses (:func:`read_vw`,
+:func:`iter_vw`) are built on the host and stored, or, with ``crosses="device"``, left to the
+compiled step (:mod:`sketchopt.stream.crosses`, which defines their indices).
 """
 
 from __future__ import annotations
@@ -71,6 +73,7 @@ from typing import NamedTuple
 import numpy as np
 import scipy.sparse
 
+from sketchopt.stream.crosses import CrossedExamples, CrossLayout, cross_index
 from sketchopt.stream.examples import (
     SparseExamples,
     check_labels,
@@ -85,6 +88,7 @@ __all__ = [
     "SvmlightInfo",
     "VwInfo",
     "cross_features",
+    "cross_layout",
     "detect_format",
     "hash_pairs",
     "iter_svmlight",
@@ -553,20 +557,52 @@ def _vw_pairs(quadratic) -> list[tuple[str, str]]:
     return pairs
 
 
-def _vw_features(example: _VwExample, pairs) -> dict[str, float]:
-    """The example's features by name (repeats summed) and its ``-q`` crosses."""
-    groups = example.groups
-    features: dict[str, float] = {}
-    for group in groups.values():
-        for name, value in group:
-            features[name] = features.get(name, 0.0) + value
-    for a, b in pairs:
-        first, second = groups.get(a, []), groups.get(b, [])
-        for i, (name, value) in enumerate(first):
-            for other, other_value in second[i:] if a == b else second:
-                cross = f"{name}*{other}"
-                features[cross] = features.get(cross, 0.0) + value * other_value
-    return features
+def _vw_entries(example: _VwExample, pairs, d: int):
+    """The example's entries in namespace order (:mod:`sketchopt.stream.crosses`): each
+    feature's plain index (``FeatureHasher``'s on its name), its 32-bit hash and its value, and
+    each interaction's ``start_a, count_a, start_b, count_b``."""
+    names, values, where = [], [], {}
+    for letter, group in example.groups.items():
+        where[letter] = (len(names), len(group))
+        names.extend(name for name, _ in group)
+        values.extend(value for _, value in group)
+    hashes = _name_hashes(names)
+    spans = [(*where.get(a, (0, 0)), *where.get(b, (0, 0))) for a, b in pairs]
+    return _hasher_index(hashes, d), hashes, np.asarray(values, np.float64), spans
+
+
+def _name_hashes(names) -> np.ndarray:
+    """MurmurHash3 (seed 0) of each name's UTF-8 bytes, as uint32: the hashes that
+    ``FeatureHasher`` reduces to indices and that the crosses combine."""
+    from sklearn.utils import murmurhash3_32
+
+    return np.asarray([murmurhash3_32(n, seed=0, positive=True) for n in names], np.uint32)
+
+
+def _hasher_index(hashes: np.ndarray, d: int) -> np.ndarray:
+    """``FeatureHasher``'s column of each uint32 hash: ``|h| mod d`` of the signed hash (its
+    special case for ``-2**31`` included)."""
+    signed = hashes.astype(np.int64)
+    signed = np.where(signed >= 2**31, signed - 2**32, signed)
+    special = (2**31 - 1 - (d - 1)) % d
+    return np.where(signed == -(2**31), special, np.abs(signed) % d).astype(np.int64)
+
+
+def _vw_crossed_row(example: _VwExample, pairs, d: int, bits: int):
+    """One example's (column, value) pairs, its crosses included (duplicates not yet summed):
+    the host's form of :mod:`sketchopt.stream.crosses`."""
+    index, hashes, values, spans = _vw_entries(example, pairs, d)
+    columns, products = [index], [values]
+    for (a, b), (start_a, n_a, start_b, n_b) in zip(pairs, spans, strict=True):
+        if a == b:
+            i, j = np.triu_indices(n_a)
+            first, second = start_a + i, start_a + j
+        else:
+            first = start_a + np.repeat(np.arange(n_a), n_b)
+            second = start_b + np.tile(np.arange(n_b), n_a)
+        columns.append(cross_index(hashes[first], hashes[second], bits))
+        products.append(values[first] * values[second])
+    return np.concatenate(columns), np.concatenate(products)
 
 
 def _vw_parsed(source, name: str) -> Iterator[_VwExample]:
@@ -603,15 +639,68 @@ def _vw_hashed(rows: list[dict], d: int) -> scipy.sparse.csr_matrix:
     return hasher.transform(rows)
 
 
-def _vw_batch(parsed, pairs, d, *, loss, nnz, dtype, constant, weighted) -> SparseExamples:
-    """Parsed VW examples as one batch over ``d`` hashed features: the crosses of ``pairs``,
-    labels in the loss's domain, the importance weights (``weighted``) and the constant."""
-    x = _vw_hashed([_vw_features(e, pairs) for e in parsed], d)
+def _vw_batch(parsed, pairs, bits, *, loss, nnz, dtype, constant, weighted) -> SparseExamples:
+    """Parsed VW examples as one batch over ``2**bits`` hashed features: the crosses of
+    ``pairs``, labels in the loss's domain, the importance weights (``weighted``) and the
+    constant."""
+    d = 2**bits
+    if pairs:
+        rows = [_vw_crossed_row(e, pairs, d, bits) for e in parsed]
+        lengths = [len(c) for c, _ in rows]
+        x = scipy.sparse.csr_matrix(
+            (
+                np.concatenate([v for _, v in rows] or [np.zeros(0)]),
+                np.concatenate([c for c, _ in rows] or [np.zeros(0, np.int64)]),
+                np.concatenate([[0], np.cumsum(lengths)]),
+            ),
+            shape=(len(parsed), d),
+        )
+        x.sum_duplicates()
+    else:
+        x = _vw_hashed([_vw_features(e) for e in parsed], d)
     labels = check_labels([e.label for e in parsed], loss)
     examples = from_csr(x, labels, dim=d, nnz=nnz, dtype=dtype)
     if weighted:
         examples = examples._replace(weights=np.asarray([e.weight for e in parsed], dtype))
     return with_constant(examples, d) if constant else examples
+
+
+def _vw_features(example: _VwExample) -> dict[str, float]:
+    """The example's features by name (repeats summed)."""
+    features: dict[str, float] = {}
+    for group in example.groups.values():
+        for name, value in group:
+            features[name] = features.get(name, 0.0) + value
+    return features
+
+
+def _vw_crossed_chunk(parsed, pairs, layout: CrossLayout, *, loss, entries, dtype, constant,
+                      weighted, chunk_size) -> CrossedExamples:  # fmt: skip
+    """Parsed VW examples as a :class:`CrossedExamples` chunk of ``chunk_size`` rows (the
+    last ones padding), ``entries`` columns."""
+    d = 2**layout.bits
+    pad = layout.dim
+    indices = np.full((chunk_size, entries), pad, np.int32)
+    hashes = np.zeros((chunk_size, entries), np.uint32)
+    values = np.zeros((chunk_size, entries), dtype)
+    counts = np.zeros((chunk_size,), np.int32)
+    spans = np.zeros((chunk_size, len(pairs), 4), np.int32)
+    for n, example in enumerate(parsed):
+        index, hash_, value, span = _vw_entries(example, pairs, d)
+        k = len(index)
+        indices[n, :k], hashes[n, :k], values[n, :k] = index, hash_, value
+        if constant:
+            indices[n, k], values[n, k] = d, 1
+            k += 1
+        counts[n], spans[n] = k, span
+    labels = np.zeros((chunk_size,), dtype)
+    labels[: len(parsed)] = check_labels([e.label for e in parsed], loss)
+    mask = np.arange(chunk_size) < len(parsed)
+    weights = None
+    if weighted:
+        weights = np.zeros((chunk_size,), dtype)
+        weights[: len(parsed)] = [e.weight for e in parsed]
+    return CrossedExamples(indices, hashes, values, counts, spans, labels, mask, layout, weights)
 
 
 class VwInfo(NamedTuple):
@@ -621,6 +710,8 @@ class VwInfo(NamedTuple):
     nnz: int  # most features of one example after the crosses (an upper bound: before hashing)
     labels: tuple  # sorted distinct label values, at most MAX_LABELS (the smallest)
     weighted: bool  # whether an importance weight other than 1 occurs
+    entries: int = 0  # most features of one example before the crosses (repeats counted)
+    total: int = 0  # the features of all examples after the crosses (the same bound)
 
 
 def _pair_count(example: _VwExample, pairs) -> int:
@@ -637,14 +728,31 @@ def scan_vw(source, *, quadratic: Iterable[str] = ()) -> VwInfo:
     ``ValueError`` naming the file and the line), the examples counted, the static bound on
     their features (with ``quadratic``'s crosses) and the labels found."""
     pairs = _vw_pairs(quadratic)
-    examples, nnz, weighted, labels = 0, 0, False, set()
+    examples, nnz, weighted, labels, entries, total = 0, 0, False, set(), 0, 0
     for example in _vw_parsed(source, _vw_name(source)):
         examples += 1
-        nnz = max(nnz, _pair_count(example, pairs))
+        count = _pair_count(example, pairs)
+        nnz, total = max(nnz, count), total + count
+        entries = max(entries, sum(len(g) for g in example.groups.values()))
         weighted = weighted or example.weight != 1.0
         if len(labels) < MAX_LABELS:
             labels.add(example.label)
-    return VwInfo(examples, nnz, tuple(sorted(labels)), weighted)
+    return VwInfo(examples, nnz, tuple(sorted(labels)), weighted, entries, total)
+
+
+def cross_layout(info: VwInfo, quadratic, bits: int, *, constant: bool, width: int | None = None):
+    """The :class:`~sketchopt.stream.crosses.CrossLayout` of a VW file's crossed chunks: the
+    segment ``width`` (default: the power of two nearest half the mean example length, 64 to
+    8192) and a buffer for the longest example."""
+    pairs = _vw_pairs(quadratic)
+    longest = info.nnz + int(constant)
+    if width is None:
+        mean = max((info.total + info.examples * int(constant)) / max(info.examples, 1), 1.0)
+        width = int(min(max(1 << int(round(np.log2(max(mean / 2, 1)))), 64), 8192))
+    capacity = max(-(-longest // width), 1) * width
+    square = tuple(a == b for a, b in pairs)
+    dim = weights_dim(2**bits, constant)
+    return CrossLayout(dim, int(bits), square, int(width), int(capacity))
 
 
 def detect_format(path) -> str:
@@ -669,27 +777,44 @@ def iter_vw(
     nnz: int | None = None,
     dtype=np.float32,
     info: VwInfo | None = None,
-) -> Iterator[SparseExamples]:
+    crosses: str = "host",
+    width: int | None = None,
+) -> Iterator[SparseExamples | CrossedExamples]:
     """The examples of VW text (a path, ``.gz``/``.bz2`` read compressed, or lines) in chunks of
     exactly ``chunk_size`` rows (the last padded), in constant memory: :func:`read_vw`'s
     features (hashed into ``2**bits``; ``quadratic``'s crosses), ``constant`` VW's constant
     feature at index ``2**bits`` (so ``2**bits + 1`` features, :func:`weights_dim`), and the
     importance weights in the chunks' ``weights`` (``None`` where every weight is 1). The source
     is scanned first (:func:`scan_vw`, unless ``info`` is given: it must be read twice), so bad
-    lines and labels outside the loss's domain fail before the first chunk."""
+    lines and labels outside the loss's domain fail before the first chunk.
+
+    ``crosses="device"`` (with ``quadratic``) yields
+    :class:`~sketchopt.stream.crosses.CrossedExamples` instead: each example's own features
+    only, its crosses built inside the compiled step (the same vectors as ``"host"``, which
+    stores them; ``width`` the segment width, :func:`cross_layout`). The command line reads so."""
     if int(chunk_size) < 1:
         raise ValueError(f"chunk_size must be positive, got {chunk_size}")
     chunk_size, bits = int(chunk_size), _check_bits(bits)
     pairs = _vw_pairs(quadratic)
     info = scan_vw(source, quadratic=quadratic) if info is None else info
     check_labels(np.asarray(info.labels, np.float64), loss)  # the whole file's, once
+    if crosses not in ("host", "device"):
+        raise ValueError(f"crosses must be 'host' or 'device', got {crosses!r}")
     d = 2**bits
-    width = max(info.nnz if nnz is None else int(nnz), 1)
+    padded = max(info.nnz if nnz is None else int(nnz), 1)
     name = _vw_name(source)
+    layout = None
+    if crosses == "device" and pairs:
+        layout = cross_layout(info, quadratic, bits, constant=constant, width=width)
 
-    def chunk(parsed: list[_VwExample]) -> SparseExamples:
+    def chunk(parsed: list[_VwExample]) -> SparseExamples | CrossedExamples:
+        if layout is not None:
+            return _vw_crossed_chunk(
+                parsed, pairs, layout, loss=loss, entries=max(info.entries + int(constant), 1),
+                dtype=dtype, constant=constant, weighted=info.weighted, chunk_size=chunk_size,
+            )  # fmt: skip
         examples = _vw_batch(
-            parsed, pairs, d, loss=loss, nnz=width, dtype=dtype, constant=constant,
+            parsed, pairs, bits, loss=loss, nnz=padded, dtype=dtype, constant=constant,
             weighted=info.weighted,
         )  # fmt: skip
         return pad_rows(examples, chunk_size, weights_dim(d, constant))
@@ -734,16 +859,18 @@ def read_vw(
     alternating sign) on the names ``"namespace^feature"``; the same feature twice in an example
     is summed. ``quadratic``: VW's ``-q`` pairs of namespace letters (``"ab"``; a space is the
     default namespace): the features of the namespaces starting with ``a`` crossed with those
-    starting with ``b``, named ``"a^f*b^g"``, value the product. A letter crossed with itself
-    gives the pairs ``i <= j`` in the example's order (VW's default; see the module docstring),
-    and ``ab`` with ``ba`` is generated once (VW drops duplicate interactions).
+    starting with ``b``, value the product, at VW's index of a quadratic feature computed from
+    the two names' 32-bit MurmurHash3 (:func:`sketchopt.stream.crosses.cross_index`). A letter
+    crossed with itself gives the pairs ``i <= j`` in the example's order (VW's default; see the
+    module docstring), and ``ab`` with ``ba`` is generated once (VW drops duplicate
+    interactions).
     """
     bits = _check_bits(bits)
     pairs = _vw_pairs(quadratic)
     parsed = list(_vw_parsed(source, _vw_name(source)))
     d = 2**bits
     examples = _vw_batch(
-        parsed, pairs, d, loss=loss, nnz=nnz, dtype=dtype, constant=constant,
+        parsed, pairs, bits, loss=loss, nnz=nnz, dtype=dtype, constant=constant,
         weighted=any(e.weight != 1.0 for e in parsed),
     )  # fmt: skip
     return examples, weights_dim(d, constant)

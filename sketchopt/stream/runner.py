@@ -1,8 +1,9 @@
 """Progressive validation over a whole stream, one compiled ``lax.scan`` per chunk.
 
 :func:`run_stream` walks a stream of chunks, padded :class:`SparseExamples` (what
-:func:`sketchopt.stream.data.iter_svmlight` yields, or :func:`chunked` of an in-memory batch) or
-:class:`FlatExamples` (:func:`as_flat`, :func:`auto_layout`: each example costs its own length):
+:func:`sketchopt.stream.data.iter_svmlight` yields, or :func:`chunked` of an in-memory batch),
+:class:`FlatExamples` (:func:`as_flat`, :func:`auto_layout`: each example costs its own length)
+or :class:`~sketchopt.stream.crosses.CrossedExamples` (VW's ``-q`` crosses built in the step):
 each example is predicted, scored, then learned from (progressive validation, as VW reports it),
 the state carried from chunk to chunk, so memory is one chunk and one state whatever the
 stream's length. The chunk function is compiled once per chunk shape, outside the timed calls
@@ -28,6 +29,7 @@ example of every pass (counted from 1 over the real rows of the stream, VW's ``i
 from __future__ import annotations
 
 import dataclasses
+import functools
 import itertools
 import time
 from collections.abc import Callable, Iterable, Iterator
@@ -37,6 +39,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from sketchopt.stream import crosses
+from sketchopt.stream.crosses import CrossedExamples, CrossLayout
 from sketchopt.stream.examples import (
     FlatExamples,
     SparseExamples,
@@ -189,10 +193,12 @@ def as_flat(
         yield flat
 
 
-def _scan_chunk(learner: LinearLearner, width: int | None = None):
+def _scan_chunk(learner: LinearLearner, width: int | CrossLayout | None = None):
     """``(state, chunk, held) -> (state, (loss, error, scored, held_scored))`` per example of the
-    chunk: a :class:`SparseExamples` chunk, or with ``width`` the arrays of a
-    :class:`FlatExamples`; ``held`` marks the held-out rows (predicted, not learned from)."""
+    chunk: a :class:`SparseExamples` chunk, with ``width`` the arrays of a
+    :class:`FlatExamples`, with a :class:`~sketchopt.stream.crosses.CrossLayout` those of a
+    :class:`~sketchopt.stream.crosses.CrossedExamples`; ``held`` marks the held-out rows
+    (predicted, not learned from)."""
 
     def score(state, new, p, label, active, held):
         learned = active & ~held & (new.nonfinite_count == state.nonfinite_count)
@@ -227,6 +233,28 @@ def _scan_chunk(learner: LinearLearner, width: int | None = None):
         xs = (chunk.starts, chunk.stops, chunk.labels, chunk.mask, held, weighted(chunk))
         return jax.lax.scan(body, state, xs)
 
+    def run_crossed(state, chunk, held):
+        layout = width
+
+        def body(carry, example):
+            state, tables = carry
+            entries, label, active, held_i, extra = example
+            total, tables = crosses.expand(entries, tables, layout)
+            new, p = learner.step_flat(
+                state, tables[1], tables[2], 0, total, label, active & ~held_i,
+                width=layout.width, **extra,
+            )  # fmt: skip
+            new, out = score(state, new, p, label, active, held_i)
+            return (new, tables), out
+
+        entries = (chunk.indices, chunk.hashes, chunk.values, chunk.counts, chunk.spans)
+        xs = (entries, chunk.labels, chunk.mask, held, weighted(chunk))
+        tables = crosses.scratch(layout, chunk.values.dtype)
+        (state, _), out = jax.lax.scan(body, (state, tables), xs)
+        return state, out
+
+    if isinstance(width, CrossLayout):
+        return run_crossed
     return run if width is None else run_flat
 
 
@@ -266,11 +294,16 @@ def _squeeze(x):
 
 
 def _on_device(chunk):
-    """The chunk's arrays as JAX arrays (``width`` and an absent ``weights`` kept); its width."""
+    """The chunk's arrays as JAX arrays (an absent ``weights`` kept); its static side (a flat
+    chunk's ``width``, a crossed chunk's ``layout``, else ``None``)."""
     if isinstance(chunk, FlatExamples):
         arrays = {k: v for k, v in chunk._asdict().items() if k != "width"}
         width = chunk.width
         chunk = chunk._replace(width=None)
+    elif isinstance(chunk, CrossedExamples):
+        arrays = {k: v for k, v in chunk._asdict().items() if k != "layout"}
+        width = chunk.layout
+        chunk = chunk._replace(layout=None)
     else:
         arrays, width = chunk._asdict(), None
     return chunk._replace(
@@ -408,12 +441,23 @@ def evaluate(
         labels = class_label(learner.loss, chunk.labels.astype(p.dtype))
         return p, loss_value(learner.loss, p, labels), error(p, labels)
 
+    @functools.partial(jax.jit, static_argnums=2)
+    def run_crossed(state, chunk, layout):
+        def body(tables, entries):
+            total, tables = crosses.expand(entries, tables, layout)
+            return tables, learner.predict(state, crosses.as_vector(total, tables, layout))
+
+        entries = (chunk.indices, chunk.hashes, chunk.values, chunk.counts, chunk.spans)
+        _, p = jax.lax.scan(body, crosses.scratch(layout, chunk.values.dtype), entries)
+        labels = class_label(learner.loss, chunk.labels.astype(p.dtype))
+        return p, loss_value(learner.loss, p, labels), error(p, labels)
+
     preds, losses, errors = [], [], []
     for chunk in chunks:
         if isinstance(chunk, FlatExamples):
             raise TypeError("evaluate takes padded SparseExamples chunks, not FlatExamples")
-        chunk, _ = _on_device(chunk)
-        p, loss, err = run(state, chunk)
+        chunk, layout = _on_device(chunk)
+        p, loss, err = run(state, chunk) if layout is None else run_crossed(state, chunk, layout)
         keep = np.asarray(chunk.mask)
         preds.append(np.asarray(p)[keep])
         losses.append(np.asarray(loss, np.float64)[keep])
