@@ -125,6 +125,11 @@ def compare(name, train, test, vw_args: str, cli_flags, vw_train, vw_test, pyvw,
                 rows["oja_son"]["examples_per_second"]
                 / rows["vw_oja_newton"]["examples_per_second"]
             )
+        if "-q" in vw_args.split() and "examples_per_second" in rows.get("ada_diag", {}):
+            # the crosses built inside the compiled step (-q on the fly) against VW's own
+            verdict["crossed_speed_ratio"] = (
+                rows["ada_diag"]["examples_per_second"] / rows["vw_default"]["examples_per_second"]
+            )
     return {"stream": name, "test_examples": len(vw_test), "rows": rows, "verdict": verdict}
 
 
@@ -180,4 +185,23 @@ def table(results: list[dict]) -> str:
             f"{v['best_first_order']} ({met[v.get('first_order_met')]})",
             f"{v['best_second_order']} ({met[v.get('second_order_met')]})",
         ])  # fmt: skip
-    return common.markdown_table(header, body)
+    return common.markdown_table(header, body) + _speed_lines(results)
+
+
+def _speed_lines(results: list[dict]) -> str:
+    """The speed targets: ``oja_son`` against VW ``--OjaNewton``; on ``-q`` streams the command
+    line's default learner (its crosses built in the compiled step) against VW default."""
+    lines = []
+    for r in results:
+        rows, v = r["rows"], r["verdict"]
+        for key, ours, theirs in (
+            ("oja_son_speed_ratio", "oja_son", "vw_oja_newton"),
+            ("crossed_speed_ratio", "ada_diag", "vw_default"),
+        ):
+            if key in v:
+                lines.append(
+                    f"- {r['stream']}: `{ours}` {rows[ours]['examples_per_second']:,.0f} "
+                    f"examples/s, {theirs} {rows[theirs]['examples_per_second']:,.0f} "
+                    f"({v[key]:.2f}x, target 1x: {'met' if v[key] >= 1 else '**not met**'})"
+                )
+    return "\n\nExamples/s (the pass alone):\n\n" + "\n".join(lines) if lines else ""
