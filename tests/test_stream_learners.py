@@ -202,6 +202,12 @@ def test_runner_scores_progressively_and_resumes_bit_identically():
     assert_identical(second.state, whole.state)
     assert second.progressive_loss == whole.progressive_loss
     assert second.progressive_error == whole.progressive_error
+    # One chunk of 4096 rows, 200 of them real: the runner steps over 256 (the padding past the
+    # power of two holding the real rows is cut), with the same numbers.
+    one = runner.run_stream(learner, runner.chunked(stream, 4096, DIM), DIM)
+    assert one.examples == 200
+    np.testing.assert_allclose(one.progressive_loss, whole.progressive_loss, rtol=1e-6)
+    np.testing.assert_allclose(learner.weights(one.state), learner.weights(whole.state), rtol=1e-5)
 
 
 GRIDS = {
