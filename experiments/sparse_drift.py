@@ -69,7 +69,10 @@ def run(*, quick: bool, full: bool, seed: int, out: pathlib.Path) -> dict:
     stream = _stream(rng, chunk, dim, s)  # one chunk, replayed
     results = {}
     for name in common.progress(LEARNERS, desc="sparse_drift"):
-        learner = learners.make_learner(name)
+        # the sketch's algebra as recorded since 0.7.0: without the default diagonal rescaling
+        # of oja_son and fd_son (sketchopt.stream.second_order, "Defaults")
+        plain = {"diagonal_rescaling": False} if name in ("oja_son", "fd_son") else {}
+        learner = learners.make_learner(name, **plain)
         n = n_all if (full or quick or name == "oja_son") else n_all // 10
         state, start, curve, seconds, done = None, None, [], 0.0, 0
         points = []

@@ -614,11 +614,12 @@ def second_order_make(name: str, scale: float):
 
     m, root = SKETCH_SIZE, math.sqrt(scale)
     son = {"sketch_size": m, "eta": "1/sqrt(t)", "bound": "inf"}
+    plain = {"diagonal_rescaling": False}  # the recorded grids' protocol: alpha = c r, unrescaled
     if name == "oja_son":
-        return (lambda c: second_order.oja_son(c * scale, m)), "alpha_over_r", {
+        return (lambda c: second_order.oja_son(c * scale, m, **plain)), "alpha_over_r", {
             **son, "alpha": f"c r, r = {scale:.4g}", "oja_learning_rate": "1/t"}  # fmt: skip
     if name == "fd_son":
-        return (lambda c: second_order.fd_son(c * scale, m)), "alpha_over_r", {
+        return (lambda c: second_order.fd_son(c * scale, m, **plain)), "alpha_over_r", {
             **son, "alpha": f"c r, r = {scale:.4g}", "spare_rows": m}  # fmt: skip
     if name == "rfd_son":
         return (lambda c: second_order.rfd_son(m, alpha0=c * scale)), "alpha0_over_r", {

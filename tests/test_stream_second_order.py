@@ -45,50 +45,57 @@ def cases():
     key = jax.random.PRNGKey(KEY)
     return {
         "oja_son": (
-            lambda: so2.oja_son(5.0, 4, bound=2.0),
+            lambda: so2.oja_son(5.0, 4, bound=2.0, diagonal_rescaling=False),
             lambda: so.oja_son(5.0, 4, key=key),
             2.0,
             False,
         ),
         "oja_son_gamma": (
-            lambda: so2.oja_son(2.0, 6, oja_learning_rate=0.3, eta=0.5),
+            lambda: so2.oja_son(2.0, 6, oja_learning_rate=0.3, eta=0.5, diagonal_rescaling=False),
             lambda: so.oja_son(2.0, 6, key=key, oja_learning_rate=0.3, eta=0.5),
             np.inf,
             False,
         ),
         "oja_son_dense_steps": (  # every step through the dense path (compaction)
-            lambda: so2.oja_son(5.0, 4, bound=2.0, max_growth=1.0),
+            lambda: so2.oja_son(5.0, 4, bound=2.0, max_growth=1.0, diagonal_rescaling=False),
             lambda: so.oja_son(5.0, 4, key=key),
             2.0,
             False,
         ),
         "oja_son_rescaled": (  # SON sec. 5.2, diagonal rescaling
-            lambda: so2.oja_son(5.0, 4, bound=2.0, diagonal_rescaling=True),
-            lambda: so.oja_son(5.0, 4, key=key, diagonal_rescaling=True),
+            lambda: so2.oja_son(5.0, 4, bound=2.0, eta=0.5, diagonal_init=0.1),
+            lambda: so.oja_son(5.0, 4, key=key, eta=0.5, diagonal_rescaling=True),
             2.0,
             False,
         ),
         "fd_son_rescaled": (
-            lambda: so2.fd_son(2.0, 4, diagonal_rescaling=True),
-            lambda: so.fd_son(2.0, 4, diagonal_rescaling=True),
+            lambda: so2.fd_son(2.0, 4, eta=0.5, diagonal_init=0.1),
+            lambda: so.fd_son(2.0, 4, eta=0.5, diagonal_rescaling=True),
             np.inf,
             False,
         ),
         "rp_son_rescaled": (
-            lambda: so2.rp_son(2.0, 4, bound=2.0, diagonal_rescaling=True),
-            lambda: so.rp_son(2.0, 4, key, diagonal_rescaling=True),
+            lambda: so2.rp_son(
+                2.0, 4, bound=2.0, eta=0.5, diagonal_rescaling=True, diagonal_init=0.1
+            ),
+            lambda: so.rp_son(2.0, 4, key, eta=0.5, diagonal_rescaling=True),
             2.0,
             False,
         ),
         "rp_son": (
-            lambda: so2.rp_son(5.0, 4, bound=2.0),
+            lambda: so2.rp_son(5.0, 4, bound=2.0, diagonal_rescaling=False),
             lambda: so.rp_son(5.0, 4, key),
             2.0,
             False,
         ),
-        "fd_son": (lambda: so2.fd_son(5.0, 4, bound=2.0), lambda: so.fd_son(5.0, 4), 2.0, False),
+        "fd_son": (
+            lambda: so2.fd_son(5.0, 4, bound=2.0, diagonal_rescaling=False),
+            lambda: so.fd_son(5.0, 4),
+            2.0,
+            False,
+        ),
         "fd_son_wide": (  # m larger than most examples' s, no spare row
-            lambda: so2.fd_son(1.0, 9, spare_rows=0),
+            lambda: so2.fd_son(1.0, 9, spare_rows=0, diagonal_rescaling=False),
             lambda: so.fd_son(1.0, 9),
             np.inf,
             False,
@@ -199,7 +206,7 @@ def test_fd_takes_both_paths_and_compacts():
     once are kept whole) and the compaction."""
     with jax.enable_x64(True):
         stream, _, _ = sparse_stream(seed=3)
-        learner = so2.fd_son(5.0, 4, spare_rows=1)
+        learner = so2.fd_son(5.0, 4, spare_rows=1, diagonal_rescaling=False)
         state = learner.init(DIM, jnp.float64)
         step = jax.jit(learner.step)
         slots = rank_one = 0
@@ -308,17 +315,17 @@ def test_huge_and_tiny_values_give_finite_steps():
 
 def test_options_are_validated():
     with pytest.raises(ValueError, match="bound"):
-        so2.fd_son(0.0, 4, bound=1.0)
+        so2.fd_son(0.0, 4, bound=1.0, diagonal_rescaling=False)
     with pytest.raises(ValueError, match="bound"):
         so2.rfd_son(4, bound=1.0, alpha0=0.0)  # RFD0-SON: no ridge before the first shrink
     with pytest.raises(ValueError, match="alpha"):
-        so2.rp_son(0.0, 4)
+        so2.rp_son(0.0, 4, diagonal_rescaling=False)
     with pytest.raises(ValueError, match="rule"):
         so2.ada_fd(rule="adam", robust=False)
     with pytest.raises(ValueError, match="sketch_size"):
-        so2.oja_son(1.0, 0)
+        so2.oja_son(1.0, 0, diagonal_rescaling=False)
     with pytest.raises(ValueError, match="sketch_size <= dim"):
-        so2.oja_son(1.0, 8).init(5)
+        so2.oja_son(1.0, 8, diagonal_rescaling=False).init(5)
     with pytest.raises(ValueError, match="delta"):
         so2.ada_fd(0.1, 4, -1.0, robust=False)
 
@@ -427,12 +434,13 @@ def test_eager_calls_compile_once(name):
 
 @pytest.mark.parametrize("name", ["fd_son", "rp_son"])
 def test_son_defaults_are_scale_free(name):
-    """SON at its defaults (``alpha`` from the running mean ``|x|^2``): features scaled by 1000
-    give the same predictions (``A`` scales by ``c^2``, the step by ``1/c``), in float64, to the
-    round-off of the compactions, which happen at other steps. (Not Oja-SON: Oja's rule
-    ``V + Gamma_t V ghat ghat^T`` moves its directions by an amount that scales with ``ghat``.)"""
+    """SON without diagonal rescaling (``alpha`` from the running mean ``|x|^2``): features
+    scaled by 1000 give the same predictions (``A`` scales by ``c^2``, the step by ``1/c``), in
+    float64, to the round-off of the compactions, which happen at other steps. (Not Oja-SON:
+    Oja's rule ``V + Gamma_t V ghat ghat^T`` moves its directions by an amount that scales
+    with ``ghat``.)"""
     stream, _, _ = sparse_stream(n=80, seed=9)
-    learner = ln.make_learner(name, sketch_size=4)
+    learner = ln.make_learner(name, sketch_size=4, diagonal_rescaling=False)
     with jax.enable_x64(True):
         runs = [
             runner.run_stream(
@@ -460,7 +468,10 @@ def test_automatic_ridge_is_the_fixed_one_at_the_same_value():
     with jax.enable_x64(True):
         auto, fixed = (
             runner.run_stream(
-                so2.fd_son(a, 4), runner.chunked(stream, 60, DIM), DIM, dtype=jnp.float64
+                so2.fd_son(a, 4, diagonal_rescaling=False),
+                runner.chunked(stream, 60, DIM),
+                DIM,
+                dtype=jnp.float64,
             )  # fmt: skip
             for a in ("auto", 4.0 / 16)
         )

@@ -51,19 +51,24 @@ Decisions (no VW flag has the same meaning everywhere):
 * ``--predict FILE`` writes the raw score ``w . x`` of each test example, one per line (VW's
   ``-p`` without a link function).
 * The second-order learners (:mod:`sketchopt.stream.second_order`): ``--sketch-size`` is ``m``;
-  ``--alpha`` is SON's ridge (``alpha`` of ``oja_son``, ``fd_son``, ``rp_son``, default 1;
-  ``alpha0`` of ``rfd_son``, default 0: RFD0-SON); ``--learning-rate`` is SON's ``eta_t`` held
-  constant (default: each learner's schedule, ``1/sqrt(t)``, ``1/t`` for ``rfd_son``) and
-  ADA-FD's ``eta``; ``--bound`` is SON's ``C`` of the bounded-prediction projection (default:
-  none); ``--delta`` is ADA-FD's ``delta`` (default 1, the step outside the sketch is
-  ``eta / delta``), ``--rule`` and ``--robust`` pick its update and sketch;
-  ``--diagonal-rescaling`` is SON's sec. 5.2 for the SON learners; ``--seed`` draws
-  Oja-SON's initial directions and RP-SON's projections. ``--l1``/``--l2`` do not apply to them.
+  ``--diagonal-rescaling`` is SON's sec. 5.2 (VW's ``--normalize``), on by default for
+  ``oja_son`` and ``fd_son`` with VW's ``--OjaNewton`` constants
+  (:mod:`sketchopt.stream.second_order`, "Defaults"), off for ``rp_son`` and ``rfd_son``;
+  ``--no-diagonal-rescaling`` turns it off. ``--alpha`` is SON's ridge (``alpha`` of
+  ``oja_son``, ``fd_son``, ``rp_son``, default: 0.5 with the rescaling, else 1/16 of the running
+  mean of ``|x|^2``; ``alpha0`` of ``rfd_son``, default 0: RFD0-SON); ``--learning-rate`` is
+  SON's ``eta_t`` held constant (default: 1/8 with the rescaling, else each learner's schedule,
+  ``1/sqrt(t)``, ``1/t`` for ``rfd_son``) and ADA-FD's ``eta``; ``--bound`` is SON's ``C`` of
+  the bounded-prediction projection (default: none); ``--delta`` is ADA-FD's ``delta`` (default:
+  the root of the running mean of ``|x|^2``; the step outside the sketch is ``eta / delta``),
+  ``--rule`` and ``--robust`` pick its update and sketch; ``--seed`` draws Oja-SON's initial
+  directions and RP-SON's projections. ``--l1``/``--l2`` do not apply to them.
 """
 
 from __future__ import annotations
 
 import argparse
+import inspect
 import itertools
 import json
 import math
@@ -197,8 +202,9 @@ def _add_hyperparameters(parser: argparse.ArgumentParser) -> None:
         type=float,
         default=None,
         help="SON's ridge: alpha (oja_son, fd_son, rp_son; default auto: "
-        f"{second_order.ALPHA_SCALE:g} x the running mean of |x|^2, scale-free), alpha0 "
-        "(rfd_son; default 0)",
+        f"{second_order.NORMALIZED_ALPHA:g} in rescaled coordinates, else "
+        f"{second_order.ALPHA_SCALE:g} x the running mean of |x|^2), "
+        "alpha0 (rfd_son; default 0)",
     )
     parser.add_argument(
         "--delta",
@@ -219,8 +225,10 @@ def _add_hyperparameters(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--robust", action="store_true", help="ada_fd with the RFD sketch")
     parser.add_argument(
         "--diagonal-rescaling",
-        action="store_true",
-        help="SON's diagonal rescaling, sec. 5.2 (oja_son, fd_son, rfd_son, rp_son)",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="SON's diagonal rescaling, sec. 5.2, VW's --normalize (oja_son, fd_son: on by "
+        "default, with alpha and eta VW's --OjaNewton's; rp_son, rfd_son: off)",
     )
     parser.add_argument(
         "--seed", type=int, default=0, help="oja_son's and rp_son's random state (default 0)"
@@ -311,7 +319,7 @@ def _second_order_hyperparameters(args) -> dict[str, Any]:
         raise ValueError(f"--l1/--l2 do not apply to {name}")
     options: dict[str, Any] = {"sketch_size": args.sketch_size}
     son_only = {"--alpha": args.alpha is not None, "--bound": math.isfinite(args.bound),
-                "--diagonal-rescaling": args.diagonal_rescaling}  # fmt: skip
+                "--diagonal-rescaling": args.diagonal_rescaling is not None}  # fmt: skip
     ada_fd_only = {"--delta": args.delta is not None, "--robust": args.robust,
                    "--rule": args.rule != "mirror_descent"}  # fmt: skip
     other = son_only if name == "ada_fd" else ada_fd_only
@@ -327,7 +335,11 @@ def _second_order_hyperparameters(args) -> dict[str, Any]:
     if args.learning_rate is not None:
         options["eta"] = args.learning_rate
     options["bound"] = args.bound
-    options["diagonal_rescaling"] = args.diagonal_rescaling
+    rescaling = args.diagonal_rescaling
+    if rescaling is None:  # the learner's default, written down so that a resumed run keeps it
+        make = getattr(second_order, name)
+        rescaling = inspect.signature(make).parameters["diagonal_rescaling"].default
+    options["diagonal_rescaling"] = rescaling
     if name == "rfd_son":
         return options | {"alpha0": 0.0 if args.alpha is None else args.alpha}
     return options | {"alpha": "auto" if args.alpha is None else args.alpha}
