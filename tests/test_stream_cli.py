@@ -180,3 +180,24 @@ def test_real_test_file_with_unseen_features(capsys):
     assert code == 0
     report = capsys.readouterr().out
     assert "test: 1000 examples" in report
+
+
+def test_second_order_defaults_are_recorded_and_can_be_turned_off(files):
+    """``fd_son`` rescales by default (VW's --OjaNewton constants), ``rp_son`` does not; the JSON
+    records what ran, and ``--no-diagonal-rescaling`` gives the running-scale ridge back."""
+    out = files / "son.json"
+    runs = {
+        "fd_son": [],
+        "rp_son": [],
+        "fd_son_plain": ["--no-diagonal-rescaling"],
+    }
+    summaries = {}
+    for key, extra in runs.items():
+        name = key.removesuffix("_plain")
+        assert run_cli(files / "a.svm", "--learner", name, "--json", out, *extra) == 0
+        summaries[key] = json.loads(out.read_text())
+    assert summaries["fd_son"]["hyperparameters"]["diagonal_rescaling"] is True
+    assert summaries["rp_son"]["hyperparameters"]["diagonal_rescaling"] is False
+    assert summaries["fd_son_plain"]["hyperparameters"]["diagonal_rescaling"] is False
+    assert summaries["fd_son"]["progressive_loss"] != summaries["fd_son_plain"]["progressive_loss"]
+    assert run_cli(files / "a.svm", "--learner", "ada_fd", "--no-diagonal-rescaling") == 2

@@ -328,6 +328,8 @@ def test_options_are_validated():
         so2.oja_son(1.0, 8, diagonal_rescaling=False).init(5)
     with pytest.raises(ValueError, match="delta"):
         so2.ada_fd(0.1, 4, -1.0, robust=False)
+    with pytest.raises(ValueError, match="diagonal_init"):
+        so2.fd_son(diagonal_init=0.0)
 
 
 @pytest.mark.parametrize("name", ["oja_son", "fd_son"])
