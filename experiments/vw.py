@@ -1214,7 +1214,9 @@ def run(*, quick: bool, full: bool, seed: int, out: pathlib.Path) -> dict:
 
     if size == "quick":  # two learners on the dense control and the real files: its code path
         quick_streams = {"digits": streams["digits"]}
-        defaults = vw_defaults.run(quick_streams, pyvw, learners=("ada_diag", "oja_son"))
+        defaults = vw_defaults.run(
+            quick_streams, pyvw, learners=("ada_diag", "oja_son"), passes_stream="digits"
+        )
     else:
         defaults = vw_defaults.run(streams, pyvw)
     payload["defaults"] = defaults

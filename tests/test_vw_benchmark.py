@@ -182,6 +182,17 @@ def _second_order_scaling_and_targets_recorded(result):
     assert "Targets" in summary["table"]
 
 
+def _passes_follow_vws_holdout(result):
+    """The defaults section's multi-pass run (on digits at the quick size): VW and the command
+    line hold out the same number of examples per pass, every 10th."""
+    _, _, payload = result
+    (digits,) = [r for r in payload["defaults"] if r["stream"] == "digits"]
+    passes = digits["passes"]
+    assert passes["passes"] == 3 and passes["same_holdout"], passes
+    assert passes["held_out_per_pass"] == passes["vw_held_out_per_pass"] > 0
+    assert passes["test_error"] < 0.5
+
+
 def test_vw_benchmark(result):
     """Every check above on the one quick run: one test function, because pytest-xdist would run
     the module-scoped benchmark (70-80 s) again on each worker that gets one of several tests."""
@@ -192,3 +203,4 @@ def test_vw_benchmark(result):
     _digits_learned_and_ftrl_agrees_with_vw(result)
     _second_order_rows_on_every_stream(result)
     _second_order_scaling_and_targets_recorded(result)
+    _passes_follow_vws_holdout(result)
