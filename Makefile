@@ -28,7 +28,7 @@ $(DOCS_STAMP): $(STAMP) pyproject.toml
 	$(VENV)/bin/pip install --quiet -e '.[docs]'
 	touch $(DOCS_STAMP)
 
-.PHONY: venv run bench readme test test-benchmarks test-fast conformance docs lint ci smoke-lowest smoke-wheel
+.PHONY: venv run bench readme test test-benchmarks test-devices test-fast conformance docs lint ci smoke-lowest smoke-wheel
 venv: $(STAMP)
 
 # Main job: the papers' reproductions at the default size (at most 20 minutes on a 2-core
@@ -49,16 +49,23 @@ readme: $(STAMP)
 
 # The test suite (lint included, notebooks executed, the docstrings' examples run), as CI runs it
 # first; the benchmarks' quick runs are a tier of their own (test-benchmarks), as `make bench` is
-# outside `make run`'s budget.
+# outside `make run`'s budget, and so is the 8-device sharding run (test-devices).
 test: $(STAMP)
 	$(VENV)/bin/ruff check .
-	$(PYTEST) -m "not benchmark" --nbmake --doctest-modules --durations=15 tests notebooks sketchopt
+	$(PYTEST) -m "not benchmark and not devices" --nbmake --doctest-modules --durations=15 \
+		tests notebooks sketchopt
 
 # The library's own benchmarks (experiments/run.py BENCHMARKS: speed, vw, networks, defaults) at
 # their quick size: the form of their JSON and the claims that hold there. A CI tier after make
 # test (about 2.5 minutes of the suite's time on a 2-core machine).
 test-benchmarks: $(STAMP)
 	$(PYTEST) -m benchmark --durations=10 tests
+
+# The 8-device sharding run (tests/test_sharding.py, marked devices: every family and mode on 8
+# host CPU devices in a subprocess, then the orbax restore; about two minutes on a 2-core
+# machine, a minute of make test's wall time): a CI tier after make test.
+test-devices: $(STAMP)
+	$(PYTEST) -m devices --durations=5 tests
 
 # The development tier: everything but the tests marked slow (experiments, notebooks, the
 # 8-device sharding run, the long float32 drift runs), and the per-family tests for a sample of
@@ -86,7 +93,7 @@ docs: $(DOCS_STAMP)
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .
 
-ci: test test-benchmarks conformance docs smoke-lowest smoke-wheel
+ci: test test-benchmarks test-devices conformance docs smoke-lowest smoke-wheel
 
 # The lowest declared versions of every dependency ("lowest direct" resolution, pins written by
 # .ci/lowest_requirements.py) in a separate environment, and the smoke subset of the tests. These

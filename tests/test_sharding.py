@@ -297,6 +297,7 @@ def _sketch_sized(gather):
 
 @pytest.mark.first
 @pytest.mark.slow
+@pytest.mark.devices  # a tier of its own (make test-devices): about a minute of make test's time
 def test_sharded_matches_single_device(results, subtests, record_property):
     """Every family in both modes (one subtest each), then the orbax restore.
 
