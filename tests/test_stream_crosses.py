@@ -41,7 +41,7 @@ def expanded(chunk):
         distinct = jnp.unique_counts(live, size=x.indices.size).counts.max() == 1
         return tables, (dense, distinct)
 
-    entries = (chunk.indices, chunk.hashes, chunk.values, chunk.counts, chunk.spans)
+    entries = chunk.entries
     run = jax.jit(lambda t, e: jax.lax.scan(body, t, e)[1])
     dense, distinct = run(crosses.scratch(layout, jnp.float32), entries)
     return np.asarray(dense), np.asarray(distinct)

@@ -100,6 +100,12 @@ class CrossedExamples(NamedTuple):
     def size(self) -> int:
         return int(self.labels.shape[0])
 
+    @property
+    def entries(self) -> tuple:
+        """``(indices, hashes, values, counts, spans)``: what :func:`expand` reads of a row (a
+        scan over the chunk hands it one row of each)."""
+        return self.indices, self.hashes, self.values, self.counts, self.spans
+
 
 def cross_index(first, second, bits: int):
     """The index of the quadratic feature of two 32-bit hashes: VW's combination ``(first *

@@ -247,7 +247,7 @@ def _scan_chunk(learner: LinearLearner, width: int | CrossLayout | None = None):
             new, out = score(state, new, p, label, active, held_i)
             return (new, tables), out
 
-        entries = (chunk.indices, chunk.hashes, chunk.values, chunk.counts, chunk.spans)
+        entries = chunk.entries
         xs = (entries, chunk.labels, chunk.mask, held, weighted(chunk))
         tables = crosses.scratch(layout, chunk.values.dtype)
         (state, _), out = jax.lax.scan(body, (state, tables), xs)
@@ -474,7 +474,7 @@ def evaluate(
             total, tables = crosses.expand(entries, tables, layout)
             return tables, learner.predict(state, crosses.as_vector(total, tables, layout))
 
-        entries = (chunk.indices, chunk.hashes, chunk.values, chunk.counts, chunk.spans)
+        entries = chunk.entries
         _, p = jax.lax.scan(body, crosses.scratch(layout, chunk.values.dtype), entries)
         labels = class_label(learner.loss, chunk.labels.astype(p.dtype))
         return p, loss_value(learner.loss, p, labels), error(p, labels)
