@@ -187,4 +187,5 @@ def group_specs(value, spec, shape, mesh, stacked: int = 0) -> Any:
         roots = (root(roots[0], rows_axes), root(roots[1], cols_axes))
     diag = None if value.diag is None else default(value.diag)
     left, right = factor(value.left, rows_axes), factor(value.right, cols_axes)
-    return KronMetricState(left, right, diag, roots)
+    kept = None if value.kept is None else PartitionSpec()  # two counts (per layer): replicated
+    return KronMetricState(left, right, diag, roots, kept)

@@ -561,6 +561,7 @@ def kron_fd(
     stacked: str | tuple[str, ...] = (),
     factoring: Any = None,
     graft_rms: float = 0.35,
+    refresh_tolerance: float | None = None,
 ) -> optax.GradientTransformationExtraArgs:
     """Sketched Shampoo for network layers: ``-eta (L_t + delta I)^{-1/4} G_t (R_t + delta
     I)^{-1/4}`` per matrix-shaped leaf, ``L_t`` and ``R_t`` RFD (``robust``) or FD sketches of
@@ -590,9 +591,11 @@ def kron_fd(
       delta: the epsilon inside each root (``>= 0``).
       robust: RFD's ridge (default) or plain FD.
       exponents, decay, update_every, refresh_every, start_step, graft: see the next entry.
-      graft_decay, graft_eps, graft_rms, block_size, compress, relative_delta, stacked: options
-        of :func:`sketchopt.metrics.kron_sketched`, each off by default (``graft_rms = 0.35`` is
-        the size of the default graft's step).
+      graft_decay, graft_eps, graft_rms, block_size, compress, relative_delta, stacked,
+        refresh_tolerance: options of :func:`sketchopt.metrics.kron_sketched`, each off by
+        default (``graft_rms = 0.35`` is the size of the default graft's step;
+        ``refresh_tolerance`` skips a sketch's eigendecomposition while its basis still
+        diagonalizes the statistic to that relative error, counted in the state).
       factoring: as :func:`sketchopt.metrics.kron_sketched`. The three step counts
         ``update_every``, ``refresh_every`` and ``start_step`` fix the compiled program, so they
         must be static: their default ``None`` (``kron_sketched``'s 1, 1 and 0) is, and so under
@@ -642,6 +645,7 @@ def kron_fd(
         stacked=stacked,
         factoring=factoring,
         graft_rms=graft_rms,
+        refresh_tolerance=refresh_tolerance,
         **{name: value for name, value in counts.items() if value is not None},
     )
     return mirror_descent(learning_rate, metric)

@@ -70,6 +70,7 @@ sketch's scale may differ by any power of two.
 
 from __future__ import annotations
 
+import functools
 import math
 from typing import Any, NamedTuple
 
@@ -77,7 +78,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from sketchopt import _partitioning, _solvers
+from sketchopt import _groups, _partitioning, _solvers
 from sketchopt._numerics import (
     HIGHEST,
     eigh_desc,
@@ -92,6 +93,7 @@ __all__ = [
     "InverseRoot",
     "Stream",
     "absorb",
+    "absorb_lazily",
     "apply_left",
     "apply_right",
     "default_factoring",
@@ -378,23 +380,94 @@ def absorb(
 
     Returns the new state; the caller selects the old one where the input was invalid.
     """
+    return _absorbed(state, stream, block_size, robust, decay, None)[0]
+
+
+def absorb_lazily(
+    state: FactorState,
+    stream: Stream,
+    *,
+    tolerance: float | jax.Array,
+    block_size: int,
+    robust: bool,
+    decay: float | jax.Array | None = None,
+) -> tuple[FactorState, jax.Array]:
+    r""":func:`absorb`, but a block whose statistic the sketch's present basis still diagonalizes
+    to ``tolerance`` is taken in that basis, without an eigendecomposition (Shampoo's and SOAP's
+    rule of refreshing a preconditioner's eigenbasis only when it has drifted).
+
+    With ``Z = [B; X]`` (the sketch's ``k`` orthogonal rows ``B = diag(sigma) V`` and a block
+    ``X``) FD decomposes ``M = Z Z^T``; the statistic ``Z^T Z`` in the basis ``V`` has the
+    diagonal ``s_i = sigma_i^2 + |X v_i|^2`` (``v_i`` a row of ``V``). Keeping the basis means
+    ``B' = diag(sqrt(s)) V``, whose statistic differs from ``Z^T Z`` by exactly
+    ``|Z^T Z|_F^2 - sum_i s_i^2 = |M|_F^2 - |s|^2`` in squared Frobenius norm (the mass off the
+    diagonal and out of the basis's span), computed from ``M`` alone. A block is taken so when
+    that is at most ``tolerance**2 |M|_F^2`` (a zero row of ``B`` has no direction: its
+    ``s_i = 0`` and the block's mass there counts as error, so an empty sketch refreshes unless
+    the block is zero); otherwise FD's shrink runs as in :func:`absorb`.
+    A kept block shrinks nothing and leaves RFD's ridge as it was: its error is the relative
+    ``tolerance`` per block, in place of FD's shrinkage. ``tolerance = 0`` keeps only blocks
+    that the basis diagonalizes exactly (to rounding), which FD would also have left in it.
+
+    The ``eigh`` is skipped only where nothing needs it: under the driver's batched calls
+    (:mod:`sketchopt._solvers`) when no leaf of its batch refreshes, else (a ``lax.cond`` per
+    block) for a leaf stepped on its own; a group's leaves stepped by one ``vmap`` compute it and
+    select. Returns the new state and how many of the stream's blocks kept the basis (int32).
+    """
+    return _absorbed(state, stream, block_size, robust, decay, tolerance)
+
+
+def _absorbed(state, stream, block_size, robust, decay, tolerance):
     p = _prepared(state, stream, block_size, decay)
     k = p.rows.shape[0]
 
     def step(carry, block):
-        z = jnp.concatenate([carry[0], block])
-        return _shrunk(z, eigh_desc(_dot(z, z.T)), carry[1], robust, k), None
+        rows, alpha, kept = carry
+        z = jnp.concatenate([rows, block])
+        gram = _dot(z, z.T)
+        if tolerance is None:
+            return (*_shrunk(z, eigh_desc(gram), alpha, robust, k), kept), None
+        keep, kept_rows = _in_basis(gram, rows, tolerance)
+        refresh = functools.partial(_shrunk, z, alpha=alpha, robust=robust, k=k)
+        if _solvers.batchable():  # the batched call is skipped when no leaf refreshes
+            new_rows, new_alpha = refresh(eigh_desc(gram, when=~keep))
+        elif _groups.grouped():  # a cond inside the group's vmap would run both branches
+            new_rows, new_alpha = refresh(eigh_desc(gram))
+        else:
+            new_rows, new_alpha = jax.lax.cond(
+                keep, lambda: (kept_rows, alpha), lambda: refresh(eigh_desc(gram))
+            )
+        rows = jnp.where(keep, kept_rows, new_rows)
+        alpha = jnp.where(keep, alpha, new_alpha)
+        return (rows, alpha, kept + keep.astype(jnp.int32)), None
 
-    carry = (p.rows, p.alpha)
+    carry = (p.rows, p.alpha, jnp.zeros((), jnp.int32))
     if p.vectors.shape[0] <= EXACT_BLOCKS:
         for block in p.vectors:
             carry, _ = step(carry, block)
     else:
         carry, _ = jax.lax.scan(step, carry, p.vectors)
-    rows, alpha = carry
+    rows, alpha, kept = carry
     if robust:
         alpha = alpha + p.residual / 2
-    return FactorState(rows, alpha, p.exp)
+    return FactorState(rows, alpha, p.exp), kept
+
+
+def _in_basis(gram, rows, tolerance):
+    """Whether the sketch's basis still diagonalizes ``Z^T Z`` to ``tolerance``, and the rows
+    it keeps then (:func:`absorb_lazily`), from ``gram = Z Z^T`` with ``Z = [rows; X]``."""
+    k = rows.shape[0]
+    dtype = gram.dtype
+    sigma2 = jnp.diagonal(gram)[:k]
+    full = sigma2 > 0
+    safe = jnp.where(full, sigma2, 1)
+    # s_i = sigma_i^2 + |X v_i|^2 with X v_i = (X B^T)_i / sigma_i
+    s = sigma2 + jnp.sum(jnp.square(gram[k:, :k]), axis=0) / safe
+    total = jnp.sum(jnp.square(gram))
+    off = total - jnp.sum(jnp.square(s))  # |Z^T Z - V^T diag(s) V|_F^2, >= 0 up to rounding
+    tol2 = jnp.square(jnp.asarray(tolerance, dtype))
+    keep = off <= tol2 * total
+    return keep, rows * jnp.sqrt(jnp.where(full, s / safe, 0))[:, None]
 
 
 class _Prepared(NamedTuple):
@@ -470,12 +543,16 @@ class KronMetricState(NamedTuple):
         factored leaf needs none.
       roots: with ``refresh_every > 1``, the inverse roots of both sides as last computed
         (:class:`sketchopt.kron.InverseRoot` pair), reused in between; ``None`` otherwise.
+      kept: with ``refresh_tolerance``, int32 ``(2,)`` (``(layers, 2)`` for a stacked leaf):
+        how many blocks the left and the right sketch took in their old basis, without an
+        eigendecomposition (:func:`absorb_lazily`); ``None`` otherwise.
     """
 
     left: Any
     right: Any
     diag: Any
     roots: Any
+    kept: Any = None
 
 
 # Its public home is :mod:`sketchopt.metrics` (documented and pickled under that name, as before

@@ -716,6 +716,7 @@ def kron_sketched(
     stacked: str | tuple[str, ...] = (),
     factoring: Callable[[str, tuple[int, ...]], Any] | None = None,
     graft_rms: float = 0.35,
+    refresh_tolerance: float | None = None,
 ) -> Metric:
     r"""Shampoo's Kronecker-factored metric with each factor kept as an FD/RFD sketch.
 
@@ -775,6 +776,14 @@ def kron_sketched(
         ``prod(shape[:-1]) x shape[-1]``. Override it per leaf by a callable that reads the
         path, e.g. ``lambda path, shape: None if "embed" in path else default(path, shape)``.
       graft_rms: the root-mean-square of each layer's step with ``graft="rms"`` (``> 0``).
+      refresh_tolerance: ``None`` (every block refreshes the sketch's basis by FD's
+        eigendecomposition) or ``tol >= 0``: a block whose statistic the present basis still
+        diagonalizes to the relative Frobenius error ``tol`` is taken in that basis without
+        one (:func:`sketchopt.kron.absorb_lazily`; Shampoo's and SOAP's lazy refresh), counted
+        in the state's ``kept``. The inverse roots need no factorization either way (the
+        sketch's rows are orthogonal). ``1e-2`` to ``1e-1`` skips most refreshes once the
+        statistic has settled; the batched solver call is then skipped on the steps where no
+        leaf needs it (:func:`sketchopt.batched_solves`).
 
     Returns:
       A :class:`Metric` (``"kron_fd"`` or ``"kron_rfd"``) with a :class:`KronMetricState`;
@@ -817,6 +826,8 @@ def kron_sketched(
     if decay is not None:
         decay = _validation.fraction("decay", decay, low_open=True)
     relative_delta = _validation.flag("relative_delta", relative_delta)
+    if refresh_tolerance is not None:
+        refresh_tolerance = _validation.scalar("refresh_tolerance", refresh_tolerance)
     stacked = (stacked,) if isinstance(stacked, str) else tuple(stacked)
     given_factoring = factoring  # the spec keys on it (a fresh partial would never compare equal)
     if factoring is None:
@@ -827,6 +838,7 @@ def kron_sketched(
     kron = _KronSketched(
         k, delta, robust, (p, q), decay, update_every, refresh_every, start_step, graft,
         graft_decay, graft_eps, block, compress, relative_delta, factoring, graft_rms,
+        refresh_tolerance,
     )  # fmt: skip
     spec = _validation.spec_key(
         "kron_sketched",
@@ -847,6 +859,7 @@ def kron_sketched(
         stacked,
         given_factoring,
         graft_rms,
+        refresh_tolerance,
     )
     name = "kron_rfd" if robust else "kron_fd"
     return Metric(
@@ -865,7 +878,9 @@ class _KronSketched:
     def __init__(
         self, k, delta, robust, exponents, decay, update_every, refresh_every, start_step, graft,
         graft_decay, graft_eps, block, compress, relative_delta, factoring, graft_rms,
+        refresh_tolerance=None,
     ):  # fmt: skip
+        self.refresh_tolerance = refresh_tolerance
         self.k, self.delta, self.robust, self.exponents = k, delta, robust, exponents
         self.decay, self.update_every, self.refresh_every = decay, update_every, refresh_every
         self.start_step, self.graft, self.graft_decay = start_step, graft, graft_decay
@@ -893,13 +908,14 @@ class _KronSketched:
             left = _kron.factor_init(self.k, factored.rows, dtype)
             right = _kron.factor_init(self.k, factored.cols, dtype)
             roots = None if self.refresh_every == 1 else self.roots_of(left, right)
-            return left, right, roots
+            kept = None if self.refresh_tolerance is None else jnp.zeros((2,), jnp.int32)
+            return left, right, roots, kept
 
         if factored.layers:  # one sketch per layer of a stacked leaf
-            left, right, roots = jax.vmap(one)(jnp.arange(factored.layers))
+            left, right, roots, kept = jax.vmap(one)(jnp.arange(factored.layers))
         else:
-            left, right, roots = one(None)
-        return KronMetricState(left, right, diag if self.needs_diag else None, roots)
+            left, right, roots, kept = one(None)
+        return KronMetricState(left, right, diag if self.needs_diag else None, roots, kept)
 
     def root_of(self, side, power):
         return _kron.inverse_root(side, power, self.delta, relative=self.relative_delta)
@@ -961,28 +977,37 @@ class _KronSketched:
             mat, sketch_size=self.k, block_size=self.block, compress=self.compress, key=key
         )
         opts = dict(block_size=self.block, robust=self.robust, decay=self.decay)
-        return tuple(
-            _kron.absorb(side, stream, **opts) for side, stream in zip(sides, streams, strict=True)
-        )
+        pairs = zip(sides, streams, strict=True)
+        if self.refresh_tolerance is None:
+            return tuple(_kron.absorb(side, stream, **opts) for side, stream in pairs), None
+        tol = self.refresh_tolerance
+        out = [_kron.absorb_lazily(side, stream, tolerance=tol, **opts) for side, stream in pairs]
+        return tuple(side for side, _ in out), jnp.stack([n for _, n in out])
 
-    def step_one(self, left, right, roots, mat, valid, count):
-        """One matrix's sketches after ``mat`` and the inverse roots to step with."""
-        sides = (left, right)
+    def step_one(self, left, right, roots, kept, mat, valid, count):
+        """One matrix's sketches after ``mat``, the inverse roots to step with, and the count of
+        blocks taken in the old basis (``refresh_tolerance``)."""
+        sides = (left, right), kept
         absorbed = functools.partial(self.absorbed, mat, count)
+
+        def counted(carry):
+            new, n = absorbed(carry[0])
+            return new, None if kept is None else kept + n
+
         if self.update_every == 1:  # no cond: its factorizations join the batched calls
-            new = absorbed(sides)
+            new = counted(sides)
         else:
-            new = jax.lax.cond(count % self.update_every == 0, absorbed, lambda s: s, sides)
-        left, right = jax.tree.map(lambda a, b: jnp.where(valid, a, b), new, sides)
+            new = jax.lax.cond(count % self.update_every == 0, counted, lambda s: s, sides)
+        (left, right), kept = jax.tree.map(lambda a, b: jnp.where(valid, a, b), new, sides)
         if self.refresh_every == 1:
-            return left, right, None, self.roots_of(left, right)
+            return left, right, None, kept, self.roots_of(left, right)
         fresh = jax.lax.cond(
             count % self.refresh_every == 0,
             lambda: self.roots_of(left, right),
             lambda: roots,
         )
         roots = jax.tree.map(lambda a, b: jnp.where(valid, a, b), fresh, roots)
-        return left, right, roots, roots
+        return left, right, roots, kept, roots
 
     def update(self, state, g, valid=True, *, hyper):
         count = hyper
@@ -1001,9 +1026,11 @@ class _KronSketched:
         step = functools.partial(self.step_one, valid=valid, count=count)
         if stacked:
             step = jax.vmap(step)
-        left, right, roots, current = step(state.left, state.right, state.roots, mat)
+        left, right, roots, kept, current = step(
+            state.left, state.right, state.roots, state.kept, mat
+        )
         op = self.combine(KroneckerOperator(*current), diag, count)
-        return KronMetricState(left, right, diag, roots), op, None
+        return KronMetricState(left, right, diag, roots, kept), op, None
 
     @staticmethod
     def hyper(count):

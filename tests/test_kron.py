@@ -210,6 +210,100 @@ def test_a_small_sketch_obeys_the_fd_bounds(robust, block_size):
         np.testing.assert_allclose(gram - np.diag(np.diag(gram)), 0, atol=1e-9 * gram.max())
 
 
+def _lazy(state, vectors, tolerance, robust=True):
+    stream = kron.Stream(jnp.asarray(vectors), jnp.int32(0), 0.0)
+    return kron.absorb_lazily(
+        state, stream, tolerance=tolerance, block_size=vectors.shape[0], robust=robust
+    )
+
+
+def test_a_lazy_refresh_keeps_the_basis_only_within_its_tolerance():
+    """``absorb_lazily`` (float64, against the definitions): a block the sketch's basis
+    diagonalizes exactly is FD's own result (FD shrinks by a zero eigenvalue there); a block off
+    the basis refreshes exactly as ``absorb``; a kept block's statistic misses the true one by
+    ``|M|_F^2 - |s|^2`` (squared Frobenius), within ``tolerance``; an empty sketch refreshes."""
+    with jax.enable_x64(True):
+        k, dim = 3, 10
+        rng = np.random.default_rng(11)
+        basis = np.linalg.qr(rng.standard_normal((dim, k)))[0].T  # k orthonormal rows
+        state = kron.factor_init(k, dim, jnp.float64)
+        first = np.diag([3.0, 2.0, 1.0]) @ basis
+        state, kept = _lazy(state, first, 0.1)
+        assert int(kept) == 0  # empty: nothing to keep
+        exact = kron.absorb(
+            kron.factor_init(k, dim, jnp.float64), kron.Stream(jnp.asarray(first), jnp.int32(0),
+            0.0), block_size=3, robust=True,
+        )  # fmt: skip
+        np.testing.assert_allclose(state.rows, exact.rows, atol=1e-12)
+
+        def stat(s):
+            rows = np.asarray(s.rows) * 2.0 ** int(s.exp)
+            return rows.T @ rows
+
+        inside = np.diag([0.5, -1.0, 2.0]) @ basis  # in the span, diagonal in the basis
+        lazy, kept = _lazy(state, inside, 1e-6)  # (rounding: 1e-16 relative)
+        fd = kron.absorb(
+            state, kron.Stream(jnp.asarray(inside), jnp.int32(0), 0.0), block_size=3, robust=True
+        )
+        assert int(kept) == 1
+        np.testing.assert_allclose(stat(lazy), stat(fd), atol=1e-10)
+        assert float(lazy.alpha) == float(state.alpha)
+
+        drift = inside + 0.05 * rng.standard_normal((3, dim))  # off the basis a little
+        truth = stat(state) + drift.T @ drift
+        z = np.concatenate([np.asarray(state.rows) * 2.0 ** int(state.exp), drift])
+        m2 = np.sum((z @ z.T) ** 2)
+        kept_state, kept = _lazy(state, drift, 0.2)
+        assert int(kept) == 1
+        err2 = np.sum((truth - stat(kept_state)) ** 2)
+        s = np.sum(basis * (truth @ basis.T).T, axis=1)  # diag(V truth V^T)
+        np.testing.assert_allclose(err2, m2 - np.sum(s**2), rtol=1e-8)
+        assert 0 < err2 <= 0.2**2 * m2
+        strict_state, kept = _lazy(state, drift, np.sqrt(0.5 * err2 / m2))
+        assert int(kept) == 0
+        fd = kron.absorb(
+            state, kron.Stream(jnp.asarray(drift), jnp.int32(0), 0.0), block_size=3, robust=True
+        )
+        np.testing.assert_allclose(stat(strict_state), stat(fd), atol=1e-10)
+        assert float(strict_state.alpha) == float(fd.alpha)
+
+
+@pytest.mark.parametrize("batched", [False, True])
+def test_kron_fd_refreshes_lazily_and_counts_it(batched):
+    """``refresh_tolerance``: a gradient stream whose statistic settles keeps most blocks in the
+    old basis (counted per side in the state, per layer of a group too), steps close to the
+    eager refresh, the same on the batched path as per group; ``None`` stores no count."""
+    rng = np.random.default_rng(12)
+    left, right = (np.linalg.qr(rng.standard_normal((n, 3)))[0] for n in (24, 16))
+    params = {"a": jnp.zeros((24, 16)), "b": jnp.zeros((24, 16)), "c": jnp.zeros((16, 24))}
+    grads = []
+    for _ in range(12):
+        g = left @ np.diag([3.0, 2.0, 1.0]) @ rng.standard_normal((3, 3)) @ right.T
+        g = g + 1e-3 * rng.standard_normal(g.shape)
+        grads.append({"a": g, "b": 2 * g, "c": g.T})
+    grads = jax.tree.map(lambda *x: jnp.asarray(np.stack(x), jnp.float32), *grads)
+
+    def run(tx):
+        def step(state, g):
+            u, state = tx.update(g, state, params)
+            return state, u
+
+        return jax.jit(lambda: jax.lax.scan(step, tx.init(params), grads))()
+
+    with so.batched_solves(batched):
+        lazy_state, lazy = run(so.kron_fd(0.1, 6, delta=1.0, graft=None, refresh_tolerance=0.1))
+    eager_state, eager = run(so.kron_fd(0.1, 6, delta=1.0, graft=None))
+    counts = [np.asarray(g.kept) for g in lazy_state.metric_state.groups]
+    assert [c.shape for c in counts] == [(2, 2), (2,)]  # (a, b) stacked; c alone
+    # exact streams of 16 and 24 vectors: 3 and 4 blocks of 6 per step and side
+    for c, most in zip(counts, (12 * np.array([3, 4]), 12 * np.array([4, 3])), strict=True):
+        assert ((c > most / 2) & (c <= most)).all()
+    assert all(g.kept is None for g in eager_state.metric_state.groups)
+    for key in params:  # (measured: 11% apart at 0.1, 0.2% at 0.01, equal at 0.003)
+        a, b = np.asarray(lazy[key][-1]), np.asarray(eager[key][-1])
+        assert 0 < np.linalg.norm(a - b) <= 0.2 * np.linalg.norm(b)
+
+
 def test_vectors_fall_back_to_the_diagonal_and_long_sides_too():
     with jax.enable_x64(True):
         g = jnp.asarray([3.0, -4.0, 0.0])

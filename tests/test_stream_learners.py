@@ -320,6 +320,21 @@ def test_auto_layout_goes_flat_where_lengths_vary():
     assert all(isinstance(c, ex.SparseExamples) for c in chunks)
 
 
+def test_segment_width_reads_typical_examples_in_one_segment():
+    """The default width minimizes the modelled cost: lengths around 150 are read in one segment
+    of 256 (the nearest power of two, 128, cut half of them in two), short ones in the narrowest,
+    very long ones in the widest; padding rows (length 0) do not count in to_flat."""
+    lengths = np.random.default_rng(0).integers(100, 220, 500)
+    assert ex.segment_width(lengths) == 256
+    assert ex.segment_width([3, 5, 7]) == 8
+    assert ex.segment_width([12_000, 40_000]) == ex.MAX_SEGMENT
+    assert ex.segment_width([150] * 10, overhead=0) == 8  # no per-segment cost: no padding
+    dim = 300
+    stream = ex.from_dense(np.ones((3, 150)), np.ones(3), nnz=150)
+    padded = ex.pad_rows(stream, 8, dim)
+    assert ex.to_flat(padded, dim).width == 256
+
+
 def test_plain_pairs_and_zero_one_labels():
     """``x`` may be any ``(indices, values)`` pair; a classification label 0 is the class -1."""
     learner = ln.ada_diag(0.5, 0.1)
