@@ -141,7 +141,41 @@ def streams(out: pathlib.Path) -> str | None:
     table = common.markdown_table(
         ["stream", "VW default", "VW `--OjaNewton`", "best `sketchopt.stream`"], rows
     )
-    return "\n\n".join([_source(payload, "experiments/run.py vw"), head, table])
+    parts = [_source(payload, "experiments/run.py vw"), *_defaults_table(payload), head, table]
+    return "\n\n".join(parts)
+
+
+def _defaults_table(payload: dict) -> list[str]:
+    """The run's defaults section (``experiments/vw_defaults.py``): test error % with nothing
+    but ``--learner`` chosen, the best of each kind against its VW reference, and ``oja_son``'s
+    examples/s against VW ``--OjaNewton``'s (best of the section's runs)."""
+    results = payload.get("defaults")
+    if not results:
+        return []
+
+    def err(row):
+        return "" if row is None or "test_error" not in row else f"{100 * row['test_error']:.2f}"
+
+    rows = []
+    for r in results:
+        got, v = r["rows"], r["verdict"]
+        speed = v.get("oja_son_speed_ratio")
+        rows.append([
+            STREAM_NAMES.get(r["stream"], r["stream"]),
+            err(got.get("vw_default")),
+            err(got.get("vw_oja_newton")),
+            f"{v['best_first_order']} {err(got.get(v['best_first_order']))}",
+            f"{v['best_second_order']} {err(got.get(v['best_second_order']))}",
+            "" if speed is None else f"{speed:.2f}x",
+        ])  # fmt: skip
+    head = (
+        "Test error % with nothing but `--learner` chosen (both tools at their defaults, one "
+        "pass over the same shuffled files; the real files are `../shared/data/`'s), and "
+        "`oja_son`'s examples/s over VW `--OjaNewton`'s:"
+    )
+    header = ["stream", "VW default", "VW `--OjaNewton`", "best first-order",
+              "best second-order", "`oja_son` speed"]  # fmt: skip
+    return [head, common.markdown_table(header, rows)]
 
 
 def networks(out: pathlib.Path) -> str | None:

@@ -1215,8 +1215,9 @@ def run(*, quick: bool, full: bool, seed: int, out: pathlib.Path) -> dict:
     if size == "quick":  # two learners on the dense control and the real files: its code path
         quick_streams = {"digits": streams["digits"]}
         defaults = vw_defaults.run(
-            quick_streams, pyvw, learners=("ada_diag", "oja_son"), passes_stream="digits"
-        )
+            quick_streams, pyvw, learners=("ada_diag", "oja_son"), passes_stream="digits",
+            speed_repeats=1,
+        )  # fmt: skip
     else:
         defaults = vw_defaults.run(streams, pyvw)
     payload["defaults"] = defaults

@@ -34,7 +34,15 @@ def results(tmp_path):
         {"tool": "sketchopt", "learner": "nag", "progressive_error": 0.1, "test_error": 0.2,
          "examples_per_second": 2e4},
     ]  # fmt: skip
-    _write(tmp_path, "vw", {"size": "default", "vw": {"version": "1.0"}, "streams": {"x": stream}})
+    defaults = [{
+        "stream": "mnist",
+        "rows": {"vw_default": {"test_error": 0.159}, "vw_oja_newton": {"test_error": 0.151},
+                 "ada_diag": {"test_error": 0.151}, "fd_son": {"test_error": 0.15}},
+        "verdict": {"best_first_order": "ada_diag", "best_second_order": "fd_son",
+                    "oja_son_speed_ratio": 1.104},
+    }]  # fmt: skip
+    _write(tmp_path, "vw", {"size": "default", "vw": {"version": "1.0"}, "streams": {"x": stream},
+                            "defaults": defaults})  # fmt: skip
     claim = {"id": "regret/close_to_full", "source": "Ada-FD Fig. 1; x", "claim": "a | b",
              "paper": "p", "ours": "o", "reason": "r", "verdict": "holds"}  # fmt: skip
     _write(tmp_path, "regret", {"size": "default", "claims": [claim]})
@@ -54,6 +62,11 @@ def test_tables_come_from_the_json(results):
     assert "| 5.0 ms (5.0x) |  |  | 7.0 ms (7.0x) |  |" in tables["speed"]
     # the best of ours by test error, VW's default beside it
     assert "| x | 20.00 / 10.00 %, 50.0k/s |  | ftrl 30.00 / 5.00 %, 10.0k/s |" in tables["streams"]
+    # the defaults section first: the best of each kind at the defaults, oja_son's speed ratio
+    assert (
+        "| MNIST subset | 15.90 | 15.10 | ada_diag 15.10 | fd_son 15.00 | 1.10x |"
+        in (tables["streams"])
+    )
     assert (
         "| a \\| b (Ada-FD Fig. 1) | **holds** | `regret/close_to_full` |"
         in (tables["reproductions"])
