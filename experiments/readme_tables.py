@@ -40,6 +40,7 @@ STREAM_NAMES = {
     "mnist_cross": "MNIST pixel pairs",
     "text": "Zipf text",
     "digits": "digits",
+    "sofia_demo": "sofia-ml demo",
 }
 
 
