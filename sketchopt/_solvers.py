@@ -176,21 +176,63 @@ def batchable() -> bool:
 _MARK = "sketchopt_solver_"
 
 
+def _one_at_a_time(factorize: Callable) -> Callable:
+    """``factorize`` (one matrix's ``jnp.linalg`` factorization, returning a tuple) such that, on
+    the CPU, a batch of matrices -- leading axes, or a ``vmap`` over a group of leaves -- is
+    factorized one matrix after the other (``lax.map``) instead of by one batched LAPACK call.
+
+    jaxlib's batched LAPACK kernels split the batch over XLA:CPU's intra-op thread pool and
+    block a pool thread until the pieces are done. Two such calls that the program may run at
+    the same time (``kron_fd``'s two range finders, two groups' ``eigh``) then held both
+    threads of a 2-core machine, each waiting for work queued behind the other: one update of
+    the ``networks`` transformer hung in most runs (jaxlib 0.10.2; the pieces were waiting in
+    ``ParallelBatchMap``). One matrix at a time never waits on the pool. Other backends keep
+    the batched call (cuSOLVER's batched solvers are the point there)."""
+
+    def direct(a):
+        if a.ndim > 2:  # explicit leading axes
+            flat = a.reshape(-1, *a.shape[-2:])
+            out = jax.lax.map(call, flat)
+            return tuple(x.reshape(*a.shape[:-2], *x.shape[1:]) for x in out)
+        return tuple(factorize(a))
+
+    @jax.custom_batching.custom_vmap
+    def call(a):
+        return direct(a)
+
+    @call.def_vmap
+    def _(axis_size, in_batched, a):
+        del axis_size, in_batched  # a's batch axis is its leading one
+        out = jax.lax.map(call, a)
+        return out, tuple(True for _ in out)
+
+    def run(a):
+        return call(a) if jax.default_backend() == "cpu" else tuple(factorize(a))
+
+    return run
+
+
+_eigh = _one_at_a_time(jnp.linalg.eigh)
+_qr_reduced = _one_at_a_time(functools.partial(jnp.linalg.qr, mode="reduced"))
+_qr_complete = _one_at_a_time(functools.partial(jnp.linalg.qr, mode="complete"))
+_QR = {"reduced": _qr_reduced, "complete": _qr_complete}
+
+
 def sketchopt_solver_eigh(a):
-    return tuple(jnp.linalg.eigh(a))
+    return _eigh(a)
 
 
 def sketchopt_solver_eigh_when(a, when):
     del when  # read by the lockstep evaluation only
-    return tuple(jnp.linalg.eigh(a))
+    return _eigh(a)
 
 
 def sketchopt_solver_qr_reduced(a):
-    return tuple(jnp.linalg.qr(a, mode="reduced"))
+    return _qr_reduced(a)
 
 
 def sketchopt_solver_qr_complete(a):
-    return tuple(jnp.linalg.qr(a, mode="complete"))
+    return _qr_complete(a)
 
 
 _MARKED = {
@@ -212,7 +254,7 @@ def eigh(a: jax.Array, *, when: jax.Array | None = None) -> tuple[jax.Array, jax
     hands LAPACK a buffer of its own: with ``symmetrize_input=False`` an XLA:CPU program
     vmapped over 2048 keys hung in one run of two, ``tests/test_son.py``.)"""
     if not batching_active():
-        return tuple(jnp.linalg.eigh(a))
+        return _eigh(a)
     if when is None:
         return _MARKED["sketchopt_solver_eigh"](a)
     when = jnp.broadcast_to(jnp.asarray(when, bool), a.shape[:-2])
@@ -223,7 +265,7 @@ def qr(a: jax.Array, mode: str = "reduced") -> tuple[jax.Array, jax.Array]:
     """``jnp.linalg.qr(a, mode)`` (``"reduced"`` or ``"complete"``), batched with the update's
     other calls where the driver runs its groups in lockstep."""
     if not batching_active():
-        return tuple(jnp.linalg.qr(a, mode=mode))
+        return _QR[mode](a)
     return _MARKED[f"sketchopt_solver_qr_{mode}"](a)
 
 
@@ -399,7 +441,7 @@ def _padded_eigh(mats: Sequence[jax.Array]) -> list[tuple[jax.Array, jax.Array]]
             a = jnp.pad(a, ((0, 0), (0, width - n), (0, width - n)))
             a = a + (floor[:, None] * tail)[..., None] * jnp.eye(width, dtype=a.dtype)
         stacked.append(a)
-    w, v = jnp.linalg.eigh(jnp.concatenate(stacked))
+    w, v = _eigh(jnp.concatenate(stacked))
     out, start = [], 0
     for a in mats:
         b, n = a.shape[0], a.shape[-1]
@@ -416,7 +458,7 @@ def _batched_qr(mats: Sequence[jax.Array], mode: str) -> list[tuple[jax.Array, j
     (complete mode takes one shape only)."""
     rows = max(a.shape[-2] for a in mats)
     stacked = [jnp.pad(a, ((0, 0), (0, rows - a.shape[-2]), (0, 0))) for a in mats]
-    q, r = jnp.linalg.qr(jnp.concatenate(stacked), mode=mode)
+    q, r = _QR[mode](jnp.concatenate(stacked))
     out, start = [], 0
     for a in mats:
         b = a.shape[0]

@@ -237,3 +237,36 @@ def test_the_switch_selects_the_path_and_keys_the_compiled_units(monkeypatch):
         outs.append(u["w"])
     np.testing.assert_allclose(outs[0], outs[1], rtol=1e-4, atol=1e-6)
     np.testing.assert_array_equal(outs[0], outs[2])
+
+
+def test_on_the_cpu_a_batch_is_factorized_one_matrix_at_a_time():
+    """jaxlib's batched LAPACK kernels wait on XLA:CPU's thread pool for their pieces; two of
+    them running at once held both threads of a 2-core machine (``kron_fd``'s two range finders
+    under a group's ``vmap`` hung the ``networks`` transformer's update in most runs). On the
+    CPU every factorization, vmapped or with leading axes, direct or batched across groups,
+    is one LAPACK call per matrix: no solver custom call of the program has a batch axis, and
+    the results are the batched call's."""
+    a = jax.random.normal(jax.random.PRNGKey(0), (3, 2, 6, 5))
+    sym = jnp.einsum("...ij,...kj->...ik", a, a)
+    for batched in (False, True):
+        with _solvers.batching(batched):
+
+            def f(s, x):
+                w, v = jax.vmap(_solvers.eigh)(s)
+                q, r = _solvers.qr(x)
+                return w, v, q, r
+
+            compiled = jax.jit(f).lower(sym, a).compile().as_text()
+            calls = [line for line in compiled.splitlines() if "custom-call(" in line]
+            calls = [line for line in calls if SOLVER.search(line)]
+            assert calls
+            for line in calls:  # every operand and result of a solver call is one matrix
+                shapes = re.findall(r"f32\[([\d,]*)\]", line)
+                assert all(s.count(",") <= 1 for s in shapes), line
+            w, v, q, r = jax.jit(f)(sym, a)
+            ref_w, ref_v = jnp.linalg.eigh(sym)
+            np.testing.assert_allclose(w, ref_w, rtol=1e-5, atol=1e-4)
+            np.testing.assert_allclose(
+                v * w[..., None, :] @ jnp.swapaxes(v, -1, -2), sym, atol=1e-3
+            )
+            np.testing.assert_allclose(q @ r, a, atol=1e-5)
