@@ -591,11 +591,12 @@ def kron_fd(
       delta: the epsilon inside each root (``>= 0``).
       robust: RFD's ridge (default) or plain FD.
       exponents, decay, update_every, refresh_every, start_step, graft: see the next entry.
-      graft_decay, graft_eps, graft_rms, block_size, compress, relative_delta, stacked,
-        refresh_tolerance: options of :func:`sketchopt.metrics.kron_sketched`, each off by
-        default (``graft_rms = 0.35`` is the size of the default graft's step;
-        ``refresh_tolerance`` skips a sketch's eigendecomposition while its basis still
-        diagonalizes the statistic to that relative error, counted in the state).
+      graft_decay, graft_eps, graft_rms, block_size, compress, relative_delta, stacked: options
+        of :func:`sketchopt.metrics.kron_sketched`, each off by default (``graft_rms = 0.35`` is
+        the size of the default graft's step).
+      refresh_tolerance: ``None`` (default) or ``tol >= 0``: a sketch skips its
+        eigendecomposition while its basis still diagonalizes the statistic to the relative
+        error ``tol``, counted in the state (:func:`sketchopt.metrics.kron_sketched`).
       factoring: as :func:`sketchopt.metrics.kron_sketched`. The three step counts
         ``update_every``, ``refresh_every`` and ``start_step`` fix the compiled program, so they
         must be static: their default ``None`` (``kron_sketched``'s 1, 1 and 0) is, and so under
