@@ -992,7 +992,7 @@ class _KronSketched:
 
         def counted(carry):
             new, n = absorbed(carry[0])
-            return new, None if kept is None else kept + n
+            return new, None if carry[1] is None else carry[1] + n
 
         if self.update_every == 1:  # no cond: its factorizations join the batched calls
             new = counted(sides)
