@@ -429,16 +429,16 @@ def _absorbed(state, stream, block_size, robust, decay, tolerance):
             return (*_shrunk(z, eigh_desc(gram), alpha, robust, k), kept), None
         keep, kept_rows = _in_basis(gram, rows, tolerance)
         refresh = functools.partial(_shrunk, z, alpha=alpha, robust=robust, k=k)
-        if _solvers.batchable():  # the batched call is skipped when no leaf refreshes
-            new_rows, new_alpha = refresh(eigh_desc(gram, when=~keep))
-        elif _groups.grouped():  # a cond inside the group's vmap would run both branches
-            new_rows, new_alpha = refresh(eigh_desc(gram))
+        if _solvers.batchable() or _groups.grouped():
+            # batched: the call is skipped when no leaf refreshes; inside a group's vmap a cond
+            # would run both branches anyway
+            when = ~keep if _solvers.batchable() else None
+            new_rows, new_alpha = refresh(eigh_desc(gram, when=when))
+            rows, alpha = jnp.where(keep, kept_rows, new_rows), jnp.where(keep, alpha, new_alpha)
         else:
-            new_rows, new_alpha = jax.lax.cond(
+            rows, alpha = jax.lax.cond(
                 keep, lambda: (kept_rows, alpha), lambda: refresh(eigh_desc(gram))
             )
-        rows = jnp.where(keep, kept_rows, new_rows)
-        alpha = jnp.where(keep, alpha, new_alpha)
         return (rows, alpha, kept + keep.astype(jnp.int32)), None
 
     carry = (p.rows, p.alpha, jnp.zeros((), jnp.int32))
