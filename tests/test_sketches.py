@@ -980,6 +980,7 @@ def test_blocked_rotation_matches_the_plain_matmul(monkeypatch, fast):
 
     def run(block, min_dim):
         monkeypatch.setattr(sk, "_ROTATION_BLOCK", block)
+        monkeypatch.setattr(sk, "_GRAM_BLOCK", block)
         monkeypatch.setattr(sk, "_UNSCALED_MIN_DIM", min_dim)
         tx = so.ada_fd(0.5, tau, 0.1, fast=fast, robust=False)
         params = jnp.zeros((dim,), jnp.float64)
@@ -1003,6 +1004,20 @@ def test_blocked_rotation_matches_the_plain_matmul(monkeypatch, fast):
     for states in (s_blocked, s_plain):  # ... bit for bit, -0.0 included, by either program
         for field, old, new in zip(states[4]._fields, states[4], states[5], strict=True):
             assert old.dtype == new.dtype and old.tobytes() == new.tobytes(), field
+
+
+@pytest.mark.parametrize("exp", [0, 70, -70])
+def test_exact_gram_over_column_blocks(monkeypatch, exp):
+    """The Gram matrix's exact refresh, ``B B^T / 4**exp``, summed over column blocks on a CPU
+    (ragged tail included) equals the float64 product of the rows, at ordinary scales and where
+    an unscaled product would overflow or underflow float32."""
+    monkeypatch.setattr(sk, "_GRAM_BLOCK", 16)
+    monkeypatch.setattr(sk, "_UNSCALED_MIN_DIM", 0)
+    rng = np.random.default_rng(3)
+    rows = rng.standard_normal((5, 70)) * 2.0**exp
+    got = jax.jit(sk._exact_gram)(jnp.asarray(rows, jnp.float32), jnp.int32(exp))
+    want = (rows / 2.0**exp) @ (rows / 2.0**exp).T
+    np.testing.assert_allclose(np.asarray(got, np.float64), want, rtol=1e-5, atol=1e-5)
 
 
 # ----------------------------------------------------------------------------------------------
