@@ -656,22 +656,21 @@ def _fd_append(state, row, valid, lazy=False):
     return state, prod, stored
 
 
-def _free_rows(rows, h, k, valid, coef=None, base=None):
+def _free_rows(rows, h, k, valid, coef=None):
     """``Z' = Z - h z_k^T`` (row ``k`` becomes zero: ``h_k = 1``), written over ``Z``'s buffer.
 
-    With ``coef`` (an ``n``-vector, or a ``(j, n)`` stack, over the rows of ``Z'``) and ``base``
-    also returns ``base - coef @ Z'``. A skipped row (``valid`` false) leaves every bit, and
-    ``base`` unchanged.
+    With ``coef`` (an ``n``-vector, or a ``(j, n)`` stack, over the rows of ``Z'``) also returns
+    ``coef @ Z'``. A skipped row (``valid`` false) leaves every bit, and the product is zero.
 
     Two passes over ``Z``: one product reads row ``k`` (a one-hot row: exact, one non-zero term
-    per sum) and the residual (``Z'^T c = Z^T (c - (h . c) e_k)``) together, before the update;
-    then the update is one elementwise pass over the donated buffer. Read out by a slice, or the
-    residual taken from ``Z'`` while a later ``cond`` (the write-back) may rewrite ``Z'``, the
-    update would overwrite rows still to be read and XLA copies the whole buffer (on a CPU a fresh
-    ``n x d`` allocation, page faults included: at ``d = 1e6``, ``n = 10`` 13 ms against 3.5 ms).
-    Plain array operations, so the same program on every backend, under a group's ``vmap`` and
-    on a mesh (with ``Z`` split along ``d`` every product contracts the rows: nothing crosses
-    devices).
+    per sum) and the coefficients' product (``c^T Z' = (c - (h . c) e_k)^T Z``) together, before
+    the update; then the update is one elementwise pass over the donated buffer. Read out by a
+    slice, or the product taken from ``Z'`` while a later ``cond`` (the write-back) may rewrite
+    ``Z'``, the update would overwrite rows still to be read and XLA copies the whole buffer (on a
+    CPU a fresh ``n x d`` allocation, page faults included: at ``d = 1e6``, ``n = 10`` 13 ms
+    against 3.5 ms). Plain array operations, so the same program on every backend, under a
+    group's ``vmap`` and on a mesh (with ``Z`` split along ``d`` every product contracts the
+    rows: nothing crosses devices).
     """
     n = rows.shape[0]
     onehot = jax.nn.one_hot(k, n, dtype=rows.dtype)
@@ -684,7 +683,7 @@ def _free_rows(rows, h, k, valid, coef=None, base=None):
     rows = jnp.where(valid, rows - h[:, None] * prod[0], rows)
     if coef is None:
         return rows
-    return rows, base - jnp.where(valid, prod[1:].reshape(base.shape), 0)
+    return rows, jnp.where(valid, prod[1:].reshape(coef.shape[:-1] + rows.shape[1:]), 0)
 
 
 def _fd_shrink_lazy(
@@ -711,9 +710,13 @@ def _fd_shrink_lazy(
     product = jnp.where(valid, stored - h * stored[k], stored)  # Z' g = Z g - h (z_k . g)
     if lift is None:
         return new._replace(rows=_free_rows(state.rows, h, k, valid)), product
-    # new.rows are still Z: lift reads the small fields only.
-    coef, base = _conj_residual_terms(lift(new, product), row)
-    rows, residual = _free_rows(state.rows, h, k, valid, coef, base)
+    # new.rows are still Z: lift reads the small fields only. Complex: Z'^H a = conj(Z'^T conj(a))
+    # (see _conj_residual_terms); a pair (a, b) gives (row - Z'^T a, Z'^T b), formed elementwise
+    # from the product (a stacked (row, 0) would be one more pass).
+    rows, lifted = _free_rows(state.rows, h, k, valid, conj(lift(new, product)))
+    residual = (
+        conj(row) - lifted if lifted.ndim == 1 else jnp.stack([conj(row) - lifted[0], lifted[1]])
+    )
     return new._replace(rows=rows), product, conj(residual)
 
 
