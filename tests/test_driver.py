@@ -240,18 +240,21 @@ def _large_copies(compiled_text: str, at_least: int) -> list[str]:
     return [s for s in shapes if np.prod([int(n) for n in s.split(",") if n]) >= at_least]
 
 
+@pytest.mark.parametrize("leaves", [1, 3])
 @pytest.mark.parametrize("name", ["ada_fd", "ada_fd_dual_averaging", "fd_son"])
-def test_a_one_leaf_group_is_updated_in_place(name):
-    """A group of one leaf is stored as the leaf's value, unstacked, so that the compiled,
-    state-donating update writes its ``m x d`` sketch in place: 0.10 stored it as
-    ``(1, m, d)``, stepped it as ``(m, d)``, and XLA copied the whole sketch at every step (it
-    shares a buffer only with a result of the very same shape)."""
+def test_a_group_is_updated_in_place(name, leaves):
+    """The compiled, state-donating update writes a group's sketch in place, a lone leaf's and a
+    stacked group's alike (rows long enough for the lazy basis). 0.10 stored a lone leaf as
+    ``(1, m, d)`` and stepped it as ``(m, d)``, and XLA copied the whole sketch at every step (it
+    shares a buffer only with a result of the very same shape); until this release the lazy basis's
+    rank-one update read a row of the buffer it overwrote, and a stacked group's sketch was
+    copied whole."""
     d = 2**16
     tx = FAMILIES[name]()
-    params = {"w": jax.ShapeDtypeStruct((d,), jnp.float32)}
+    params = {f"w{i}": jax.ShapeDtypeStruct((d,), jnp.float32) for i in range(leaves)}
     state = jax.eval_shape(tx.init, params)
     rows = max(x.size for x in jax.tree.leaves(state))
-    assert rows >= 2 * d  # the sketch is the largest array of the state
+    assert rows >= 2 * d * leaves  # the sketch is the largest array of the state
     step = jax.jit(tx.update, donate_argnums=1)
     assert _large_copies(step.lower(params, state, params).compile().as_text(), rows) == []
 
