@@ -332,6 +332,14 @@ def _gram_low_rank(rows, gram, scale_exp, alpha, drop_last, transform=None):
     )
 
 
+def _blocked_passes() -> bool:
+    """Whether long passes over the rows run as loops of column blocks: on the CPU code path of
+    a single device. Accelerators (and :func:`sketchopt.accelerator_path` on the CPU, which
+    tests their program) run whole-buffer products, and on a mesh a loop of slices along ``d``
+    would gather it."""
+    return not _solvers.accelerator_path_active() and jax.device_count() == 1
+
+
 # Column-block width of the in-place rotation (a tau x block tile stays in cache).
 _ROTATION_BLOCK = 8192
 
@@ -359,9 +367,7 @@ def _rotate_rows(rot, rows, valid=True, coef=None, base=None):
     block = _ROTATION_BLOCK
     # Inside the vmap over a group of leaves the per-leaf trip count and tail cond below would
     # become selects over whole buffers: the group takes the plain (batched) matmul instead.
-    single_cpu = (
-        jax.default_backend() == "cpu" and jax.device_count() == 1 and not _groups.grouped()
-    )
+    single_cpu = _blocked_passes() and not _groups.grouped()
 
     def apply(tile):  # the rows below rot's (all zero) are written as zeros, not multiplied
         out = jnp.matmul(rot, tile, precision=HIGHEST)
@@ -421,8 +427,8 @@ def _exact_gram(rows, scale_exp):
     """``B B^T / 4**scale_exp``, overflow-free: the rows are scaled before the product where
     ``|scale_exp|`` is large (as in :func:`_scaled_dot`).
 
-    On a single CPU device, for long rows, the product is summed over column blocks, each scaled
-    in cache: XLA:CPU's one ``n x n`` by ``d`` product ran at a fifth of that speed (``n = 10``,
+    On the CPU code path of a single device, for long rows, the product is summed over column
+    blocks, each scaled in cache: XLA:CPU's one ``n x n`` by ``d`` product ran at a fifth of that speed (``n = 10``,
     ``d = 1e6``: 33 ms against 6.5 ms on the project's CPU), and a whole scaled copy, even in a
     rarely taken branch, sizes every call's scratch memory (above the allocator's reuse limit,
     32 MB, a fresh mapping whose touched pages fault in again at every call). Elsewhere (one
@@ -436,7 +442,7 @@ def _exact_gram(rows, scale_exp):
     d = rows.shape[-1]
     if d < _UNSCALED_MIN_DIM:
         return gram(ldexp(rows, -scale_exp))
-    if jax.default_backend() == "cpu" and jax.device_count() == 1:
+    if _blocked_passes():
         block = min(_GRAM_BLOCK, d)
         tiles = d // block
 

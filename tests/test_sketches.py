@@ -1006,16 +1006,25 @@ def test_blocked_rotation_matches_the_plain_matmul(monkeypatch, fast):
             assert old.dtype == new.dtype and old.tobytes() == new.tobytes(), field
 
 
+@pytest.mark.parametrize("accelerator", [False, True])
 @pytest.mark.parametrize("exp", [0, 70, -70])
-def test_exact_gram_over_column_blocks(monkeypatch, exp):
-    """The Gram matrix's exact refresh, ``B B^T / 4**exp``, summed over column blocks on a CPU
-    (ragged tail included) equals the float64 product of the rows, at ordinary scales and where
-    an unscaled product would overflow or underflow float32."""
+def test_exact_gram_over_column_blocks(monkeypatch, exp, accelerator):
+    """The Gram matrix's exact refresh, ``B B^T / 4**exp``, summed over column blocks on the CPU
+    path (ragged tail included) or taken in one product on the accelerator path, equals the
+    float64 product of the rows, at ordinary scales and where an unscaled product would
+    overflow or underflow float32."""
+    import sketchopt as so
+
     monkeypatch.setattr(sk, "_GRAM_BLOCK", 16)
     monkeypatch.setattr(sk, "_UNSCALED_MIN_DIM", 0)
     rng = np.random.default_rng(3)
     rows = rng.standard_normal((5, 70)) * 2.0**exp
-    got = jax.jit(sk._exact_gram)(jnp.asarray(rows, jnp.float32), jnp.int32(exp))
+    with so.accelerator_path(accelerator):
+        # a new function: JAX's trace cache does not key on the path
+        fn = jax.jit(lambda r, e: sk._exact_gram(r, e))
+        gram = fn.lower(jnp.zeros((5, 70)), jnp.int32(0)).compile()
+    assert ("while" in gram.as_text()) != accelerator  # the blocked loop on the CPU path only
+    got = gram(jnp.asarray(rows, jnp.float32), jnp.int32(exp))
     want = (rows / 2.0**exp) @ (rows / 2.0**exp).T
     np.testing.assert_allclose(np.asarray(got, np.float64), want, rtol=1e-5, atol=1e-5)
 
