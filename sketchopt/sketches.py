@@ -428,10 +428,11 @@ def _exact_gram(rows, scale_exp):
     ``|scale_exp|`` is large (as in :func:`_scaled_dot`).
 
     On the CPU code path of a single device, for long rows, the product is summed over column
-    blocks, each scaled in cache: XLA:CPU's one ``n x n`` by ``d`` product ran at a fifth of that speed (``n = 10``,
-    ``d = 1e6``: 33 ms against 6.5 ms on the project's CPU), and a whole scaled copy, even in a
-    rarely taken branch, sizes every call's scratch memory (above the allocator's reuse limit,
-    32 MB, a fresh mapping whose touched pages fault in again at every call). Elsewhere (one
+    blocks, each scaled in cache: XLA:CPU's one ``n x n`` by ``d`` product ran at a fifth of
+    that speed (``n = 10``, ``d = 1e6``: 33 ms against 6.5 ms on the project's CPU), and a
+    whole scaled copy, even in a rarely taken branch, sizes every call's scratch memory (above
+    the allocator's reuse limit, 32 MB, a fresh mapping whose touched pages fault in again at
+    every call). Elsewhere (one
     product, which accelerators run at full speed; a mesh, whose ``d`` a loop of slices would
     gather) the product at ordinary scales is scaled afterwards.
     """

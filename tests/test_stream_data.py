@@ -396,6 +396,34 @@ def test_read_vw_file_and_errors(tmp_path):
         read_vw(["1 |a x\n"], bits=10, quadratic=["abc"])
 
 
+def test_vw_feature_words_read_in_bulk_as_word_by_word():
+    """A namespace whose words are all ``name:value`` has its values converted in one NumPy
+    call; any other word sends the namespace through the word-by-word reading. Both give the
+    same pairs, with Python's ``float`` semantics (underscores, signs, ``-0``); and the errors
+    name the word either way."""
+    words = ["a:1.5", "b:-2e-3", "c:1_0", "d:+3", "e:-0", "f:g:0.25"]
+    bulk = list(data._vw_features_of("n", words, 2.0))
+    one_by_one = list(data._vw_features_of("n", [*words, "z"], 2.0))
+    assert bulk == one_by_one[:-1] and one_by_one[-1] == ("n^z", 2.0)
+    assert bulk[2] == ("n^c", 20.0) and bulk[5] == ("n^f:g", 0.5)
+    assert str(bulk[4][1]) == "-0.0"
+    for word, match in (("x:inf", "not finite"), ("x:", "not a number"), (":1", "without a name")):
+        with pytest.raises(ValueError, match=match):
+            data._vw_features_of("n", ["a:1", word], 1.0)
+
+
+def test_name_hashes_remembered_and_forgotten(monkeypatch):
+    """The remembered hashes are MurmurHash3's, also after the memory is full and cleared."""
+    from sklearn.utils import murmurhash3_32
+
+    monkeypatch.setattr(data, "_HASHES", {})
+    monkeypatch.setattr(data, "_HASHES_MAX", 5)
+    for names in (["a^x", "a^y", "a^x"], ["b^1", "b^2", "b^3", "b^4"], ["a^x", "é^ü"]):
+        want = [murmurhash3_32(n, seed=0, positive=True) for n in names]
+        np.testing.assert_array_equal(data._name_hashes(names), np.asarray(want, np.uint32))
+        assert len(data._HASHES) <= 5
+
+
 # --------------------------------------------------------------------------------------------
 # Crosses.
 

@@ -534,13 +534,34 @@ def _vw_example(line: str) -> _VwExample:
             namespace, _, text = namespace.rpartition(":")
             scale = _vw_float(text, f"the scale of namespace {namespace!r}")
         group = groups.setdefault(namespace[:1] or " ", [])
-        for feature in features:
-            name, colon, text = feature.rpartition(":") if ":" in feature else (feature, "", "")
-            if not name:
-                raise ValueError(f"a feature without a name: {feature!r}")
-            value = _vw_float(text, f"the value of feature {name!r}") if colon else 1.0
-            group.append((f"{namespace}^{name}", scale * value))
+        group.extend(_vw_features_of(namespace, features, scale))
     return _VwExample(label, weight, tag, groups)
+
+
+def _vw_features_of(namespace: str, features: list[str], scale: float):
+    """The ``(namespace^name, scale * value)`` pairs of one namespace's feature words.
+
+    The common form (every word ``name:value``) converts the values in one NumPy call, which
+    reads the same numbers as Python's ``float``; anything else (a word without a value or a
+    name, a value that is not a finite number) takes the word-by-word loop, which says which
+    word is wrong."""
+    parts = [feature.rpartition(":") for feature in features]
+    if all(part[0] and part[1] for part in parts):
+        try:
+            values = np.asarray([part[2] for part in parts], np.float64)
+        except ValueError:
+            values = None
+        if values is not None and np.isfinite(values).all():
+            prefix = namespace + "^"
+            return zip([prefix + part[0] for part in parts], (scale * values).tolist(), strict=True)
+    out = []
+    for feature in features:
+        name, colon, text = feature.rpartition(":") if ":" in feature else (feature, "", "")
+        if not name:
+            raise ValueError(f"a feature without a name: {feature!r}")
+        value = _vw_float(text, f"the value of feature {name!r}") if colon else 1.0
+        out.append((f"{namespace}^{name}", scale * value))
+    return out
 
 
 def _vw_pairs(quadratic) -> list[tuple[str, str]]:
@@ -564,19 +585,35 @@ def _vw_entries(example: _VwExample, pairs, d: int):
     names, values, where = [], [], {}
     for letter, group in example.groups.items():
         where[letter] = (len(names), len(group))
-        names.extend(name for name, _ in group)
-        values.extend(value for _, value in group)
+        if group:
+            group_names, group_values = zip(*group, strict=True)
+            names.extend(group_names)
+            values.extend(group_values)
     hashes = _name_hashes(names)
     spans = [(*where.get(a, (0, 0)), *where.get(b, (0, 0))) for a, b in pairs]
     return _hasher_index(hashes, d), hashes, np.asarray(values, np.float64), spans
 
 
+# Names hashed so far (a stream's names recur: MNIST's 784 pixels in every example), bounded.
+_HASHES: dict[str, int] = {}
+_HASHES_MAX = 2**20
+
+
 def _name_hashes(names) -> np.ndarray:
     """MurmurHash3 (seed 0) of each name's UTF-8 bytes, as uint32: the hashes that
-    ``FeatureHasher`` reduces to indices and that the crosses combine."""
+    ``FeatureHasher`` reduces to indices and that the crosses combine. Remembered per name (up
+    to ``_HASHES_MAX`` names, then forgotten at once): a dictionary lookup costs a tenth of a
+    call to the hash."""
     from sklearn.utils import murmurhash3_32
 
-    return np.asarray([murmurhash3_32(n, seed=0, positive=True) for n in names], np.uint32)
+    known = _HASHES
+    new = [n for n in names if n not in known]
+    if new:
+        if len(known) + len(new) > _HASHES_MAX:
+            known.clear()
+        for name in new:
+            known[name] = murmurhash3_32(name, seed=0, positive=True)
+    return np.asarray([known[n] for n in names], np.uint32)
 
 
 def _hasher_index(hashes: np.ndarray, d: int) -> np.ndarray:
@@ -667,9 +704,11 @@ def _vw_batch(parsed, pairs, bits, *, loss, nnz, dtype, constant, weighted) -> S
 
 def _vw_features(example: _VwExample) -> dict[str, float]:
     """The example's features by name (repeats summed)."""
-    features: dict[str, float] = {}
-    for group in example.groups.values():
-        for name, value in group:
+    pairs = [pair for group in example.groups.values() for pair in group]
+    features = dict(pairs)
+    if len(features) < len(pairs):  # a name repeats: its values are summed
+        features = {}
+        for name, value in pairs:
             features[name] = features.get(name, 0.0) + value
     return features
 
