@@ -1075,7 +1075,7 @@ def _unit_phase(r):
     return jnp.where(r < 0, -1, 1).astype(r.dtype)
 
 
-def _oja_orthonormalize(v, keep, c, u):
+def _oja_orthonormalize(v, keep, c, u, valid=True, p=None):
     """Gram-Schmidt of the rows of ``a = diag(keep) V + c u^T`` without a QR of size ``d``.
 
     ``V`` (``m x d``) has orthonormal or zero rows and ``|u| = 1``. With ``u = V^T p + rho w``
@@ -1089,10 +1089,17 @@ def _oja_orthonormalize(v, keep, c, u):
     Complex rows (``V V^H = I``): ``p = conj(V) u`` are the coefficients of ``u``'s projection
     ``V^T p`` on the rows, the QR is complex and ``R``'s diagonal is made positive by phases;
     the returned product is then ``V_new conj(u)`` (:func:`_oja_absorb` passes ``u = conj(g)``).
+
+    ``p``: ``conj(V) u`` when the caller has it (a pass over ``V`` saved).
+
+    The rotation runs over ``V``'s own buffer (:func:`_rotate_rows`: in place over column blocks
+    on a CPU) and the rank-one term is an elementwise pass over the result, so a donated ``V``
+    is never copied; with ``valid`` false ``V`` comes back bit-identical.
     """
     m = v.shape[0]
     cv = conj(v)
-    p = contract_d(cv, u)
+    if p is None:
+        p = contract_d(cv, u)
     w = u - jnp.matmul(p, v, precision=HIGHEST)
     p2 = contract_d(cv, w)
     w = w - jnp.matmul(p2, v, precision=HIGHEST)
@@ -1104,7 +1111,8 @@ def _oja_orthonormalize(v, keep, c, u):
     mt = jnp.concatenate([(jnp.diag(keep) + jnp.outer(c, p)).T, (c * rho)[None, :]])
     q, r = _solvers.qr(mt)  # (m + 1, m), (m, m): batched across the groups
     q = q * _unit_phase(jnp.diagonal(r))
-    new = jnp.matmul(q[:m].T, v, precision=HIGHEST) + jnp.outer(q[m], w)
+    rotated = _rotate_rows(q[:m].T, v, valid)
+    new = jnp.where(valid, rotated + jnp.outer(q[m], w), rotated)
     # V_new conj(u) = Q^T W conj(u): W conj(u) = conj(W u) = conj([p; rho]) (rho real)
     return new, q[:m].T @ conj(p) + q[m] * rho
 
@@ -1144,9 +1152,15 @@ def _oja_absorb(state, row, valid, gamma):
     unit_row = scaled_row / jnp.where(gnorm > 0, gnorm, 1)
     # complex: V + Gamma (V g) g^H, the rank-one term's row direction conj(g) and the phase of
     # V g (jnp.sign of a complex number is its phase)
-    directions, v_unit = _oja_orthonormalize(v, keep, jnp.sign(proj) * take, conj(unit_row))
-    new = state._replace(directions=directions, eigenvalues=lam, scale_exp=exp, count=t)
+    # conj(V) conj(unit_row) = conj(V g) / |g|: the projection taken above, not another pass
+    p = conj(proj) / jnp.where(gnorm > 0, gnorm, 1)
+    directions, v_unit = _oja_orthonormalize(
+        v, keep, jnp.sign(proj) * take, conj(unit_row), valid, p
+    )
+    new = state._replace(eigenvalues=lam, scale_exp=exp, count=t)
     new = jax.tree.map(lambda a, b: jnp.where(valid, a, b), new, state)
+    # the directions select themselves (a select against the old V would keep it alive: a copy)
+    new = new._replace(directions=directions)
     prod = ldexp(gnorm * v_unit, -exp)  # V_t g / 4**exp, without another pass
     return Absorbed(new, jnp.where(valid, prod, 0))
 
