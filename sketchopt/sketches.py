@@ -432,9 +432,8 @@ def _exact_gram(rows, scale_exp):
     that speed (``n = 10``, ``d = 1e6``: 33 ms against 6.5 ms on the project's CPU), and a
     whole scaled copy, even in a rarely taken branch, sizes every call's scratch memory (above
     the allocator's reuse limit, 32 MB, a fresh mapping whose touched pages fault in again at
-    every call). Elsewhere (one
-    product, which accelerators run at full speed; a mesh, whose ``d`` a loop of slices would
-    gather) the product at ordinary scales is scaled afterwards.
+    every call). Elsewhere (one product, which accelerators run at full speed; a mesh, whose
+    ``d`` a loop of slices would gather) the product at ordinary scales is scaled afterwards.
     """
 
     def gram(r):
