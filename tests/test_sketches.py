@@ -1008,25 +1008,25 @@ def test_blocked_rotation_matches_the_plain_matmul(monkeypatch, fast):
 
 @pytest.mark.parametrize("accelerator", [False, True])
 @pytest.mark.parametrize("exp", [0, 70, -70])
-def test_exact_gram_over_column_blocks(monkeypatch, exp, accelerator):
-    """The Gram matrix's exact refresh, ``B B^T / 4**exp``, summed over column blocks on the CPU
-    path (ragged tail included) or taken in one product on the accelerator path, equals the
-    float64 product of the rows, at ordinary scales and where an unscaled product would
+def test_exact_gram_refresh_on_both_paths(monkeypatch, exp, accelerator):
+    """The Gram matrix's exact refresh (every 32 shrinks), summed over column blocks on the CPU
+    path (ragged tail included) or taken in one product on the accelerator path, matches the
+    float64 Gram matrix of the rows, at ordinary scales and where an unscaled product would
     overflow or underflow float32."""
     import sketchopt as so
 
-    monkeypatch.setattr(sk, "_GRAM_BLOCK", 16)
+    monkeypatch.setattr(sk, "_GRAM_BLOCK", 16)  # 4 blocks and a tail of 6 at dim 70
     monkeypatch.setattr(sk, "_UNSCALED_MIN_DIM", 0)
+    tau, dim = 4, 70
     rng = np.random.default_rng(3)
-    rows = rng.standard_normal((5, 70)) * 2.0**exp
-    with so.accelerator_path(accelerator):
-        # a new function: JAX's trace cache does not key on the path
-        fn = jax.jit(lambda r, e: sk._exact_gram(r, e))
-        gram = fn.lower(jnp.zeros((5, 70)), jnp.int32(0)).compile()
-    assert ("while" in gram.as_text()) != accelerator  # the blocked loop on the CPU path only
-    got = gram(jnp.asarray(rows, jnp.float32), jnp.int32(exp))
-    want = (rows / 2.0**exp) @ (rows / 2.0**exp).T
-    np.testing.assert_allclose(np.asarray(got, np.float64), want, rtol=1e-5, atol=1e-5)
+    rows = rng.standard_normal((tau + 31, dim)) * np.geomspace(1, 0.1, dim) * 2.0**exp
+    sketch = sk.frequent_directions(tau, lazy=False)
+    with so.accelerator_path(accelerator):  # a new function: JAX's cache does not key on it
+        state = jax.jit(lambda s, r: sketch.update_many(s, r))(
+            sketch.init(dim), jnp.asarray(rows, jnp.float32)
+        )
+    b = np.asarray(state.rows, np.float64) / 2.0 ** int(state.scale_exp)
+    np.testing.assert_allclose(np.asarray(state.gram, np.float64), b @ b.T, rtol=1e-5, atol=1e-5)
 
 
 # ----------------------------------------------------------------------------------------------

@@ -398,30 +398,38 @@ def test_read_vw_file_and_errors(tmp_path):
 
 def test_vw_feature_words_read_in_bulk_as_word_by_word():
     """A namespace whose words are all ``name:value`` has its values converted in one NumPy
-    call; any other word sends the namespace through the word-by-word reading. Both give the
-    same pairs, with Python's ``float`` semantics (underscores, signs, ``-0``); and the errors
-    name the word either way."""
-    words = ["a:1.5", "b:-2e-3", "c:1_0", "d:+3", "e:-0", "f:g:0.25"]
-    bulk = list(data._vw_features_of("n", words, 2.0))
-    one_by_one = list(data._vw_features_of("n", [*words, "z"], 2.0))
-    assert bulk == one_by_one[:-1] and one_by_one[-1] == ("n^z", 2.0)
-    assert bulk[2] == ("n^c", 20.0) and bulk[5] == ("n^f:g", 0.5)
-    assert str(bulk[4][1]) == "-0.0"
+    call; any other word sends the namespace through the word-by-word reading. Both read the
+    same vectors, with Python's ``float`` semantics (underscores, signs, ``-0``, a name holding a
+    colon); and the errors name the word either way."""
+    bulk = "1 |n a:1.5 b:-2e-3 c:1_0 d:+3 e:-0 f:g:0.25\n"
+    word_by_word = bulk.replace("\n", " z\n")  # one word without a value
+    want = {"n^a": 1.5, "n^b": -2e-3, "n^c": 10.0, "n^d": 3.0, "n^e": -0.0, "n^f:g": 0.25}
+    dense = []
+    for line, features in ((bulk, want), (word_by_word, {**want, "n^z": 1.0})):
+        batch, d = read_vw([line], bits=16)
+        dense.append(to_dense(batch, d))
+        np.testing.assert_allclose(dense[-1], vw_expected([features], 16), rtol=1e-7)
+    np.testing.assert_array_equal(dense[1] - dense[0], vw_expected([{"n^z": 1.0}], 16))
     for word, match in (("x:inf", "not finite"), ("x:", "not a number"), (":1", "without a name")):
         with pytest.raises(ValueError, match=match):
-            data._vw_features_of("n", ["a:1", word], 1.0)
+            read_vw([f"1 |n a:1 {word}\n"], bits=16)
 
 
 def test_name_hashes_remembered_and_forgotten(monkeypatch):
-    """The remembered hashes are MurmurHash3's, also after the memory is full and cleared."""
-    from sklearn.utils import murmurhash3_32
-
-    monkeypatch.setattr(data, "_HASHES", {})
-    monkeypatch.setattr(data, "_HASHES_MAX", 5)
-    for names in (["a^x", "a^y", "a^x"], ["b^1", "b^2", "b^3", "b^4"], ["a^x", "é^ü"]):
-        want = [murmurhash3_32(n, seed=0, positive=True) for n in names]
-        np.testing.assert_array_equal(data._name_hashes(names), np.asarray(want, np.uint32))
-        assert len(data._HASHES) <= 5
+    """The feature-name hashes the crosses combine are remembered up to a bound, then forgotten
+    at once: crossed vectors read with a memory of 3 names (cleared several times) equal those
+    read with an ample one."""
+    lines = ["1 |a x:1 y:2 |b u:3\n", "-1 |a y:1 z:2 |b v:1 w:2\n", "1 |a x:3 |b é:1\n"]
+    dense = []
+    for bound in (2**20, 3):
+        remembered: dict = {}
+        monkeypatch.setattr(data, "_HASHES", remembered)
+        monkeypatch.setattr(data, "_HASHES_MAX", bound)
+        batch, d = read_vw(lines, bits=16, quadratic=["ab"])
+        dense.append(to_dense(batch, d))
+        assert 0 < len(remembered) <= bound
+    np.testing.assert_array_equal(dense[0], dense[1])
+    assert np.count_nonzero(dense[0]) > 2 * len(lines)  # the crosses are there
 
 
 # --------------------------------------------------------------------------------------------

@@ -601,9 +601,9 @@ _HASHES_MAX = 2**20
 
 def _name_hashes(names) -> np.ndarray:
     """MurmurHash3 (seed 0) of each name's UTF-8 bytes, as uint32: the hashes that
-    ``FeatureHasher`` reduces to indices and that the crosses combine. Remembered per name (up
-    to ``_HASHES_MAX`` names, then forgotten at once): a dictionary lookup costs a tenth of a
-    call to the hash."""
+    ``FeatureHasher`` reduces to indices and that the crosses combine. Remembered per name
+    (forgotten at once when the memory would pass ``_HASHES_MAX`` names, and then refilled with
+    this call's): a dictionary lookup costs a tenth of a call to the hash."""
     from sklearn.utils import murmurhash3_32
 
     known = _HASHES
@@ -611,6 +611,7 @@ def _name_hashes(names) -> np.ndarray:
     if new:
         if len(known) + len(new) > _HASHES_MAX:
             known.clear()
+            new = names
         for name in new:
             known[name] = murmurhash3_32(name, seed=0, positive=True)
     return np.asarray([known[n] for n in names], np.uint32)
