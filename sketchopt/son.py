@@ -244,10 +244,18 @@ def _lowrank_terms(lr: _sketches.LowRank, alpha):
 
 def _lift(lr: _sketches.LowRank, a):
     """``V^T a`` with ``a`` normalized first: ``LowRank.lift`` scales by ``2**-scale_exp``
-    inside, which would flush a small ``a`` (e.g. ``1e-31`` against rows of norm ``1e30``)."""
-    ea = _numerics.exponent(jnp.max(jnp.abs(a), initial=0))
+    inside, which would flush a small ``a`` (e.g. ``1e-31`` against rows of norm ``1e30``).
+    A ``(j, k)`` stack is lifted in one pass over the basis, each row normalized by itself (and
+    scaled back by its own scalar power of two: an array of exponents would take
+    ``jnp.ldexp``'s slow elementwise path over ``d``)."""
+    if a.ndim == 1:
+        ea = _numerics.exponent(jnp.max(jnp.abs(a), initial=0))
+        s = jnp.where(ea == _numerics.NO_EXPONENT, 0, -ea)
+        return _numerics.ldexp(lr.lift(_numerics.ldexp(a, s)), -s)
+    ea = _numerics.exponent(jnp.max(jnp.abs(a), axis=-1, keepdims=True, initial=0))
     s = jnp.where(ea == _numerics.NO_EXPONENT, 0, -ea)
-    return _numerics.ldexp(lr.lift(_numerics.ldexp(a, s)), -s)
+    lifted = lr.lift(_numerics.ldexp(a, s))
+    return jnp.stack([_numerics.ldexp(lifted[i], -s[i, 0]) for i in range(a.shape[0])])
 
 
 def _lowrank_pinv(lr: _sketches.LowRank, alpha, y, vy=None, *, want_null=False):
@@ -257,7 +265,7 @@ def _lowrank_pinv(lr: _sketches.LowRank, alpha, y, vy=None, *, want_null=False):
     directions with ``lam > 0`` (the second term is dropped when ``ridge = 0``: the Moore-Penrose
     pseudo-inverse, RFD paper appendix A). All scales enter as powers of two, so ``zhat`` is
     bounded by about ``2 |y|`` and ``k`` carries the magnitude; one pass for ``V y`` (skipped when
-    ``vy`` is given) and two lifts. The residual ``(I - P) y`` is cleaned of round-off
+    ``vy`` is given) and one for both lifts. The residual ``(I - P) y`` is cleaned of round-off
     (:func:`sketchopt._numerics.denoise_residual`). With ``want_null`` also returns it when the
     ridge is 0 (zeros otherwise): the component of ``y`` in the null space of ``A``.
     """
@@ -272,16 +280,18 @@ def _lowrank_pinv(lr: _sketches.LowRank, alpha, y, vy=None, *, want_null=False):
     if vy is None:
         vy = lr.project(y)
     vy = jnp.where(mask, vy, 0)
-    residual = _numerics.denoise_residual(y - _lift(lr, vy), y, lr.basis.shape[0])
     # Exponent shifts below are <= 0, so every coefficient is at most 2 |V y|.
     shift = jnp.where(mask, qmin - dq, 0)  # (masked-out lanes: no 0 * inf, not even transient)
     coef = jnp.where(mask, _numerics.ldexp(vy / jnp.where(mask, dm, 1), shift), 0)
+    # both lifts, P y and V^T coef, in one pass over the basis
+    projected, lifted = _lift(lr, jnp.stack([vy, coef]))
+    residual = _numerics.denoise_residual(y - projected, y, lr.basis.shape[0])
     ridge_factor = jnp.where(
         has_ridge,
         _numerics.ldexp(1 / jnp.where(has_ridge, rm, 1), jnp.where(active, qmin - rq, 0)),
         0,
     )
-    zhat = jnp.where(active, _lift(lr, coef) + ridge_factor * residual, 0)
+    zhat = jnp.where(active, lifted + ridge_factor * residual, 0)
     if not want_null:
         return zhat, k, None
     return zhat, k, jnp.where(has_ridge, 0, residual)
