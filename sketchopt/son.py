@@ -243,15 +243,11 @@ def _lowrank_terms(lr: _sketches.LowRank, alpha):
 
 
 def _lift(lr: _sketches.LowRank, a):
-    """``V^T a`` with ``a`` normalized first: ``LowRank.lift`` scales by ``2**-scale_exp``
-    inside, which would flush a small ``a`` (e.g. ``1e-31`` against rows of norm ``1e30``).
-    A ``(j, k)`` stack is lifted in one pass over the basis, each row normalized by itself (and
-    scaled back by its own scalar power of two: an array of exponents would take
-    ``jnp.ldexp``'s slow elementwise path over ``d``)."""
-    if a.ndim == 1:
-        ea = _numerics.exponent(jnp.max(jnp.abs(a), initial=0))
-        s = jnp.where(ea == _numerics.NO_EXPONENT, 0, -ea)
-        return _numerics.ldexp(lr.lift(_numerics.ldexp(a, s)), -s)
+    """``V^T a`` for each row of a ``(j, k)`` stack, in one pass over the basis, each row
+    normalized first: ``LowRank.lift`` scales by ``2**-scale_exp`` inside, which would flush a
+    small row (e.g. ``1e-31`` against rows of norm ``1e30``). Each result is scaled back by its
+    own scalar power of two (an array of exponents would take ``jnp.ldexp``'s slow elementwise
+    path over ``d``)."""
     ea = _numerics.exponent(jnp.max(jnp.abs(a), axis=-1, keepdims=True, initial=0))
     s = jnp.where(ea == _numerics.NO_EXPONENT, 0, -ea)
     lifted = lr.lift(_numerics.ldexp(a, s))
