@@ -367,14 +367,14 @@ def _rotate_rows(rot, rows, valid=True, coef=None, base=None):
     block = _ROTATION_BLOCK
     # Inside the vmap over a group of leaves the per-leaf trip count and tail cond below would
     # become selects over whole buffers: the group takes the plain (batched) matmul instead.
-    single_cpu = _blocked_passes() and not _groups.grouped()
+    blocked = _blocked_passes() and not _groups.grouped()
 
     def apply(tile):  # the rows below rot's (all zero) are written as zeros, not multiplied
         out = jnp.matmul(rot, tile, precision=HIGHEST)
         pad = like_last_axis(jnp.zeros((n - rot.shape[0], tile.shape[1]), tile.dtype), tile)
         return jnp.concatenate([out, pad]) if n > rot.shape[0] else out
 
-    if d <= 2 * block or not single_cpu:
+    if d <= 2 * block or not blocked:
         rotated = jnp.where(valid, apply(rows), rows)
         if coef is None:
             return rotated
