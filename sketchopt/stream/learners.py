@@ -49,6 +49,7 @@ from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from sketchopt import _validation
 from sketchopt._numerics import state_dtype
@@ -273,6 +274,12 @@ class _LinearSteps:
         return self.rule.current(state.scalars, self.split(state.table), state.t + 1)
 
 
+def _static_zero(value) -> bool:
+    """Whether a hyperparameter is a plain number equal to 0 (known when the step is traced; a
+    grid's array is not)."""
+    return isinstance(value, (int, float, np.number)) and value == 0
+
+
 def _eta(learning_rate, t, dtype):
     """``eta_t`` of a float or an Optax schedule of ``count = t - 1`` (as in :mod:`optax`)."""
     if callable(learning_rate):
@@ -298,20 +305,26 @@ def ada_diag(
     check_each(_validation.ridge, "delta", delta)
     check_each(_validation.strength, "l1", l1)
 
+    # Without L1 (a plain 0, not a grid) no threshold is ever applied: the catch-up and the
+    # proximal step are the identity, left out of the compiled step (the same arithmetic).
+    plain = _static_zero(l1)
+
     def shrink(scalars, cols):
         h = delta + cols["s"]
         return jnp.where(h > 0, (scalars["E"] - cols["mark"]) * l1 / jnp.where(h > 0, h, 1), 0)
 
     def current(scalars, cols, t):
         del t
-        return soft_threshold(cols["w"], shrink(scalars, cols))
+        return cols["w"] if plain else soft_threshold(cols["w"], shrink(scalars, cols))
 
     def advance(scalars, cols, w, g, t):
         eta = _eta(learning_rate, t, w.dtype)
         s = jnp.hypot(cols["s"], g)
         h = delta + s
         inv = jnp.where(h > 0, 1 / jnp.where(h > 0, h, 1), 0)  # the safe 0/0 = 0 of delta = 0
-        w = soft_threshold(w - eta * g * inv, eta * l1 * inv)
+        w = w - eta * g * inv
+        if not plain:
+            w = soft_threshold(w, eta * l1 * inv)
         total = scalars["E"] + eta
         return {"w": w, "s": s, "mark": jnp.broadcast_to(total, w.shape)}, {"E": total}
 
