@@ -58,9 +58,12 @@ invalid, zeroed gradient, by selection rather than ``lax.cond``, so that a donat
 copied); the update and the state are checked after the step. The one exception is an array a
 state class lists in its ``GUARDED`` attribute: the ``m x d`` rows of a sketch, which its family
 keeps finite by construction (power-of-two scaled units, see :mod:`sketchopt._numerics`) and whose
-re-check would cost a pass over the sketch at every step. Integer gradients raise ``TypeError``
-and a gradient whose shape differs from the one the state was built for raises ``ValueError``, at
-trace time.
+re-check, or restoring, would cost a pass over the sketch at every step. Such a sketch is kept or
+dropped as a whole (:func:`_commit`): on a step skipped for its result (a finite gradient, a
+non-finite update) it keeps the gradient it absorbed, small fields and rows alike, while the
+update is zero, the rest of the leaf's state is restored and the skip is counted. Integer
+gradients raise ``TypeError`` and a gradient whose shape differs from the one the state was built
+for raises ``ValueError``, at trace time.
 
 **Compile once.** :func:`compiled` wraps a transform factory so that its ``init`` and ``update``
 each run as one cached, compiled unit: outside ``jit`` an update costs one dispatch and compiles
@@ -477,8 +480,44 @@ def _policy_step(rule: LeafRule, ctx: LeafContext, out_dtype, g, values, x):
     ok = valid & _all_finite([update.astype(out_dtype), *checked])
     if rule_ok:
         ok = ok & rule_ok[0]
-    new = jax.tree.map(lambda n, o, m: n if m else jnp.where(ok, n, o), new, values, mask)
-    return update, new, jnp.logical_not(ok)
+    return update, _commit(new, values, ok), jnp.logical_not(ok)
+
+
+def _commit(new, old, ok):
+    """The state a step leaves under the policy (module docstring): ``new`` where ``ok``, else
+    ``old``, except for a sketch -- a state class with ``GUARDED`` fields -- which is kept or
+    dropped as a whole, so that its rows and its small fields always describe one matrix.
+
+    A sketch's rows are never selected against their old buffer (that would keep both, a copy of
+    the rows per step), and a rule returns them bit-identical for an invalid gradient by itself.
+    So the rest of the sketch follows the rows: on a step skipped for its result (a non-finite
+    update or state array from a finite gradient) the sketch keeps the gradient it absorbed,
+    while the update is zero, the other state fields are the old ones and the skip is counted.
+    Only if one of the sketch's own small fields is non-finite -- which its construction rules
+    out -- are those fields restored.
+    """
+
+    def visit(n, o):
+        if isinstance(n, tuple) and hasattr(n, "_fields"):
+            guarded = getattr(type(n), "GUARDED", ())
+            if guarded:
+                fields = tuple(zip(n._fields, n, o, strict=True))
+                small = [v for f, v, _ in fields if f not in guarded]
+                whole = _all_finite(jax.tree.leaves(small))
+                return type(n)(*(v if f in guarded else keep(whole, v, w) for f, v, w in fields))
+            return type(n)(*(visit(a, b) for a, b in zip(n, o, strict=True)))
+        if isinstance(n, (tuple, list)):
+            return type(n)(visit(a, b) for a, b in zip(n, o, strict=True))
+        if isinstance(n, dict):
+            return {k: visit(n[k], o[k]) for k in n}
+        if n is None:
+            return None
+        return jnp.where(ok, n, o)
+
+    def keep(flag, n, o):
+        return jax.tree.map(lambda a, b: jnp.where(flag, a, b), n, o)
+
+    return visit(new, old)
 
 
 def _masked_updates(us, skipped):

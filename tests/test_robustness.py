@@ -247,6 +247,44 @@ def test_nonfinite_leaf_is_skipped(name):
         params = optax.apply_updates(params, updates)
 
 
+# A step skipped for its result: the gradient is finite, the update overflows (a huge step size
+# against a tiny ridge, in a direction the shrunk sketch no longer holds).
+RESULT_SKIPS = {
+    "fd": (so.mirror_descent, sketches.frequent_directions(4, lazy=False)),
+    "fd_lazy": (so.mirror_descent, sketches.frequent_directions(4, lazy=True)),
+    "oja": (so.mirror_descent, sketches.oja(4)),
+    "fd_dual_averaging": (so.dual_averaging, sketches.frequent_directions(4, lazy=False)),
+}
+
+
+@pytest.mark.parametrize("case", list(RESULT_SKIPS))
+def test_a_skip_for_the_result_keeps_each_sketch_whole(case):
+    """The sketch's rows are not selected against their old buffer (``GUARDED``), so on such a
+    skip the whole sketch keeps the gradient -- its small fields agree with its rows, the state
+    the sketch alone reaches -- while the update is zero, the rule's other fields are the old
+    ones and the skip is counted (``sketchopt._leafwise``, the policy)."""
+    rule, sketch = RESULT_SKIPS[case]
+    tx = rule(1e38, metrics.sketched(sketch, 1e-30))
+    update = jax.jit(tx.update)
+    params = jnp.zeros((64,))
+    state = tx.init(params)
+    for t in range(60):
+        g = jax.random.normal(jax.random.PRNGKey(t), (64,))
+        updates, new = update(g, state, params)
+        if not np.any(np.asarray(updates)):
+            break
+        state = new
+    else:
+        pytest.fail("no step overflowed")
+    assert nonfinite_count(new) == nonfinite_count(state) + 1
+    before, after = state.metric_state.leaf(0), new.metric_state.leaf(0)
+    alone = sketch.update(before, g)
+    for field, got, want in zip(alone._fields, after, alone, strict=True):
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6, err_msg=field)
+    for name in set(new._fields) - {"metric_state", "count", "nonfinite_count"}:
+        assert same_bits(getattr(state, name), getattr(new, name)), name
+
+
 # ----------------------------------------------------------------------------------------------
 # Extreme magnitudes, zeros, sketch sizes, scalar and size-0 leaves.
 
