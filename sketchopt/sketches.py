@@ -259,7 +259,8 @@ class RandomProjectionState(NamedTuple):
       scale_exp: the power-of-two exponent of ``gram``.
       key: the PRNG key for the next ``r_t``.
       count: the rows absorbed.
-      nonfinite_count: the rows rejected for containing NaN/Inf.
+      nonfinite_count: the rows rejected for containing NaN/Inf, or refused because they
+        could overflow ``S`` (kept in true units).
     """
 
     rows: jax.Array
@@ -268,6 +269,10 @@ class RandomProjectionState(NamedTuple):
     key: jax.Array
     count: jax.Array
     nonfinite_count: jax.Array
+
+    #: Finite by construction (see :class:`FrequentDirectionsState`): a row that could overflow
+    #: ``S`` is refused by a bound taken from the tracked Gram matrix (:func:`random_projection`).
+    GUARDED = ("rows",)
 
 
 #: The implicit factors of a sketch: ``C = V^T diag(lam) V + alpha I`` with ``V = 2**-e coef @
@@ -1242,6 +1247,10 @@ def random_projection(sketch_size: int, key: jax.Array) -> Sketch:
     choice). The Gram matrix ``S S^T`` is tracked with the paper's two rank-one updates
     ``S S^T += r q^T + q r^T``, ``q = S_{t-1} g + |g|^2 r / 2``.
 
+    ``S`` is kept in true units and updated in place; a row for which ``S + r g^T`` could
+    overflow (bounded from the tracked Gram matrix, without a pass over ``S``) is refused like a
+    non-finite one: the state is left as it was and ``nonfinite_count`` counts it.
+
     Args:
       sketch_size: the number ``m`` of rows of ``S`` (no slot convention here).
       key: the PRNG key that draws the ``r_t`` (carried in the state).
@@ -1284,25 +1293,45 @@ def random_projection(sketch_size: int, key: jax.Array) -> Sketch:
         diag = jnp.diagonal(state.gram)
         if jnp.iscomplexobj(diag):  # Hermitian: a real diagonal
             diag = jnp.real(diag)
-        exp = rescale_exponent(
-            state.scale_exp, jnp.max(jnp.abs(row), initial=0), jnp.max(diag, initial=0)
-        )
-        exp = jnp.where(valid, exp, state.scale_exp)
-        gram = ldexp(state.gram, 2 * (state.scale_exp - exp))
+        big = jnp.max(jnp.abs(row), initial=0)
         key, sub = jax.random.split(state.key)
-        key = jnp.where(valid, key, state.key)
         dtype = state.rows.dtype
         rdtype = real_dtype(dtype)  # complex rows: r_t is a real Gaussian vector
         r = jax.random.normal(sub, (m,), rdtype) * jnp.asarray(1 / np.sqrt(m), rdtype)
+        # S is kept in true units: a row that could overflow it is refused and counted (the
+        # bound |S_ij + r_i g_j| <= 2**e sqrt(K_ii) + |r_i| |g_j| from the tracked K = S S^T
+        # / 4**e, no pass over S), so that the rows stay finite without being re-read. Each
+        # term is held below an eighth of the range in its own units (2**e may be far from g).
+        room = jnp.asarray(jnp.finfo(rdtype).max / 8, rdtype)
+        fits = (jnp.sqrt(jnp.max(diag, initial=0)) < ldexp(room, -state.scale_exp)) & (
+            jnp.max(jnp.abs(r)) * big < room
+        )
+        fits = valid & fits
+        exp = rescale_exponent(state.scale_exp, big, jnp.max(diag, initial=0))
+        exp = jnp.where(fits, exp, state.scale_exp)
         scaled_row = ldexp(row, -exp)
-        prod = _scaled_dot(state.rows, row, exp)
+        # S g / 4**exp on the scaled row (not _scaled_dot's cond: the donated rows passed into a
+        # conditional made XLA copy them).
+        prod = ldexp(contract_d(state.rows, scaled_row), -exp)
         sq = jnp.sum(abs2(scaled_row))
         q = prod + 0.5 * sq * r
         # complex: S += r g^H (rows conj(g)), S S^H += q r^T + r q^H
+        gram = ldexp(state.gram, 2 * (state.scale_exp - exp))
         gram = gram + jnp.outer(r, conj(q)) + jnp.outer(q, r)
-        rows = state.rows + jnp.outer(r, conj(row))
-        count = state.count + valid.astype(jnp.int32)
-        new = state._replace(rows=rows, gram=gram, scale_exp=exp, key=key, count=count)
+        # Whether the row is taken also reads the new Gram matrix, so that the one pass that
+        # reads the old rows (the product) runs before the one that overwrites them in place:
+        # elementwise, a refused row selected in it.
+        take = fits & jnp.all(jnp.isfinite(gram))
+        rows = jnp.where(take, state.rows + jnp.outer(r, conj(row)), state.rows)
+        new = state._replace(
+            rows=rows,
+            gram=jnp.where(take, gram, state.gram),
+            scale_exp=jnp.where(take, exp, state.scale_exp),
+            key=jnp.where(take, key, state.key),
+            count=state.count + take.astype(jnp.int32),
+            nonfinite_count=state.nonfinite_count + (valid & ~take).astype(jnp.int32),
+        )
+        sq = jnp.where(take, sq, 0)
         return Absorbed(new, prod + sq * r, drawn=r)  # S_t g / 4**exp; r_t handed back
 
     spec = _validation.spec_key("random_projection", m, key)

@@ -187,6 +187,11 @@ class RandomProjectionNewtonState(NamedTuple):
     alpha: jax.Array
     diag_sqrt: jax.Array | None
 
+    #: The sketch's rows are updated in place and not re-read (see
+    #: :class:`sketchopt.sketches.RandomProjectionState`); ``inverse`` is derived from the
+    #: sketch, so the non-finite policy keeps or drops the leaf state as one unit.
+    GUARDED = ("sketch",)
+
     def newton_operator(self) -> RandomProjectionNewtonOperator:
         """``A = alpha I + S^T S`` (in the rescaled coordinates)."""
         return RandomProjectionNewtonOperator(self.sketch, self.inverse, self.alpha)
@@ -826,6 +831,7 @@ def _rp_absorb(sketch, alpha, ls, gz, ghat, c, valid):
     root = jnp.sqrt(c)
     # product = S_t ghat / 4**e1; r = the r_t the sketch drew for this update
     sk1, product, _, r = sketch.absorb_solve(sk0, ghat, valid)
+    valid = valid & (sk1.count != sk0.count)  # the sketch refuses a row that could overflow S
     e0, e1 = sk0.scale_exp, sk1.scale_exp
     sq = jnp.sum(_numerics.abs2(_numerics.ldexp(ghat, -e1)))
     q = product - 0.5 * sq * r  # (S_{t-1} ghat + |ghat|^2 r / 2) / 4**e1

@@ -104,7 +104,7 @@ def test_one_nonfinite_policy(name):
     assert skipped in (1, 2)
     if skipped == 2:  # the overflowing leaf was skipped too ...
         np.testing.assert_array_equal(new_updates["b"], 0)
-        guarded = "ada_fd" in name or name in ("fd_son", "rfd_son", "oja_son")
+        guarded = "ada_fd" in name or name in ("fd_son", "rfd_son", "oja_son", "rp_son")
         if not guarded:  # (a sketch's rows are not re-read: see sketchopt._leafwise)
             assert leaf_bytes(new_state, "b") == leaf_bytes(state, "b")
     # ... or its family took 3e38 in its stride (power-of-two scaled states)
@@ -245,6 +245,7 @@ IN_PLACE = {  # sketch_size 20: the sketch outweighs the step's d-sized temporar
     "ada_fd_dual_averaging": lambda: so.ada_fd_dual_averaging(0.1, 20, 0.1, robust=False),
     "fd_son": lambda: so.fd_son(1.0, 20),
     "oja_son": lambda: so.oja_son(1.0, 20),
+    "rp_son": lambda: so.rp_son(1.0, 20, jax.random.PRNGKey(0)),
 }
 
 
@@ -261,10 +262,10 @@ def test_a_group_is_updated_in_place(name, leaves, accelerator):
     until this release the lazy basis's rank-one update read a row of the buffer it overwrote
     (a stacked group's sketch was copied whole), and Oja's rotation was a product into a new
     buffer. A stacked group's Oja rotation still is (inside a group's ``vmap`` it is one
-    batched product), and the random projection's rows are still checked and selected by the
-    driver. On the accelerator path (what a GPU compiles) the rotations are whole products,
-    whose second buffer the accelerators' pooling allocators serve: no copy there either, but
-    temporaries the sketch's size."""
+    batched product), and until this release the random projection's rows were checked and
+    selected by the driver. On the accelerator path (what a GPU compiles) the rotations are
+    whole products, whose second buffer the accelerators' pooling allocators serve: no copy
+    there either, but temporaries the sketch's size."""
     d = 2**16
     tx = IN_PLACE[name]()
     params = {f"w{i}": jax.ShapeDtypeStruct((d,), jnp.float32) for i in range(leaves)}

@@ -253,6 +253,7 @@ RESULT_SKIPS = {
     "fd": (so.mirror_descent, sketches.frequent_directions(4, lazy=False)),
     "fd_lazy": (so.mirror_descent, sketches.frequent_directions(4, lazy=True)),
     "oja": (so.mirror_descent, sketches.oja(4)),
+    "random_projection": (so.mirror_descent, sketches.random_projection(4, KEY)),
     "fd_dual_averaging": (so.dual_averaging, sketches.frequent_directions(4, lazy=False)),
 }
 

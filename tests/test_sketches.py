@@ -1071,6 +1071,24 @@ def test_random_projection_hands_back_the_direction_it_drew():
         np.testing.assert_allclose(out.state.rows - state.rows, np.outer(out.drawn, g), rtol=1e-14)
 
 
+def test_random_projection_refuses_a_row_that_could_overflow_its_rows():
+    """``S`` is kept in true units and never re-read for finiteness (``GUARDED``): a finite row
+    that could take an entry past float32's range is refused, the state bit-identical but for
+    ``nonfinite_count``; rows that fit are still taken at any scale."""
+    sketch = sk.random_projection(4, jax.random.PRNGKey(3))
+    state = sketch.update(sketch.init(6), jnp.full(6, 3e37))  # |S| up to ~3e37 |r|
+    assert int(state.count) == 1 and np.all(np.isfinite(state.rows))
+    after = sketch.update(state, jnp.full(6, 3e38))
+    for field, old, new in zip(state._fields, state, after, strict=True):
+        if field == "nonfinite_count":
+            assert int(new) == int(old) + 1
+        else:
+            assert np.asarray(old).tobytes() == np.asarray(new).tobytes(), field
+    tiny = sketch.update(sketch.init(6), jnp.full(6, 1e-30))
+    huge = sketch.update(tiny, jnp.full(6, 1e30))
+    assert int(huge.count) == 2 and int(huge.nonfinite_count) == 0
+
+
 def test_a_sketch_built_with_the_fields_of_0_2_still_drives_a_metric():
     """``Sketch(...)`` with 0.2's eight fields has no ``absorb_solve``: ``metrics.sketched``
     falls back on ``absorb(..., lift=)`` and solves exactly as with the full sketch."""

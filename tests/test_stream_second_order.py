@@ -421,17 +421,36 @@ def test_rescaled_grid_and_flat_layout(name):
     np.testing.assert_allclose(flat.progress.loss_sum, padded.progress.loss_sum, rtol=1e-5)
 
 
+_TRACE_EVENT = "/jax/core/compile/jaxpr_trace_duration"  # jax.monitoring: one per trace
+
+
 @pytest.mark.parametrize("name", ["oja_son", "fd_son"])
 def test_eager_calls_compile_once(name):
-    """Called outside jit, a learner's step (whose compaction is a ``cond``) compiles once."""
+    """Called outside jit, a learner's step (whose compaction is a ``cond``) compiles once: the
+    first call traces, the next ones trace nothing (counted by ``jax.monitoring``'s trace
+    events, not by a jitted function's cache, which a long test process may evict)."""
     stream, _, _ = sparse_stream(n=6, seed=14, dtype=np.float32)
     learner = ln.make_learner(name, sketch_size=3)
     state = learner.init(DIM)
-    for i in range(6):
-        x = ex.SparseVector(stream.indices[i], stream.values[i])
-        state = learner.update(state, x, float(stream.labels[i]))
-        learner.predict(state, x)
-    assert learner.update._cache_size() == 1 and learner.predict._cache_size() == 1
+    traces = []
+
+    def listen(event, duration, **kwargs):
+        del duration, kwargs
+        if event == _TRACE_EVENT:
+            traces.append(len(traces))
+
+    jax.monitoring.register_event_duration_secs_listener(listen)
+    try:
+        for i in range(6):
+            if i == 1:
+                first, traces[:] = len(traces), []
+            x = ex.SparseVector(stream.indices[i], stream.values[i])
+            state = learner.update(state, x, float(stream.labels[i]))
+            learner.predict(state, x)
+    finally:
+        jax.monitoring.unregister_event_duration_listener(listen)
+    assert first > 0  # the first step was traced (the event is still JAX's)
+    assert traces == []
 
 
 @pytest.mark.parametrize("name", ["fd_son", "rp_son"])
