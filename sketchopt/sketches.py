@@ -358,7 +358,8 @@ def _rotate_rows(rot, rows, valid=True, coef=None, base=None):
     the same tiles while they are in cache (a lift ``V^T a`` of the new basis is ``coef = rot^T
     a`` on the old one), and written over ``base``'s buffer. With ``valid`` false the rows come
     back bit-identical (an identity ``rot`` alone would turn their ``-0.0`` entries into
-    ``+0.0``): the blocked loop then runs no iteration, and ``base`` comes back unchanged.
+    ``+0.0``): the blocked loop then runs no iteration (in a group, whose leaves skip apart,
+    each tile is selected), and ``base`` comes back unchanged.
 
     On a CPU a plain ``n x n`` by ``n x d`` matmul needs a second ``n x d`` buffer (a fresh
     allocation, page faults included, every step) and, with ``n`` small, runs far below peak;
@@ -370,9 +371,10 @@ def _rotate_rows(rot, rows, valid=True, coef=None, base=None):
     """
     n, d = rows.shape
     block = _ROTATION_BLOCK
-    # Inside the vmap over a group of leaves the per-leaf trip count and tail cond below would
-    # become selects over whole buffers: the group takes the plain (batched) matmul instead.
-    blocked = _blocked_passes() and not _groups.grouped()
+    blocked = _blocked_passes()
+    # Inside the vmap over a group of leaves a per-leaf trip count and the tail's cond would
+    # become selects over whole buffers: a group runs every block and selects each tile.
+    grouped = _groups.grouped()
 
     def apply(tile):  # the rows below rot's (all zero) are written as zeros, not multiplied
         out = jnp.matmul(rot, tile, precision=HIGHEST)
@@ -386,9 +388,11 @@ def _rotate_rows(rot, rows, valid=True, coef=None, base=None):
         return rotated, base - jnp.where(valid, jnp.matmul(coef, rows, precision=HIGHEST), 0)
 
     def rotate(tile, base_tile):
+        out = apply(tile)
         if coef is not None:
-            base_tile = base_tile - jnp.matmul(coef, tile, precision=HIGHEST)
-        return apply(tile), base_tile
+            lifted = base_tile - jnp.matmul(coef, tile, precision=HIGHEST)
+            base_tile = jnp.where(valid, lifted, base_tile) if grouped else lifted
+        return (jnp.where(valid, out, tile) if grouped else out), base_tile
 
     def body(i, carry):
         rows, base = carry
@@ -402,14 +406,19 @@ def _rotate_rows(rot, rows, valid=True, coef=None, base=None):
         return rows, base
 
     num_blocks = d // block
-    # A skipped row runs no iteration at all: a select per tile cost a third of the rotation.
-    rows, base = jax.lax.fori_loop(0, jnp.where(valid, num_blocks, 0), body, (rows, base))
+    # A skipped row runs no iteration at all: a select per tile cost a third of the rotation
+    # (a group, whose leaves skip apart, pays it).
+    trips = num_blocks if grouped else jnp.where(valid, num_blocks, 0)
+    rows, base = jax.lax.fori_loop(0, trips, body, (rows, base))
     start = num_blocks * block
     if start < d:
         # The ragged tail after the loop, under a cond: a select reading the rows inside the
         # update (or the tail placed before the loop) made XLA copy the whole buffer.
         tails = (rows[:, start:], None if coef is None else base[..., start:])
-        tail, base_tail = jax.lax.cond(valid, rotate, lambda *t: t, *tails)
+        if grouped:
+            tail, base_tail = rotate(*tails)
+        else:
+            tail, base_tail = jax.lax.cond(valid, rotate, lambda *t: t, *tails)
         rows = jax.lax.dynamic_update_slice_in_dim(rows, tail, start, axis=1)
         if coef is not None:
             base = jax.lax.dynamic_update_slice_in_dim(base, base_tail, start, axis=-1)
@@ -763,12 +772,12 @@ def _fd_rematerialize(state, product, shrank, *, n, tau):
     """
     due = _refresh_due(state, shrank, n=n, tau=tau)
 
-    def written_back():
-        rows = _rotate_rows(state.transform[: tau - 1], state.rows)
+    def written_back():  # in a group the leaves not due keep their rows (tile by tile)
+        rows = _rotate_rows(state.transform[: tau - 1], state.rows, due)
         eye = jnp.eye(n, dtype=state.transform.dtype)
-        back = state._replace(rows=rows, transform=eye)
         moved = jnp.matmul(state.transform, product, precision=HIGHEST)
-        return _groups.select_leaves(due, (back, moved), (state, product))
+        transform, moved = _groups.select_leaves(due, (eye, moved), (state.transform, product))
+        return state._replace(rows=rows, transform=transform), moved
 
     return jax.lax.cond(_groups.any_leaf(due), written_back, lambda: (state, product))
 
@@ -860,8 +869,9 @@ def _fd_family(
             return Absorbed(refresh_gram(state, valid), prod)
         full = state.fill == n
 
-        def shrink_full(s, p):  # in a group: only the leaves whose buffer is full
-            return _groups.select_leaves(full, shrink(s, p, True), (s, p))
+        def shrink_full(s, p):  # in a group the leaves not full come back unchanged
+            s, q = shrink(s, p, full)
+            return s, _groups.select_leaves(full, q, p)
 
         state, prod = jax.lax.cond(
             _groups.any_leaf(full), shrink_full, lambda s, p: (s, p), state, prod
