@@ -127,6 +127,10 @@ class Metric(NamedTuple):
       param_shaped: whether every array of a leaf's state has the leaf's ``d`` entries (the
         diagonal): the rules then keep the metric state as trees like the parameters, which
         ``optax.tree.map_params`` reaches, instead of stacked groups.
+      absorb: ``None``, or ``absorb(state, g, valid=True) -> (state, op)``: ``update`` without
+        the solve with ``g``, for a rule that solves with another vector (dual averaging, with
+        the gradients' sum); the sketched metric then skips the lift fused into its pass over
+        the sketch. ``None``: such a rule calls ``update`` and drops its ``solved``.
 
     Examples:
       >>> import jax.numpy as jnp, sketchopt as so
@@ -147,6 +151,7 @@ class Metric(NamedTuple):
     accepts: Callable[..., jax.Array] | None = None
     path_key: Callable[[str, tuple[int, ...]], Any] | None = None
     param_shaped: bool = False
+    absorb: Callable[..., tuple[Any, Any]] | None = None
 
     __eq__ = _validation.value_eq
     __hash__ = _validation.value_hash
@@ -411,8 +416,14 @@ def sketched(sketch: _sketches.Sketch, delta: float) -> Metric:
         n = op.weights.shape[0]
         return out.state, op, inside + denoise_residual(residual, g, n) / op.scalar
 
+    def absorb(state, g, valid=True):
+        state = absorb_solve(state, g, valid).state
+        return state, operator(state)
+
     spec = _validation.spec_key("sketched", sketch, delta)
-    return Metric(init, update, operator, f"sketched_{sketch.name}", spec, sketch.paddable)
+    return Metric(
+        init, update, operator, f"sketched_{sketch.name}", spec, sketch.paddable, absorb=absorb
+    )
 
 
 # ----------------------------------------------------------------------------------------------

@@ -490,10 +490,12 @@ def dual_averaging(
     def step(ctx, g, values, x, valid):
         ms, gsum, x1 = values
         eta, metric_hyper = ctx.hyper
-        if metric.hyper is None:
-            ms, op, _ = metric.update(ms, g, valid)
-        else:  # values that follow the step count (kron_sketched's schedules)
+        if metric.hyper is not None:  # values that follow the step count (kron_sketched's)
             ms, op, _ = metric.update(ms, g, valid, hyper=metric_hyper)
+        elif metric.absorb is not None:  # no solve with g: the step solves with the sum
+            ms, op = metric.absorb(ms, g, valid)
+        else:
+            ms, op, _ = metric.update(ms, g, valid)
         gsum = jnp.where(valid, gsum + g, gsum)
         eta = jnp.asarray(eta, _numerics.real_dtype(g.dtype))
         z = x1 - eta * op.solve(gsum)
