@@ -416,3 +416,20 @@ def test_operators_solve_shifted_and_products():
         np.testing.assert_allclose(diag.solve_shifted(1.0, jnp.ones(3)), [1 / 1.5, 1 / 3.0, 1.0])
         np.testing.assert_allclose(diag.matvec(jnp.ones(3)), [0.5, 2.0, 0.0])
         assert float(diag.lambda_min()) == 0.0 and float(diag.lambda_max()) == 2.0
+
+
+@pytest.mark.parametrize("lazy", [False, True])
+def test_sketched_absorb_is_update_without_the_solve(lazy):
+    """``Metric.absorb`` (what dual averaging calls) leaves the state and operator ``update``
+    leaves, bit for bit: skipping the fused lift changes nothing else."""
+    metric = metrics.sketched(sketches.frequent_directions(4, lazy=lazy), 0.1)
+    rng = np.random.default_rng(5)
+    with jax.enable_x64(True):
+        a = b = metric.init((40,), jnp.float64)
+        for _ in range(9):
+            g = jnp.asarray(rng.standard_normal(40))
+            a, op_a, solved = metric.update(a, g)
+            b, op_b = metric.absorb(b, g)
+            assert solved is not None
+            for x, y in zip(jax.tree.leaves((a, op_a)), jax.tree.leaves((b, op_b)), strict=True):
+                np.testing.assert_array_equal(x, y)
