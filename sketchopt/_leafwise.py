@@ -429,24 +429,17 @@ def _check_gradient_leaf(i: int, g, layout: Layout) -> None:
         )
 
 
-def _guarded_mask(tree) -> Any:
-    """A tree of bools like ``tree``: True for arrays that a state class lists in ``GUARDED``."""
+def _is_sketch(node) -> bool:
+    """Whether ``node`` is a state whose class lists ``GUARDED`` fields (a sketch, or a leaf state
+    that keeps one as a unit): the policy reads and restores only its other fields."""
+    return isinstance(node, tuple) and bool(getattr(type(node), "GUARDED", ()))
 
-    def visit(node, guarded):
-        if isinstance(node, tuple) and hasattr(node, "_fields"):
-            names = getattr(type(node), "GUARDED", ())
-            return type(node)(
-                *(visit(v, guarded or f in names) for f, v in zip(node._fields, node, strict=True))
-            )
-        if isinstance(node, (tuple, list)):
-            return type(node)(visit(v, guarded) for v in node)
-        if isinstance(node, dict):
-            return {k: visit(v, guarded) for k, v in node.items()}
-        if node is None:
-            return None
-        return guarded
 
-    return visit(tree, False)
+def _small_fields(sketch) -> list:
+    """The arrays of a sketch's fields that are not ``GUARDED``, which the policy checks."""
+    guarded = type(sketch).GUARDED
+    fields = zip(sketch._fields, sketch, strict=True)
+    return jax.tree.leaves([v for f, v in fields if f not in guarded])
 
 
 def _finite(x) -> jax.Array:
@@ -474,9 +467,8 @@ def _policy_step(rule: LeafRule, ctx: LeafContext, out_dtype, g, values, x):
     g = jnp.where(valid, g, jnp.zeros((), g.dtype))
     update, new, *rule_ok = rule.step(ctx, g, values, x, valid)
     new = _partitioning.like(new, values)  # a state keeps its layout from step to step
-    mask = _guarded_mask(new)
-    leaves, flags = jax.tree.leaves(new), jax.tree.leaves(mask)
-    checked = [a for a, guarded in zip(leaves, flags, strict=True) if not guarded]
+    parts = jax.tree.leaves(new, is_leaf=_is_sketch)
+    checked = [a for x in parts for a in (_small_fields(x) if _is_sketch(x) else [x])]
     ok = valid & _all_finite([update.astype(out_dtype), *checked])
     if rule_ok:
         ok = ok & rule_ok[0]
@@ -497,27 +489,19 @@ def _commit(new, old, ok):
     out -- are those fields restored.
     """
 
-    def visit(n, o):
-        if isinstance(n, tuple) and hasattr(n, "_fields"):
-            guarded = getattr(type(n), "GUARDED", ())
-            if guarded:
-                fields = tuple(zip(n._fields, n, o, strict=True))
-                small = [v for f, v, _ in fields if f not in guarded]
-                whole = _all_finite(jax.tree.leaves(small))
-                return type(n)(*(v if f in guarded else keep(whole, v, w) for f, v, w in fields))
-            return type(n)(*(visit(a, b) for a, b in zip(n, o, strict=True)))
-        if isinstance(n, (tuple, list)):
-            return type(n)(visit(a, b) for a, b in zip(n, o, strict=True))
-        if isinstance(n, dict):
-            return {k: visit(n[k], o[k]) for k in n}
-        if n is None:
-            return None
-        return jnp.where(ok, n, o)
+    def unit(n, o):
+        whole = _all_finite(_small_fields(n))
+        guarded = type(n).GUARDED
+        fields = zip(n._fields, n, o, strict=True)
+        return type(n)(*(v if f in guarded else keep(whole, v, w) for f, v, w in fields))
 
     def keep(flag, n, o):
         return jax.tree.map(lambda a, b: jnp.where(flag, a, b), n, o)
 
-    return visit(new, old)
+    def merge(n, o):
+        return unit(n, o) if _is_sketch(n) else jnp.where(ok, n, o)
+
+    return jax.tree.map(merge, new, old, is_leaf=_is_sketch)
 
 
 def _masked_updates(us, skipped):
