@@ -1303,7 +1303,7 @@ def random_projection(sketch_size: int, key: jax.Array) -> Sketch:
         diag = jnp.diagonal(state.gram)
         if jnp.iscomplexobj(diag):  # Hermitian: a real diagonal
             diag = jnp.real(diag)
-        big = jnp.max(jnp.abs(row), initial=0)
+        big, top = jnp.max(jnp.abs(row), initial=0), jnp.max(diag, initial=0)
         key, sub = jax.random.split(state.key)
         dtype = state.rows.dtype
         rdtype = real_dtype(dtype)  # complex rows: r_t is a real Gaussian vector
@@ -1313,12 +1313,9 @@ def random_projection(sketch_size: int, key: jax.Array) -> Sketch:
         # / 4**e, no pass over S), so that the rows stay finite without being re-read. Each
         # term is held below an eighth of the range in its own units (2**e may be far from g).
         room = jnp.asarray(jnp.finfo(rdtype).max / 8, rdtype)
-        fits = (jnp.sqrt(jnp.max(diag, initial=0)) < ldexp(room, -state.scale_exp)) & (
-            jnp.max(jnp.abs(r)) * big < room
-        )
+        fits = (jnp.sqrt(top) < ldexp(room, -state.scale_exp)) & (jnp.max(jnp.abs(r)) * big < room)
         fits = valid & fits
-        exp = rescale_exponent(state.scale_exp, big, jnp.max(diag, initial=0))
-        exp = jnp.where(fits, exp, state.scale_exp)
+        exp = jnp.where(fits, rescale_exponent(state.scale_exp, big, top), state.scale_exp)
         scaled_row = ldexp(row, -exp)
         # S g / 4**exp on the scaled row (not _scaled_dot's cond: the donated rows passed into a
         # conditional made XLA copy them).
