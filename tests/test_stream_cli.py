@@ -183,12 +183,14 @@ def test_real_test_file_with_unseen_features(capsys):
 
 
 def test_second_order_defaults_are_recorded_and_can_be_turned_off(files):
-    """``fd_son`` rescales by default (VW's --OjaNewton constants), ``rp_son`` does not; the JSON
-    records what ran, and ``--no-diagonal-rescaling`` gives the running-scale ridge back."""
+    """``fd_son`` and ``rp_son`` rescale by default in VW's form (its --OjaNewton constants),
+    ``rfd_son`` does not; the JSON records what ran, by the form's name, and
+    ``--no-diagonal-rescaling`` gives the running-scale ridge back."""
     out = files / "son.json"
     runs = {
         "fd_son": [],
         "rp_son": [],
+        "rfd_son": [],
         "fd_son_plain": ["--no-diagonal-rescaling"],
     }
     summaries = {}
@@ -196,8 +198,9 @@ def test_second_order_defaults_are_recorded_and_can_be_turned_off(files):
         name = key.removesuffix("_plain")
         assert run_cli(files / "a.svm", "--learner", name, "--json", out, *extra) == 0
         summaries[key] = json.loads(out.read_text())
-    assert summaries["fd_son"]["hyperparameters"]["diagonal_rescaling"] is True
-    assert summaries["rp_son"]["hyperparameters"]["diagonal_rescaling"] is False
+    assert summaries["fd_son"]["hyperparameters"]["diagonal_rescaling"] == "fed"
+    assert summaries["rp_son"]["hyperparameters"]["diagonal_rescaling"] == "fed"
+    assert summaries["rfd_son"]["hyperparameters"]["diagonal_rescaling"] is False
     assert summaries["fd_son_plain"]["hyperparameters"]["diagonal_rescaling"] is False
     assert summaries["fd_son"]["progressive_loss"] != summaries["fd_son_plain"]["progressive_loss"]
     assert run_cli(files / "a.svm", "--learner", "ada_fd", "--no-diagonal-rescaling") == 2

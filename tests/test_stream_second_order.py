@@ -62,21 +62,23 @@ def cases():
             2.0,
             False,
         ),
-        "oja_son_rescaled": (  # SON sec. 5.2, diagonal rescaling
-            lambda: so2.oja_son(5.0, 4, bound=2.0, eta=0.5, diagonal_init=0.1),
+        "oja_son_rescaled": (  # SON sec. 5.2, diagonal rescaling in the dense metric's form
+            lambda: so2.oja_son(
+                5.0, 4, bound=2.0, eta=0.5, diagonal_rescaling="metric", diagonal_init=0.1
+            ),
             lambda: so.oja_son(5.0, 4, key=key, eta=0.5, diagonal_rescaling=True),
             2.0,
             False,
         ),
         "fd_son_rescaled": (
-            lambda: so2.fd_son(2.0, 4, eta=0.5, diagonal_init=0.1),
+            lambda: so2.fd_son(2.0, 4, eta=0.5, diagonal_rescaling="metric", diagonal_init=0.1),
             lambda: so.fd_son(2.0, 4, eta=0.5, diagonal_rescaling=True),
             np.inf,
             False,
         ),
         "rp_son_rescaled": (
             lambda: so2.rp_son(
-                2.0, 4, bound=2.0, eta=0.5, diagonal_rescaling=True, diagonal_init=0.1
+                2.0, 4, bound=2.0, eta=0.5, diagonal_rescaling="metric", diagonal_init=0.1
             ),
             lambda: so.rp_son(2.0, 4, key, eta=0.5, diagonal_rescaling=True),
             2.0,
@@ -184,6 +186,78 @@ def test_sparse_equals_dense(case):
         assert np.abs(ref_preds).max() > bound / 2  # (and the projection was active)
 
 
+def dense_fed_run(tx, x, y, bound, diagonal_init):
+    """The fed form of diagonal rescaling (VW's ``--OjaNewton --normalize``) from the dense
+    transform without rescaling, run in the learner's coordinates ``z``: the prediction is the
+    projected ``z`` against ``x / sqrt(n)``, then ``n += (slope x)^2`` on the example's own
+    coordinates, and the step learns from ``slope x / sqrt(n)`` with the new ``n`` (the
+    projection too); the weights are ``z / sqrt(n)``."""
+    slope = jax.grad(ln.LOSSES["logistic"])
+
+    def project(state, z, xi):
+        return so.project_bounded_prediction(state, z, xi, bound) if np.isfinite(bound) else z
+
+    @jax.jit
+    def step(z, state, n, xi, yi):
+        before = xi / jnp.sqrt(n)
+        p = jnp.dot(project(state, z, before), before)
+        s = slope(p, yi)
+        n = n + jnp.square(s * xi)
+        seen = xi / jnp.sqrt(n)
+        z = project(state, z, seen)
+        updates, state = tx.update(s * seen, state)
+        return z + updates, state, n, p
+
+    z = jnp.zeros(x.shape[1])
+    n = jnp.full(x.shape[1], diagonal_init)
+    state = tx.init(z)
+    preds, weights = [], []
+    for xi, yi in zip(x, y, strict=True):
+        z, state, n, p = step(z, state, n, jnp.asarray(xi), yi)
+        preds.append(float(p))
+        weights.append(np.asarray(z / jnp.sqrt(n)))
+    return np.array(preds), np.array(weights)
+
+
+@pytest.mark.parametrize(
+    "case",
+    [
+        ("oja_son", 2.0),
+        ("fd_son", np.inf),
+        ("fd_son", 2.0),
+        ("rp_son", 2.0),
+    ],
+)
+def test_fed_rescaling_equals_dense_in_its_coordinates(case):
+    """The default rescaling of the stream's SON learners (``"fed"``): the learner fed
+    ``x / D_t^{1/2}`` with ``D_t`` grown by the example's own gradient (VW's order), its weights
+    staying in those coordinates. Float64, to round-off, against :func:`dense_fed_run`."""
+    name, bound = case
+    key = jax.random.PRNGKey(KEY)
+    make = {
+        "oja_son": lambda: so2.oja_son(5.0, 4, bound=bound, eta=0.5),
+        "fd_son": lambda: so2.fd_son(2.0, 4, bound=bound, eta=0.5),
+        "rp_son": lambda: so2.rp_son(2.0, 4, bound=bound, eta=0.5, diagonal_rescaling=True),
+    }[name]
+    dense = {
+        "oja_son": lambda: so.oja_son(5.0, 4, key=key, eta=0.5),
+        "fd_son": lambda: so.fd_son(2.0, 4, eta=0.5),
+        "rp_son": lambda: so.rp_son(2.0, 4, key, eta=0.5),
+    }[name]
+    learner = make()
+    with jax.enable_x64(True):
+        stream, x, y = sparse_stream(seed=21)
+        preds, weights, state = sparse_run(learner, stream, DIM)
+        ref_preds, ref_weights = dense_fed_run(dense(), x, y, bound, so2.NORMALIZED_DIAGONAL_INIT)
+    assert int(state.t) == len(y) and int(state.nonfinite_count) == 0
+    scale = np.abs(ref_weights).max()
+    assert 0 < scale < 1e3
+    np.testing.assert_allclose(preds, ref_preds, rtol=1e-9, atol=1e-9 * np.abs(ref_preds).max())
+    np.testing.assert_allclose(weights, ref_weights, rtol=1e-9, atol=1e-9 * scale)
+    if np.isfinite(bound):
+        assert np.abs(ref_preds).max() > bound / 2  # (the projection was active)
+
+
 @pytest.mark.parametrize("case", ["fd_son", "ada_fd_dual"])
 def test_accelerator_path_equals_dense(case, monkeypatch):
     """The arrowhead eigen-update (what GPU and TPU run instead of ``eigh``), forced on CPU."""
@@ -263,13 +337,13 @@ def assert_identical(a, b):
         np.testing.assert_array_equal(np.asarray(u), np.asarray(v))
 
 
-@pytest.mark.parametrize("name", [*so2.SECOND_ORDER, "oja_son_rescaled"])
+@pytest.mark.parametrize("name", [*so2.SECOND_ORDER, "oja_son_rescaled", "rp_son_rescaled"])
 def test_bad_examples_are_skipped_and_counted(name):
     """NaN values, an index past d, a negative index, a NaN label: state bit-identical, counted;
     an inactive (padding) step leaves it too, uncounted."""
     stream, _, _ = sparse_stream(n=30, seed=3, dtype=np.float32)
-    if name.endswith("_rescaled"):
-        learner = ln.make_learner(name.removesuffix("_rescaled"), diagonal_rescaling=True)
+    if name.endswith("_rescaled"):  # the dense metric's form (the defaults are the fed form)
+        learner = ln.make_learner(name.removesuffix("_rescaled"), diagonal_rescaling="metric")
     else:
         learner = ln.make_learner(name)
     state = learner.init(DIM)
@@ -330,6 +404,8 @@ def test_options_are_validated():
         so2.ada_fd(0.1, 4, -1.0, robust=False)
     with pytest.raises(ValueError, match="diagonal_init"):
         so2.fd_son(diagonal_init=0.0)
+    with pytest.raises(ValueError, match="diagonal_rescaling"):
+        so2.oja_son(diagonal_rescaling="vw")
 
 
 @pytest.mark.parametrize("name", ["oja_son", "fd_son"])

@@ -51,10 +51,11 @@ Decisions (no VW flag has the same meaning everywhere):
 * ``--predict FILE`` writes the raw score ``w . x`` of each test example, one per line (VW's
   ``-p`` without a link function).
 * The second-order learners (:mod:`sketchopt.stream.second_order`): ``--sketch-size`` is ``m``;
-  ``--diagonal-rescaling`` is SON's sec. 5.2 (VW's ``--normalize``), on by default for
-  ``oja_son`` and ``fd_son`` with VW's ``--OjaNewton`` constants
-  (:mod:`sketchopt.stream.second_order`, "Defaults"), off for ``rp_son`` and ``rfd_son``;
-  ``--no-diagonal-rescaling`` turns it off. ``--alpha`` is SON's ridge (``alpha`` of
+  ``--diagonal-rescaling`` is SON's sec. 5.2 in VW's form (``--normalize``: the learner fed
+  ``x / D^{1/2}``, ``D`` grown by each example's own gradient before it learns), on by default
+  for ``oja_son``, ``fd_son`` and ``rp_son`` with VW's ``--OjaNewton`` constants
+  (:mod:`sketchopt.stream.second_order`, "Diagonal rescaling" and "Defaults"), off for
+  ``rfd_son``; ``--no-diagonal-rescaling`` turns it off. ``--alpha`` is SON's ridge (``alpha`` of
   ``oja_son``, ``fd_son``, ``rp_son``, default: 0.5 with the rescaling, else 1/16 of the running
   mean of ``|x|^2``; ``alpha0`` of ``rfd_son``, default 0: RFD0-SON); ``--learning-rate`` is
   SON's ``eta_t`` held constant (default: 1/8 with the rescaling, else each learner's schedule,
@@ -227,8 +228,9 @@ def _add_hyperparameters(parser: argparse.ArgumentParser) -> None:
         "--diagonal-rescaling",
         action=argparse.BooleanOptionalAction,
         default=None,
-        help="SON's diagonal rescaling, sec. 5.2, VW's --normalize (oja_son, fd_son: on by "
-        "default, with alpha and eta VW's --OjaNewton's; rp_son, rfd_son: off)",
+        help="SON's diagonal rescaling, sec. 5.2, in VW's --normalize form: examples fed as "
+        "x / D^(1/2), D grown by each example's gradient before it learns (oja_son, fd_son, "
+        "rp_son: on by default, with alpha and eta VW's --OjaNewton's; rfd_son: off)",
     )
     parser.add_argument(
         "--seed", type=int, default=0, help="oja_son's and rp_son's random state (default 0)"
@@ -339,7 +341,8 @@ def _second_order_hyperparameters(args) -> dict[str, Any]:
     if rescaling is None:  # the learner's default, written down so that a resumed run keeps it
         make = getattr(second_order, name)
         rescaling = inspect.signature(make).parameters["diagonal_rescaling"].default
-    options["diagonal_rescaling"] = rescaling
+    # its form by name ("fed" for on), so that a checkpoint keeps meaning what it did
+    options["diagonal_rescaling"] = second_order.RESCALINGS[0] if rescaling is True else rescaling
     if name == "rfd_son":
         return options | {"alpha0": 0.0 if args.alpha is None else args.alpha}
     return options | {"alpha": "auto" if args.alpha is None else args.alpha}

@@ -50,34 +50,58 @@ numerical checks behind them and the cost of every branch are written out in
   when ``Z`` changes, ``p += Z g`` when ``gbar`` does) and writes ``w = -eta_t f0 gbar + Z^T beta``
   with ``beta = -eta_t F^T (c * F p)`` recomputed each step, so nothing is folded at a compaction.
 
-**Diagonal rescaling** (SON sec. 5.2, ``diagonal_rescaling=True`` of the SON learners): the
-learner runs in ``z = D^{1/2} w`` with the example ``x / D^{1/2}``; ``D`` grows by ``g^2`` on the
-example's coordinates only, whose stored ``u_i`` are re-expressed in the new coordinates.
+**Diagonal rescaling** (SON sec. 5.2, ``diagonal_rescaling`` of the SON learners): the
+learner is fed ``x / D^{1/2}``, ``D = D_1 + diag(sum g_s^2)`` (``D_1 = diagonal_init I``) kept
+as a column ``ds = D^{1/2}`` of the table and grown on each example's own coordinates. Two
+forms:
 
-**Defaults** (no tuning on real data). ``fd_son`` and ``oja_son`` rescale by default, as Vowpal
-Wabbit's ``--OjaNewton`` (the SON authors' implementation) normalizes by default, with its
-constants. VW halves the loss's slope (``g = l'/2``, "for half square loss"), keeps per feature
+* ``"fed"`` (``True``; the default of ``fd_son``, ``oja_son`` and ``rp_son``): the paper's
+  words ("upon seeing example ``x_t``, we feed ``D_t^{-1/2} x_t`` to our algorithm") in the
+  order of Vowpal Wabbit's ``--OjaNewton --normalize`` (the SON authors' code, which updates
+  its normalizer before it learns): the prediction reads ``x / D_{t-1}^{1/2}``, then ``D_t``
+  takes this example's ``g_t^2`` and the learning step sees ``x / D_t^{1/2}``, so that a
+  feature met for the first time, at any scale, enters the step with ``|g_i| / D_i^{1/2} < 1``.
+  The learner's weights ``u`` stay in its own coordinates (the predictor is
+  ``w = D^{-1/2} u``: a coordinate's weight shrinks as its ``D`` grows, as in VW). This equals
+  the dense transform without rescaling run on ``u`` with those examples
+  (``tests/test_stream_second_order.py``, ``dense_fed_run``). On the parameters ``w`` it
+  would also shrink each ``w_i`` by ``sqrt(D_{t-1,i} / D_{t,i})`` at every step; the dense
+  transforms do not offer that form, so here the defaults of the stream learners and of the
+  dense transforms differ.
+* ``"metric"``: the dense transforms' ``diagonal_rescaling=True`` (:mod:`sketchopt.son`), the
+  metric ``H_t = D_t^{1/2} A_t D_t^{1/2}`` with ``D_t`` from ``s < t``: the weights are kept in
+  parameter space (after each step every ``u_i`` of the example is re-expressed, ``u_i <- u_i
+  ds_new / ds_old``); with ``diagonal_init=0.1`` a learner equals its dense transform.
+
+The two differ on features whose scale differs from ``D_1``'s by orders of magnitude. On the
+benchmark's stand-in of the URL file (:mod:`experiments.vw_standins`, ``wide_scale``: real
+features of scale ``1e-2`` to ``1e4`` beside binary ones, ``d = 3.2M``) ``oja_son`` at its
+defaults errs on 25.86% of the test set fed, 46.25% in the metric form (VW ``--OjaNewton``:
+27.63%), ``fd_son`` 24.93% against 43.68%; a NumPy replay of the diagonal step alone gave the
+same split (25.86% fed, 43.47% fed with ``D_{t-1}``, 38.46% re-expressed with ``D_t``): the
+order and the fixed coordinates both matter.
+
+**Defaults** (no tuning on real data). ``fd_son``, ``oja_son`` and ``rp_son`` rescale by
+default in the fed form, as VW's ``--OjaNewton`` normalizes by default, with its constants. VW
+halves the loss's slope (``g = l'/2``, "for half square loss"), keeps per feature
 ``0.1 + sum (g x_i)^2``, which is ``D / 4`` for ``D_1 = 0.4 I`` in full slopes
 (:data:`NORMALIZED_DIAGONAL_INIT`), steps ``w -= g x~ / alpha`` with ``alpha = 1`` and sketches
 ``(g / 2) x~``. In this module's coordinates (``x^ = x / D^{1/2} = x~ / 2``, weights ``2 w``) that
 is SON's step through ``A = (alpha / 2) I + (1/8) sum g g^T``: ``alpha =``
 :data:`NORMALIZED_ALPHA` ``= 0.5`` and a constant ``eta =`` :data:`NORMALIZED_ETA` ``= 1/8``
-(``ghat = sqrt(eta) g``), the defaults with rescaling. The rescaling makes them scale-free: ``x^``
-is invariant to a feature's scale once its ``D`` has grown past ``D_1``. Measured with nothing but
-``--learner`` (``experiments/vw_defaults.py``, test error %, VW ``--OjaNewton`` in parentheses):
-``fd_son`` 15.0 (15.1) on the MNIST stream, 28.96 (29.58) on the Zipf text, 12.69 (16.48) on
-digits, 0.00 (0.00) on agaricus, 1.40 (1.50) on sofia-ml's demo; without rescaling (the
-running-scale ridge below, ``1/sqrt(t)``) 20.0, 32.54, 11.80, 0.00, 1.80; with rescaling and the
-running-scale ridge 13.60, 31.22, 11.36, 0.00, 1.80. Without rescaling
-(``diagonal_rescaling=False``) ``alpha="auto"`` is ``alpha_scale`` times the running mean of
-``|x|^2`` and ``eta`` SON's ``1/sqrt(t)``. ``rp_son`` does not rescale by default: rescaled with
-the fixed ``alpha`` its float32 table overflows on features of scale ``1e15`` (the robustness
-suite; its sketch ``S`` is never re-based), where the running-scale ridge keeps it finite; rescaled
-it reaches 17.5 / 29.04 % on MNIST / text. ``rfd_son`` does not either (RFD0-SON, ``alpha0 = 0``,
-rescaled with ``eta = 1/8`` diverged on the MNIST stream: 49.5 %); ``ada_fd``'s ``delta="auto"`` is
-``delta_scale`` times the root of the running mean of ``|x|^2``. The dense transforms' rescaling
-keeps the paper's ``D_1 = 0.1 I``: a learner equals its dense transform with ``diagonal_init=0.1``
-(or ``diagonal_rescaling=False``) and the same numbers.
+(``ghat = sqrt(eta) g``), the defaults with rescaling. Measured with nothing but ``--learner``
+(``experiments/vw_defaults.py``, test error %, VW ``--OjaNewton`` in parentheses) on the MNIST
+stream, the Zipf text, digits, agaricus and sofia-ml's demo: ``fd_son`` 14.30 (15.10), 29.34
+(29.58), 12.92 (16.48), 0.00 (0.00), 1.60 (1.50) fed, against 15.0, 28.96, 12.69, 0.00, 1.40 in
+the metric form; ``oja_son`` 14.50, 29.24, 16.48, 0.00, 2.10 fed against 19.6, 29.08, 19.6,
+0.00, 3.1; ``rp_son`` 14.30, 29.58, 13.14, 0.00, 2.30 fed against 19.2, 33.46, 14.03, 0.06, 1.9
+without rescaling (its earlier default: rescaled in the metric form its float32 table
+overflowed on features of scale ``1e15``, which the fed form's ``x / D_t^{1/2}`` bounds).
+Without rescaling (``diagonal_rescaling=False``) ``alpha="auto"`` is ``alpha_scale`` times the
+running mean of ``|x|^2`` and ``eta`` SON's ``1/sqrt(t)``. ``rfd_son`` does not rescale by
+default (RFD0-SON, ``alpha0 = 0``: fed, it erred 22.1 / 11.6 % on MNIST / sofia-ml's demo, 18.6
+/ 4.6 % without); ``ada_fd``'s ``delta="auto"`` is ``delta_scale`` times the root of the running
+mean of ``|x|^2``.
 
 Each learner equals its dense counterpart in :mod:`sketchopt` (``fd_son``, ``rfd_son``,
 ``oja_son``, ``rp_son``, ``ada_fd``, ``ada_fd_dual_averaging``, fed the dense gradients, with
@@ -728,14 +752,16 @@ def _rp_spec(m, *, eta, curvature, auto=False):
 
 
 def _learner(
-    name, loss, spec: _Spec, hyper: dict, grid: tuple[int, ...], rescaled: bool = False,
+    name, loss, spec: _Spec, hyper: dict, grid: tuple[int, ...], rescaled: str | bool = False,
     auto: str | None = None, diagonal_init: float = _DIAGONAL_INIT,
 ) -> LinearLearner:  # fmt: skip
-    """The :class:`LinearLearner` of ``spec``. With ``rescaled`` (SON sec. 5.2, diagonal
-    rescaling) the spec runs in the coordinates ``z = D^{1/2} w``: the table gains a column
-    ``ds = D^{1/2}`` (``D_1 = diagonal_init I``), the spec sees the example ``x / ds``, and after
-    each step ``D += g^2`` on the example's coordinates, each of them re-expressed (``u_i``
-    scales by ``ds_new / ds_old``): ``O(s (R + k))``, as the dense ``diagonal_rescaling``."""
+    """The :class:`LinearLearner` of ``spec``. With ``rescaled`` (``"fed"`` or ``"metric"``: SON
+    sec. 5.2, module docstring) the table gains a column ``ds = D^{1/2}`` (``D_1 = diagonal_init
+    I``) and the spec sees the example ``x / ds``. Fed, ``ds`` takes the example's ``g^2`` after
+    the prediction and before the learning, which re-reads the rows (a second gather of the
+    example's rows) and adds its step and the new ``ds`` in one scatter-add; in the metric form
+    ``D += g^2`` after the step, each coordinate of the example re-expressed (``u_i`` scales by
+    ``ds_new / ds_old``). Either is ``O(s (R + k))``."""
     s = _SketchedLearner(loss, spec, hyper, grid, rescaled, auto, diagonal_init)
     # Compiled once per learner: called outside jit, the conds and loops of the steps would
     # otherwise be traced and compiled again at every call (their branches are fresh closures).
@@ -776,14 +802,16 @@ class _SketchedLearner:
         self, loss, spec: _Spec, hyper: dict, grid: tuple[int, ...], rescaled: bool, auto=None,
         diagonal_init: float = _DIAGONAL_INIT,
     ):  # fmt: skip
-        self.loss, self.spec, self.hyper, self.rescaled = loss, spec, hyper, rescaled
+        self.loss, self.spec, self.hyper = loss, spec, hyper
+        self.rescaled = rescaled is not False  # "fed", or "metric" (module docstring)
+        self.fed = rescaled == "fed"
         self.diagonal_init = diagonal_init
         self.auto = auto  # "alpha" or "delta": set from the data's running scale (_SCALE_FREE)
         self.derivative = jax.grad(loss_function(loss))
         self.rows = spec.rows
         self.batched = bool(grid)
         self.grid = grid
-        self.width = spec.rows + len(spec.columns) + int(rescaled)
+        self.width = spec.rows + len(spec.columns) + int(self.rescaled)
         self.ds_col = self.width - 1  # (rescaled only)
         zs = tuple(f"z{i}" for i in range(spec.rows))
         self.columns = zs + spec.columns + (("ds",) if rescaled else ())
@@ -833,24 +861,45 @@ class _SketchedLearner:
 
     def read(self, table, x):
         """One example's rows and the sums every spec reads."""
-        rows, spec = self.rows, self.spec
         dim = table.shape[0]
         indices, values = jnp.asarray(x[0]), jnp.asarray(x[1])
         ok = jnp.all((indices >= 0) & (indices <= dim) & jnp.isfinite(values))
         idx = jnp.where(ok, indices, dim)
         vals = jnp.where(ok, values, 0).astype(table.dtype)
         got = table.at[idx].get(mode="fill", fill_value=0)  # (s, width)
-        if self.rescaled:  # the example in the coordinates z = D^{1/2} w
+        if self.rescaled:  # the example as the prediction sees it, x / D^{1/2}
             ds = got[:, self.ds_col]
             vals = jnp.where(ds > 0, vals / jnp.where(ds > 0, ds, 1), 0)
+        return idx, vals, self.sums(vals, got), ok
+
+    def sums(self, vals, got):
+        """The sums every spec reads, of the example ``vals`` (as the spec sees it) over its
+        rows ``got``."""
+        rows = self.rows
         sums = jnp.matmul(vals, got, precision=_HI)
         out = {"zx": sums[:rows], "xx": jnp.dot(vals, vals)}
-        out |= {f"x_{c}": sums[rows + i] for i, c in enumerate(spec.columns)}
-        return idx, vals, out, ok
+        return out | {f"x_{c}": sums[rows + i] for i, c in enumerate(self.spec.columns)}
 
-    def one(self, state, sums, ok, label, active, h, weight=None):
+    @staticmethod
+    def grown(ds, x, slope):
+        """The fed form's ``ds`` with this example's ``g^2`` in ``D`` (``g = slope x``, ``x`` as
+        given; a coordinate whose ``D`` would overflow keeps its own) and the example as the
+        learning sees it, ``x / ds``. A step not learned (slope 0) keeps ``ds`` to the bit."""
+        ds_new = jnp.hypot(ds, slope * x)
+        ds_new = jnp.where(jnp.isfinite(ds_new), ds_new, ds)
+        return ds_new, jnp.where(ds_new > 0, x / jnp.where(ds_new > 0, ds_new, 1), 0)
+
+    def fed_sums(self, table, idx, x, slope):
+        """The sums of the example as the fed form's learning sees it (:meth:`grown`), from the
+        rows as they are before the step."""
+        got = table.at[idx].get(mode="fill", fill_value=0)
+        return self.sums(self.grown(got[:, self.ds_col], x, slope)[1], got)
+
+    def one(self, state, sums, ok, label, active, h, weight=None, resum=None):
         """The small work of one configuration: prediction, then learning (``weight``, the
-        importance weight, scales the gradient; 0 learns nothing)."""
+        importance weight, scales the gradient; 0 learns nothing). ``resum(table, slope)`` (the
+        fed form) gives the sums of the example as the learning sees it, ``x`` over the ``D``
+        grown by this example's gradient."""
         spec = self.spec
         scale = {}
         if self.auto is not None:  # the running scale with this example (module docstring)
@@ -863,6 +912,10 @@ class _SketchedLearner:
         y = class_label(self.loss, jnp.asarray(label, p.dtype))
         slope = self.derivative(p, y)
         slope, ok, active = importance(slope, ok, active, weight, p.dtype)
+        if resum is not None:
+            usable = ok & active & jnp.isfinite(y) & jnp.isfinite(slope)
+            sums = resum(state.table, jnp.where(usable, slope, 0))
+            pre = spec.predict(state.small, sums, h, state.t)[1]
         small, coef, need, aux = spec.learn(state.small, sums, slope, pre, h, state.t)
         small = small | scale
         fine = jax.tree.reduce(
@@ -956,12 +1009,28 @@ class _SketchedLearner:
             table = self.rescale_one(state.table, state.small, idx, xt, slope)
         return state._replace(table=table)
 
-    def small_work(self, state, sums, ok, label, active, h, weight=None):
+    def small_work(self, state, sums, ok, label, active, h, weight=None, resum=None):
+        one = functools.partial(self.one, resum=resum)
         if self.batched:
-            return jax.vmap(self.one, in_axes=(0, 0, 0, None, None, 0, None))(
+            return jax.vmap(one, in_axes=(0, 0, 0, None, None, 0, None))(
                 state, sums, ok, label, active, h, weight
             )
-        return self.one(state, sums, ok, label, active, h, weight)
+        return one(state, sums, ok, label, active, h, weight)
+
+    def fed_write(self, table, idx, x, slope, coef):
+        """The fed form's write: ``x / ds`` times ``coef`` added to the rows of ``idx``, their
+        ``ds`` moved to the new one (:meth:`grown`) by the same scatter-add (a gather of the
+        whole rows and a scatter that sets them cost 4x as much on the CPU)."""
+
+        def one(tb, sl, cf):
+            ds = tb.at[idx, self.ds_col].get(mode="fill", fill_value=0)
+            ds_new, xt = self.grown(ds, x, sl)
+            add = xt[:, None] * cf[None, :].astype(tb.dtype)
+            return tb.at[idx].add(add.at[:, self.ds_col].set(ds_new - ds), mode="drop")
+
+        if self.batched:
+            return jax.vmap(one)(table, slope, coef)
+        return one(table, slope, coef)
 
     def step(self, state, x, label, active=True, weight=None):
         h = self.h_of(state.table.dtype)
@@ -970,14 +1039,36 @@ class _SketchedLearner:
             idx = idx[0]  # the same coordinates for every configuration
         else:
             idx, vals, sums, ok = self.read(state.table, x)
-        new, coef, p, need, aux, slope = self.small_work(state, sums, ok, label, active, h, weight)
-        new = new._replace(table=self.scatter(new.table, idx, vals, coef))
+        dim = state.table.shape[-2]
 
         def dense_x(v):  # (the example as the spec saw it: x / ds when rescaled)
-            dim = state.table.shape[-2]
             return jnp.zeros((dim,), v.dtype).at[idx].add(v, mode="drop")
 
-        return self.rescale(self.settle(new, need, h, aux, vals, dense_x), idx, vals, slope), p
+        if not self.fed:
+            new, coef, p, need, aux, slope = self.small_work(
+                state, sums, ok, label, active, h, weight
+            )
+            new = new._replace(table=self.scatter(new.table, idx, vals, coef))
+            new = self.settle(new, need, h, aux, vals, dense_x)
+            return self.rescale(new, idx, vals, slope), p
+
+        # the fed form: the learning sees x over the D with this example's g^2 (VW's order)
+        ok_x = jnp.all(ok) if self.batched else ok
+        x_raw = jnp.where(ok_x, jnp.asarray(x[1]), 0).astype(state.table.dtype)
+
+        def resum(table, slope):
+            return self.fed_sums(table, idx, x_raw, slope)
+
+        new, coef, p, need, aux, slope = self.small_work(
+            state, sums, ok, label, active, h, weight, resum
+        )
+        table = self.fed_write(state.table, idx, x_raw, slope, coef)
+
+        def seen(tb):  # x / ds_new of one configuration's written table
+            ds = tb.at[idx, self.ds_col].get(mode="fill", fill_value=0)
+            return dense_x(jnp.where(ds > 0, x_raw / jnp.where(ds > 0, ds, 1), 0))
+
+        return self.settle(new._replace(table=table), need, h, aux, table, seen), p
 
     def flat_sums(self, table, flat: _Flat):
         """The sums of :meth:`read` over the segments of a flat example (they are additive),
@@ -1033,15 +1124,44 @@ class _SketchedLearner:
         h = self.h_of(state.table.dtype)
         read = functools.partial(self.flat_sums, flat=flat)
         sums, ok = jax.vmap(read)(state.table) if self.batched else read(state.table)
-        new, coef, p, need, aux, slope = self.small_work(state, sums, ok, label, active, h, weight)
+        if not self.fed:
+            new, coef, p, need, aux, slope = self.small_work(
+                state, sums, ok, label, active, h, weight
+            )
 
-        def write(j, table):
-            idx, xt = self.segment_values(table, flat, j)
-            return self.scatter(table, idx, xt, coef)
+            def write(j, table):
+                idx, xt = self.segment_values(table, flat, j)
+                return self.scatter(table, idx, xt, coef)
+
+        else:  # the fed form: the learning sees x over the D with this example's g^2
+
+            def raw(j):
+                seg = flat.segment(j)
+                idx = jnp.where((seg.indices >= 0) & (seg.indices <= dim), seg.indices, dim)
+                return idx, jnp.where(jnp.isfinite(seg.values), seg.values, 0)
+
+            def resum(table, slope):
+                def body(j, acc):
+                    idx, x = raw(j)
+                    sums_j = self.fed_sums(table, idx, x.astype(table.dtype), slope)
+                    return jax.tree.map(jnp.add, acc, sums_j)
+
+                zero = jax.tree.map(jnp.zeros_like, sums if not self.batched else
+                                    jax.tree.map(lambda a: a[0], sums))  # fmt: skip
+                return jax.lax.fori_loop(0, flat.segments, body, zero)
+
+            new, coef, p, need, aux, slope = self.small_work(
+                state, sums, ok, label, active, h, weight, resum
+            )
+
+            def write(j, table):
+                idx, x = raw(j)
+                x = x.astype(table.dtype)
+                return self.fed_write(table, idx, x, slope, coef)
 
         new = new._replace(table=jax.lax.fori_loop(0, flat.segments, write, new.table))
         new = self.settle(new, need, h, aux, new.table, functools.partial(self.flat_dense_x, flat))
-        if self.rescaled:
+        if self.rescaled and not self.fed:
 
             def scale(j, st):
                 idx, xt = self.segment_values(st.table, flat, j)
@@ -1142,8 +1262,21 @@ def _son_checks(alpha_name, alpha, eta, curvature, bound, sketch_size):
         )
 
 
-def _flag(diagonal_rescaling) -> bool:
-    return _validation.flag("diagonal_rescaling", diagonal_rescaling)
+#: The forms of diagonal rescaling (module docstring, "Diagonal rescaling"); ``True`` is the first.
+RESCALINGS = ("fed", "metric")
+
+
+def _flag(diagonal_rescaling) -> str | bool:
+    """``False``, ``"fed"`` or ``"metric"`` of a ``diagonal_rescaling`` argument (``True``:
+    ``"fed"``)."""
+    if isinstance(diagonal_rescaling, str):
+        if diagonal_rescaling not in RESCALINGS:
+            raise ValueError(
+                f"diagonal_rescaling must be a bool or one of {RESCALINGS}, got "
+                f"{diagonal_rescaling!r}"
+            )
+        return diagonal_rescaling
+    return "fed" if _validation.flag("diagonal_rescaling", diagonal_rescaling) else False
 
 
 def _spare(spare_rows, sketch_size) -> int:
@@ -1163,7 +1296,7 @@ def fd_son(
     eta=None,
     curvature=0.0,
     bound=float("inf"),
-    diagonal_rescaling: bool = True,
+    diagonal_rescaling: bool | str = True,
     diagonal_init: float = NORMALIZED_DIAGONAL_INIT,
     spare_rows: int | None = None,
     max_growth: float | None = None,
@@ -1176,8 +1309,10 @@ def fd_son(
     ``F Z`` form of the module docstring. ``spare_rows`` stored rows beyond ``sketch_size`` take
     gradients the sketch keeps whole (default ``sketch_size``); ``max_growth`` (default ``1e3`` in
     float32, ``1e6`` in float64) bounds the factors' round-off amplification before a compaction;
-    ``diagonal_rescaling`` (the default) is SON sec. 5.2 with ``D_1 = diagonal_init I``
-    (:func:`sketchopt.fd_son`'s at ``diagonal_init=0.1``). ``alpha="auto"`` and ``eta=None`` (the
+    ``diagonal_rescaling`` is SON sec. 5.2 with ``D_1 = diagonal_init I``: ``True`` or ``"fed"``
+    (the default) VW's form, ``"metric"`` :func:`sketchopt.fd_son`'s (equal to it at
+    ``diagonal_init=0.1``), ``False`` none (module docstring). ``alpha="auto"`` and ``eta=None``
+    (the
     defaults): with diagonal rescaling, :data:`NORMALIZED_ALPHA` and the constant
     :data:`NORMALIZED_ETA`; without, ``alpha_scale`` times the running mean of ``|x|^2`` and
     ``1/sqrt(t)`` (module docstring, "Defaults"). A number is the dense transform's fixed
@@ -1231,7 +1366,7 @@ def oja_son(
     curvature=0.0,
     oja_learning_rate=None,
     bound=float("inf"),
-    diagonal_rescaling: bool = True,
+    diagonal_rescaling: bool | str = True,
     diagonal_init: float = NORMALIZED_DIAGONAL_INIT,
     max_growth: float | None = None,
     loss: str = "logistic",
@@ -1270,15 +1405,14 @@ def rp_son(
     eta=None,
     curvature=0.0,
     bound=float("inf"),
-    diagonal_rescaling: bool = False,
+    diagonal_rescaling: bool | str = True,
     diagonal_init: float = NORMALIZED_DIAGONAL_INIT,
     loss: str = "logistic",
 ) -> LinearLearner:
     """Sparse RP-SON (SON sec. 3): equals :func:`sketchopt.rp_son` with the ``key`` given to
     ``init`` (default ``PRNGKey(0)``: the same ``r_t``), ``O(m s + m^2)`` per example and no
     compaction ever (``S`` changes by ``r_t ghat^T`` only). ``alpha``, ``alpha_scale``,
-    ``eta``, ``diagonal_rescaling`` (here off by default: module docstring, "Defaults") and
-    ``diagonal_init`` as :func:`fd_son`'s; an automatic
+    ``eta``, ``diagonal_rescaling`` and ``diagonal_init`` as :func:`fd_son`'s; an automatic
     ``alpha`` of the running scale (without rescaling) recomputes ``H`` from ``S S^T`` at every
     step (an ``m x m`` eigendecomposition; the prediction uses the previous step's ``H``)."""
     alpha, auto, eta, rescaled, d1 = _son_defaults(
