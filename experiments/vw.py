@@ -1219,7 +1219,9 @@ def run(*, quick: bool, full: bool, seed: int, out: pathlib.Path) -> dict:
             speed_repeats=1,
         )  # fmt: skip
     else:
-        defaults = vw_defaults.run(streams, pyvw)
+        from experiments import vw_standins
+
+        defaults = vw_defaults.run(streams, pyvw, standins=vw_standins.standins(size, seed))
     payload["defaults"] = defaults
     table += (
         "\n\nAt the defaults (nothing but `--learner`; test error %, the best of each kind "

@@ -7,9 +7,12 @@ for VW text files) and by VW (``pyvw``, ``--loss_function logistic`` with the st
 ``-q``: the default learner, and ``--OjaNewton`` at its defaults, ``m = 10``), one pass each,
 in the same order: the training lines are shuffled with a fixed seed first (some public files
 are sorted by label). Streams: the benchmark's generated and bundled ones, as VW text files
-(the form VW reads them in; the command line reads the same files), and every LIBSVM pair in
-``../shared/data/`` (VW gets them as ``label |f index:value ...``; the command line reads the
-svmlight files, so each tool hashes in its own way).
+(the form VW reads them in; the command line reads the same files), the generated stand-ins of
+the public files the issue measured on (:mod:`experiments.vw_standins`: one-hot categories, rare
+positives with ``0/1`` labels, features of six orders of scale over ``d = 3.2M``, tf-idf VW
+text), and every LIBSVM pair in ``../shared/data/`` (VW gets an svmlight file as ``label |f
+index:value ...``; the command line reads the svmlight file, so each tool hashes in its own
+way).
 
 The targets (the issue's): with defaults only, the best second-order learner's test error at
 most VW ``--OjaNewton``'s + 0.5 points (or 3 test examples, whichever is larger), the best
@@ -182,6 +185,21 @@ def real_files(name, train_path, test_path, work: pathlib.Path):
     return (name, work / f"{name}.train.svm", test_path, "-b 18", [], vw_train, vw_test)
 
 
+def standin_files(name, train: list[str], test: list[str], fmt: str, work: pathlib.Path):
+    """A generated stand-in (:mod:`experiments.vw_standins`) written as files: an svmlight pair
+    as :func:`real_files` takes one, a VW text pair as :func:`stream_files` writes one (both
+    tools hash its string features, ``-b 18``, the command line's default too)."""
+    ext = "svm" if fmt == "svmlight" else "vw"
+    paths = [work / f"{name}.{part}.{ext}.in" for part in ("train", "test")]
+    for path, lines in zip(paths, (train, test), strict=True):
+        path.write_text("\n".join(lines) + "\n")
+    if fmt == "svmlight":
+        return real_files(name, *paths, work)
+    train = _shuffled(train)
+    (work / f"{name}.train.vw").write_text("\n".join(train) + "\n")
+    return (name, work / f"{name}.train.vw", paths[1], "-b 18", [], train, test)
+
+
 PASSES = 3
 PASSES_STREAM = "mnist"
 
@@ -231,15 +249,17 @@ def passes(
 
 def run(
     streams: dict, pyvw, learners=FIRST_ORDER + SECOND_ORDER, skip=(), passes_stream=PASSES_STREAM,
-    speed_repeats: int = SPEED_REPEATS,
+    speed_repeats: int = SPEED_REPEATS, standins: list | tuple = (),
 ) -> list[dict]:  # fmt: skip
-    """The comparison on every benchmark stream (but ``skip``) and every real pair; on
-    ``passes_stream`` also the multi-pass protocol (:func:`passes`). ``speed_repeats``: how many
-    times the passes whose speed is a target run (the quick run: once)."""
+    """The comparison on every benchmark stream (but ``skip``), every generated stand-in of the
+    public files (``standins``: :func:`experiments.vw_standins.standins`) and every real pair;
+    on ``passes_stream`` also the multi-pass protocol (:func:`passes`). ``speed_repeats``: how
+    many times the passes whose speed is a target run (the quick run: once)."""
     results = []
     with tempfile.TemporaryDirectory(prefix="vw-defaults-files-") as work:
         work = pathlib.Path(work)
         jobs = [stream_files(s, work) for k, s in streams.items() if k not in skip]
+        jobs += [standin_files(*standin, work) for standin in standins]
         jobs += [real_files(*pair, work) for pair in real_pairs()]
         for job in jobs:
             result = compare(*job, pyvw, learners, speed_repeats)

@@ -1,0 +1,46 @@
+"""The generated stand-ins of the public files (``experiments/vw_standins.py``): each has the
+property it stands in for, and the command line reads its files as the benchmark writes them."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+from experiment_support import REPO  # noqa: F401  (puts the repository on sys.path)
+
+from experiments import vw_defaults, vw_standins
+
+
+def _labels(lines):
+    return np.array([float(line.split()[0]) for line in lines])
+
+
+def test_each_standin_has_its_property():
+    rows = {name: make(600, 300, seed=1) for name, make in vw_standins.STANDINS.items()}
+    train, test, fmt = rows["rare_positive"]
+    assert fmt == "svmlight" and set(_labels(train)) == {0.0, 1.0}  # 0/1 train, -1/+1 test
+    assert set(_labels(test)) == {-1.0, 1.0} and np.mean(_labels(test) > 0) < 0.1
+    assert list(_labels(train)) == sorted(_labels(train))  # sorted by label, as some files are
+    train, _, _ = rows["wide_scale"]
+    values = [float(f.split(":")[1]) for line in train for f in line.split()[1:]]
+    indices = [int(f.split(":")[0]) for line in train for f in line.split()[1:]]
+    real = [v for v in values if v != 1.0]
+    assert max(real) / min(real) > 1e6 and max(indices) > 2**20
+    train, _, fmt = rows["tfidf_vw"]
+    assert fmt == "vw" and all("|w t" in line for line in train)
+    train, _, _ = rows["onehot"]
+    assert {len(line.split()) for line in train} == {15}  # a label and 14 one-hot fields
+    assert vw_standins.standins("quick") == []
+
+
+def test_the_command_line_reads_every_standin(tmp_path):
+    from sketchopt.stream import cli
+
+    for name, make in vw_standins.STANDINS.items():
+        job = vw_defaults.standin_files(name, *make(200, 100, seed=2), tmp_path)
+        _, train, test, *_ = job
+        out = tmp_path / f"{name}.json"
+        args = [str(train), "--test", str(test), "--learner", "oja_son", "--quiet"]
+        assert cli.main([*args, "--json", str(out)]) == 0, name
+        summary = json.loads(out.read_text())
+        assert summary["test_examples"] == 100 and summary["skipped"] == 0, name
