@@ -76,10 +76,10 @@ forms:
 The two differ on features whose scale differs from ``D_1``'s by orders of magnitude. On the
 benchmark's stand-in of the URL file (:mod:`experiments.vw_standins`, ``wide_scale``: real
 features of scale ``1e-2`` to ``1e4`` beside binary ones, ``d = 3.2M``) ``oja_son`` at its
-defaults errs on 25.86% of the test set fed, 46.25% in the metric form (VW ``--OjaNewton``:
-27.63%), ``fd_son`` 24.93% against 43.68%; a NumPy replay of the diagonal step alone gave the
-same split (25.86% fed, 43.47% fed with ``D_{t-1}``, 38.46% re-expressed with ``D_t``): the
-order and the fixed coordinates both matter.
+defaults errs on 28.76% of the test set fed, 44.74% in the metric form (VW ``--OjaNewton``:
+29.24%), ``fd_son`` 27.40% against 39.62%; a NumPy replay of the diagonal step alone gave 28.76%
+fed, 44.96% fed with ``D_{t-1}`` and 33.84% re-expressed with ``D_t``: the order and the fixed
+coordinates both matter.
 
 **Defaults** (no tuning on real data). ``fd_son``, ``oja_son`` and ``rp_son`` rescale by
 default in the fed form, as VW's ``--OjaNewton`` normalizes by default, with its constants. VW
