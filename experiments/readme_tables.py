@@ -41,6 +41,10 @@ STREAM_NAMES = {
     "text": "Zipf text",
     "digits": "digits",
     "sofia_demo": "sofia-ml demo",
+    "onehot": "one-hot (a9a-like)",
+    "rare_positive": "rare positives (w8a-like)",
+    "wide_scale": "wide scales, d = 3.2M (URL-like)",
+    "tfidf_vw": "tf-idf VW text (RCV1-like)",
 }
 
 
@@ -171,7 +175,8 @@ def _defaults_table(payload: dict) -> list[str]:
         ])  # fmt: skip
     head = (
         "Test error % with nothing but `--learner` chosen (both tools at their defaults, one "
-        "pass over the same shuffled files; the real files are `../shared/data/`'s), and "
+        "pass over the same shuffled files; the real files are `../shared/data/`'s, the "
+        "-like ones generated stand-ins of public files, `experiments/vw_standins.py`), and "
         "`oja_son`'s examples/s over VW `--OjaNewton`'s:"
     )
     header = ["stream", "VW default", "VW `--OjaNewton`", "best first-order",

@@ -1,14 +1,18 @@
 """The generated stand-ins of the public files (``experiments/vw_standins.py``): each has the
-property it stands in for, and the command line reads its files as the benchmark writes them."""
+property it stands in for, and the command line reads its files as the benchmark writes them
+(the benchmarks' tier, ``make test-benchmarks``)."""
 
 from __future__ import annotations
 
 import json
 
 import numpy as np
+import pytest
 from experiment_support import REPO  # noqa: F401  (puts the repository on sys.path)
 
 from experiments import vw_defaults, vw_standins
+
+pytestmark = pytest.mark.benchmark
 
 
 def _labels(lines):
