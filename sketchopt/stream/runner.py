@@ -302,15 +302,16 @@ _ROW_FIELDS = {
 
 
 def _trimmed(chunk):
-    """``chunk`` without the padding rows past the power of two that holds its real rows: a
-    stream's last chunk, or a short stream's only one, is padded to the full chunk size by the
-    loaders, and a padding row costs a whole step (a 1000-example file in chunks of 4096 ran
-    four times the steps). At most one more shape per power of two, compiled outside the timed
-    calls; the padding rows never change the state, so the numbers are the same."""
+    """``chunk`` without the padding rows after its last real row: a stream's last chunk, or a
+    short stream's only one, is padded to the full chunk size by the loaders, and a padding row
+    costs a whole step (a 1000-example file in chunks of 4096 ran four times the steps; trimmed
+    to the next power of two, still up to twice). One more shape per stream (its last chunk),
+    compiled outside the timed calls, as any other length would be; the padding rows never
+    change the state, so the numbers are the same."""
     mask = np.asarray(chunk.mask)
     rows = mask.shape[0]
     real = np.flatnonzero(mask)
-    keep = 1 << int(np.ceil(np.log2(real[-1] + 1))) if real.size else 1
+    keep = int(real[-1]) + 1 if real.size else 1
     if keep >= rows:
         return chunk
     fields = _ROW_FIELDS[type(chunk)]
