@@ -74,7 +74,7 @@ forms:
   ds_new / ds_old``); with ``diagonal_init=0.1`` a learner equals its dense transform.
 
 The two differ on features whose scale differs from ``D_1``'s by orders of magnitude. On the
-benchmark's stand-in of the URL file (:mod:`experiments.vw_standins`, ``wide_scale``: real
+benchmark's stand-in of the URL file (``experiments/vw_standins.py``, ``wide_scale``: real
 features of scale ``1e-2`` to ``1e4`` beside binary ones, ``d = 3.2M``) ``oja_son`` at its
 defaults errs on 28.76% of the test set fed, 44.74% in the metric form (VW ``--OjaNewton``:
 29.24%), ``fd_son`` 27.40% against 39.62%; a NumPy replay of the diagonal step alone gave 28.76%
