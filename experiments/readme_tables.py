@@ -176,7 +176,7 @@ def _defaults_table(payload: dict) -> list[str]:
     head = (
         "Test error % with nothing but `--learner` chosen (both tools at their defaults, one "
         "pass over the same shuffled files; the real files are `../shared/data/`'s, the "
-        "rows named \"-like\" generated stand-ins of public files, "
+        'rows named "-like" generated stand-ins of public files, '
         "`experiments/vw_standins.py`), and "
         "`oja_son`'s examples/s over VW `--OjaNewton`'s:"
     )

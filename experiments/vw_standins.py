@@ -51,6 +51,7 @@ def _split(lines, labels, n_train):
 
 
 def onehot(n_train, n_test, seed=0):
+    """a9a's stand-in (module docstring): 14 one-hot categorical fields over ``d = 123``."""
     rng = np.random.default_rng([seed, 123])
     cards = [9, 16, 7, 15, 6, 5, 2, 2, 12, 10, 14, 10, 10, 5]
     offsets = np.cumsum([0, *cards[:-1]]) + 1
@@ -65,6 +66,7 @@ def onehot(n_train, n_test, seed=0):
 
 
 def rare_positive(n_train, n_test, seed=0):
+    """w8a's stand-in (module docstring): about 3% positives, ``0/1`` training labels."""
     rng = np.random.default_rng([seed, 300])
     n, d = n_train + n_test, 300
     freq = np.arange(1, d + 1) ** -0.8
@@ -79,6 +81,7 @@ def rare_positive(n_train, n_test, seed=0):
 
 
 def wide_scale(n_train, n_test, seed=0):
+    """The URL file's stand-in (module docstring): six orders of feature scale, ``d = 3.2M``."""
     rng = np.random.default_rng([seed, 3231961])
     n = n_train + n_test
     scales = 10.0 ** rng.uniform(-2, 4, 64)
@@ -103,6 +106,7 @@ def wide_scale(n_train, n_test, seed=0):
 
 
 def tfidf_vw(n_train, n_test, seed=0):
+    """RCV1's stand-in in VW text (module docstring): unit-norm tf-idf word tokens."""
     rng = np.random.default_rng([seed, 47000])
     n, vocab = n_train + n_test, 47_000
     teacher = 3 * rng.normal(0, 1, vocab) * (rng.random(vocab) < 0.1)

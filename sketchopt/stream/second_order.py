@@ -790,6 +790,14 @@ class _Flat(NamedTuple):
             self.indices, self.values, self.start, self.stop, j, self.width, self.dim
         )
 
+    def cleaned(self, j, dtype):
+        """Segment ``j`` with a bad example's out-of-range indices dropped (the padding index
+        ``dim``) and its non-finite values zeroed, the values as ``dtype``."""
+        seg = self.segment(j)
+        dim = self.dim
+        idx = jnp.where((seg.indices >= 0) & (seg.indices <= dim), seg.indices, dim)
+        return idx, jnp.where(jnp.isfinite(seg.values), seg.values, 0).astype(dtype)
+
 
 class _SketchedLearner:
     """The functions of :func:`_learner`'s learner, one method each: an example's rows are read
@@ -882,9 +890,10 @@ class _SketchedLearner:
 
     @staticmethod
     def grown(ds, x, slope):
-        """The fed form's ``ds`` with this example's ``g^2`` in ``D`` (``g = slope x``, ``x`` as
-        given; a coordinate whose ``D`` would overflow keeps its own) and the example as the
-        learning sees it, ``x / ds``. A step not learned (slope 0) keeps ``ds`` to the bit."""
+        """The fed form's ``ds`` (SON sec. 5.2 in VW's order) with this example's ``g^2`` in
+        ``D`` (``g = slope x``, ``x`` as given; a coordinate whose ``D`` would overflow keeps its
+        own) and the example as the learning sees it, ``x / ds``. A step not learned (slope 0)
+        keeps ``ds`` to the bit."""
         ds_new = jnp.hypot(ds, slope * x)
         ds_new = jnp.where(jnp.isfinite(ds_new), ds_new, ds)
         return ds_new, jnp.where(ds_new > 0, x / jnp.where(ds_new > 0, ds_new, 1), 0)
@@ -1088,10 +1097,7 @@ class _SketchedLearner:
         rescale, the segments' coordinates being distinct). Never the pre-step table: read
         after the scatter it would make XLA copy the whole table. A bad example's
         out-of-range indices and non-finite values are dropped (it learns nothing)."""
-        dim = flat.dim
-        seg = flat.segment(j)
-        idx = jnp.where((seg.indices >= 0) & (seg.indices <= dim), seg.indices, dim)
-        vals = jnp.where(jnp.isfinite(seg.values), seg.values, 0).astype(table.dtype)
+        idx, vals = flat.cleaned(j, table.dtype)
         if self.rescaled:
             ds = table.at[idx, self.ds_col].get(mode="fill", fill_value=0)
             vals = jnp.where(ds > 0, vals / jnp.where(ds > 0, ds, 1), 0)
@@ -1135,15 +1141,10 @@ class _SketchedLearner:
 
         else:  # the fed form: the learning sees x over the D with this example's g^2
 
-            def raw(j):
-                seg = flat.segment(j)
-                idx = jnp.where((seg.indices >= 0) & (seg.indices <= dim), seg.indices, dim)
-                return idx, jnp.where(jnp.isfinite(seg.values), seg.values, 0)
-
             def resum(table, slope):
                 def body(j, acc):
-                    idx, x = raw(j)
-                    sums_j = self.fed_sums(table, idx, x.astype(table.dtype), slope)
+                    idx, x = flat.cleaned(j, table.dtype)
+                    sums_j = self.fed_sums(table, idx, x, slope)
                     return jax.tree.map(jnp.add, acc, sums_j)
 
                 zero = jax.tree.map(jnp.zeros_like, sums if not self.batched else
@@ -1155,8 +1156,7 @@ class _SketchedLearner:
             )
 
             def write(j, table):
-                idx, x = raw(j)
-                x = x.astype(table.dtype)
+                idx, x = flat.cleaned(j, table.dtype)
                 return self.fed_write(table, idx, x, slope, coef)
 
         new = new._replace(table=jax.lax.fori_loop(0, flat.segments, write, new.table))
