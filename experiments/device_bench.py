@@ -2,7 +2,13 @@
 whatever device JAX finds, side by side with Optax in one process.
 
     python experiments/device_bench.py [--parts proxy,steps,networks,compile] [--dims 1e6,1e7]
-                                       [--widths 128,256,1024] [--steps 30] [--out FILE.json]
+                                       [--widths 128,256,1024] [--steps 30] [--paths P,...]
+                                       [--out FILE.json]
+
+(``experiments/device_run.sh`` runs every part in its own process under its own time limit, as
+one call of a lent GPU.) ``--paths`` picks the proxy's code paths (``PROXY_PATHS``: on a GPU the
+per-group programs compile slowly, so ``backend`` alone measures the batched program there).
+The JSON records whether the batched factorizations were on (``batched_solves``).
 
 Parts (each printed as it finishes and written to ``--out`` after every part, so a run cut short
 keeps what it measured):
@@ -48,6 +54,7 @@ if __package__ in (None, ""):  # run as a script
     sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent))
 
 from experiments import common  # noqa: E402
+from sketchopt import _solvers  # noqa: E402
 
 #: Custom-call targets that are dense linear-algebra library calls (LAPACK on the CPU, cuSOLVER
 #: and cuBLAS's solvers on a GPU): eigendecomposition, QR (factor and form), Cholesky, triangular
@@ -107,11 +114,11 @@ PROXY_PATHS = (
 
 
 def proxy_part(paths: tuple = PROXY_PATHS) -> dict:
+    """The proxy on the given ``PROXY_PATHS`` entries."""
     import optax
 
     import sketchopt as so
     from experiments import speed
-    from sketchopt import _solvers
 
     params = speed._transformer_tree(24)
     learners = (
@@ -184,7 +191,9 @@ def steps_part(dims: list[int], repeats: int = 7) -> dict:
     return {"sketch_size": tau, "dims": out}
 
 
-def networks_part(widths: list[int], steps: int) -> dict:
+def networks_part(widths: list[int], steps: int, save=None) -> dict:
+    """The transformer step at each width; ``save(out)`` after each (a run cut short keeps
+    the widths it measured)."""
     from experiments import network_steps
     from experiments import networks as nw
 
@@ -203,6 +212,8 @@ def networks_part(widths: list[int], steps: int) -> dict:
                 flush=True,
             )
         out[str(width)] = res
+        if save is not None:
+            save(out)
     return out
 
 
@@ -225,23 +236,41 @@ def main(argv=None) -> dict:
     parser.add_argument("--dims", default="1e6,1e7")
     parser.add_argument("--widths", default="128,256,1024")
     parser.add_argument("--steps", type=int, default=30)
+    parser.add_argument(
+        "--paths",
+        default=",".join(p[0] for p in PROXY_PATHS),
+        help="the proxy's code paths (a GPU compiles the per-group programs slowly: "
+        "'backend' alone measures the batched program there)",
+    )
     parser.add_argument("--out", type=pathlib.Path, default=None)
     args = parser.parse_args(argv)
     common.limit_blas_threads()
     out: dict = {"device": device_info()}
     print(f"[device] {out['device']}", flush=True)
+    out["batched_solves"] = _solvers.batching_active()
+
+    def save(name=None, part=None):
+        if name is not None:
+            out[name] = part
+        if args.out is not None:
+            args.out.write_text(json.dumps(common.to_jsonable(out), indent=1))
+
+    paths = tuple(p for p in PROXY_PATHS if p[0] in args.paths.split(","))
     parts = {
-        "proxy": proxy_part,
+        "proxy": lambda: proxy_part(paths),
         "steps": lambda: steps_part([int(float(d)) for d in args.dims.split(",")]),
-        "networks": lambda: networks_part([int(w) for w in args.widths.split(",")], args.steps),
+        "networks": lambda: networks_part(
+            [int(w) for w in args.widths.split(",")],
+            args.steps,
+            save=lambda part: save("networks", part),
+        ),
         "compile": compile_part,
     }
     for name in args.parts.split(","):
         start = time.perf_counter()
-        out[name] = parts[name]()
-        out[name]["seconds"] = time.perf_counter() - start
-        if args.out is not None:
-            args.out.write_text(json.dumps(common.to_jsonable(out), indent=1))
+        part = parts[name]()
+        part["seconds"] = time.perf_counter() - start
+        save(name, part)
     return out
 
 

@@ -22,11 +22,11 @@ the FD-family and random-projection sketches, the diagonal) the groups of *small
 zero-padded to the widest of them (:func:`step_plan`); the state keeps each group at its own
 size, so only this small slice of it is copied per step.
 
-**Batched factorizations** (opt-in: :func:`sketchopt.batched_solves`). The groups' steps are
-traced once each and evaluated together (:func:`sketchopt._solvers.run_lockstep`): the small
-``eigh`` and QR calls of all groups run as one batched call per kind and level of dependence, so
-the number of solver calls per update does not grow with the number of groups (a GPU pays a
-launch for each).
+**Batched factorizations** (on a GPU or TPU; on the CPU with
+:func:`sketchopt.batched_solves`). The groups' steps are traced once each and evaluated together
+(:func:`sketchopt._solvers.run_lockstep`): the small ``eigh`` and QR calls of all groups run as
+one batched call per kind and level of dependence, so the number of solver calls per update does
+not grow with the number of groups (a GPU pays a launch for each).
 
 **State layout.** A transform's state is a NamedTuple, equal by value and printable like
 Optax's, with the scalars ``count`` and ``nonfinite_count`` and one field per per-leaf value of

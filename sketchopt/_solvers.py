@@ -79,9 +79,9 @@ ACCELERATOR_ENV = "SKETCHOPT_ACCELERATOR_PATH"
 _FORCED: contextvars.ContextVar[bool | None] = contextvars.ContextVar(
     "sketchopt_accelerator_path", default=None
 )
-#: The environment variable that turns the batched factorizations on (``1``) for a process;
-#: :func:`batching` does it for a block of code. Off by default in this release: see
-#: :func:`batching_active`.
+#: The environment variable that turns the batched factorizations on (``1``) or off (``0``) for
+#: a process; :func:`batching` does it for a block of code. Unset: on a GPU or TPU, off on the
+#: CPU (:func:`batching_active`).
 BATCHING_ENV = "SKETCHOPT_BATCHED_SOLVES"
 
 _BATCHING: contextvars.ContextVar[bool | None] = contextvars.ContextVar(
@@ -133,21 +133,28 @@ def accelerator_path_active() -> bool:
 
 def batching(enabled: bool | None):
     """Updates traced inside it batch their factorizations across groups (``True``), call them
-    group by group (``False``: the per-group program), or follow :data:`BATCHING_ENV`
-    (``None``)."""
+    group by group (``False``: the per-group program), or follow :data:`BATCHING_ENV` and the
+    backend (``None``: :func:`batching_active`)."""
     return _setting(_BATCHING, enabled)
 
 
 def batching_active() -> bool:
     """Whether updates traced here batch their factorizations: :func:`batching`, else the
-    environment variable :data:`BATCHING_ENV`, else off. Off by default in this release: the
-    batched program is tested against the per-group one on both code paths, but it has not yet
-    run on a GPU, and one XLA:CPU hang met while building it (LAPACK's ``syevd`` on an operand
-    buffer it shared, fixed by symmetrizing) is understood only that far."""
+    environment variable :data:`BATCHING_ENV`, else on every backend but the CPU.
+
+    On a GPU the batched program is what the accelerators issue asked for and what was measured
+    (an NVIDIA H200, 2026-11-28: ``kron_fd``'s update in the transformer benchmark 10.2 ms
+    against 34-39 ms group by group; ``docs/benchmarks/device.md``). On the CPU it stays off
+    unless asked for: there jaxlib's batched LAPACK calls run as loops over their batch (no
+    fewer library calls, only fewer in the program), and one XLA:CPU hang met while building it
+    (LAPACK's ``syevd`` on an operand buffer it shared, fixed by symmetrizing) is understood
+    only that far. The switch follows the backend, not :func:`accelerator_path_active`: the
+    accelerator path forced on the CPU still runs the CPU's library calls."""
     forced = _BATCHING.get()
     if forced is not None:
         return forced
-    return _env_flag(BATCHING_ENV) is True
+    env = _env_flag(BATCHING_ENV)
+    return jax.default_backend() != "cpu" if env is None else env
 
 
 def trace_key() -> tuple[bool, bool]:

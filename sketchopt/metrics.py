@@ -794,7 +794,7 @@ def kron_sketched(
         in the state's ``kept``. The inverse roots need no factorization either way (the
         sketch's rows are orthogonal). ``1e-2`` to ``1e-1`` skips most refreshes once the
         statistic has settled; the batched solver call is then skipped on the steps where no
-        leaf needs it (:func:`sketchopt.batched_solves`).
+        leaf needs it (batched factorizations: :func:`sketchopt.batched_solves`).
 
     Returns:
       A :class:`Metric` (``"kron_fd"`` or ``"kron_rfd"``) with a :class:`KronMetricState`;

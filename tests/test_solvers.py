@@ -198,9 +198,21 @@ def test_calls_in_nested_control_flow_run_where_they_are():
     assert not _solvers.batchable()
 
 
-def test_batching_is_off_unless_asked_for(monkeypatch):
+def test_batching_follows_the_backend_unless_asked(monkeypatch):
     monkeypatch.delenv(_solvers.BATCHING_ENV, raising=False)
-    assert not _solvers.batching_active()
+    assert _solvers.batching_active() == (jax.default_backend() != "cpu")
+    with monkeypatch.context() as m:  # what a GPU or TPU process sees
+        m.setattr(jax, "default_backend", lambda: "gpu")
+        assert _solvers.batching_active()
+        with so.accelerator_path(False):  # the path does not decide it
+            assert _solvers.batching_active()
+        m.setenv(_solvers.BATCHING_ENV, "0")
+        assert not _solvers.batching_active()
+    with monkeypatch.context() as m:
+        m.setattr(jax, "default_backend", lambda: "cpu")
+        assert not _solvers.batching_active()
+        with so.accelerator_path():
+            assert not _solvers.batching_active()
     monkeypatch.setenv(_solvers.BATCHING_ENV, "1")
     assert _solvers.batching_active()
     with _solvers.batching(False):
@@ -210,7 +222,8 @@ def test_batching_is_off_unless_asked_for(monkeypatch):
 
 def test_the_switch_selects_the_path_and_keys_the_compiled_units(monkeypatch):
     monkeypatch.delenv(_solvers.ACCELERATOR_ENV, raising=False)
-    assert not so.uses_accelerator_path()  # the tests run on the CPU
+    # the backend's own path: the CPU's here, the accelerator's where the suite runs on one
+    assert so.uses_accelerator_path() == (jax.default_backend() != "cpu")
     with so.accelerator_path():
         assert so.uses_accelerator_path()
         with so.accelerator_path(False):
