@@ -8,6 +8,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 import pytest
+import scipy.sparse
 
 import sketchopt as so
 from sketchopt.stream import examples as ex
@@ -308,16 +309,28 @@ def test_flat_chunks_equal_padded_chunks(name, width):
         np.testing.assert_allclose(flat.progressive_loss, padded.progressive_loss, rtol=1e-12)
 
 
-def test_auto_layout_goes_flat_where_lengths_vary():
-    from sketchopt.stream import runner
-
-    stream, _, _ = sparse_stream(n=60, seed=8)  # mostly 1-6 non-zeros, a few dense: DIM wide
-    chunks = list(runner.auto_layout(runner.chunked(stream, 30, DIM), DIM))
+def test_auto_layout_goes_flat_where_long_examples_pad_short_ones():
+    """Flat where padding to the longest example costs more than the flat segments' fixed cost
+    (about a thousand entries each, ``ex.SEGMENT_OVERHEAD``); padded where examples are short,
+    however their lengths vary."""
+    dim, rng = 20_000, np.random.default_rng(8)
+    lengths = np.where(np.arange(60) % 20 == 0, 8_000, rng.integers(1, 7, 60))  # a few long
+    rows = [rng.choice(dim, k, replace=False) for k in lengths]
+    long_short = ex.from_csr(
+        scipy.sparse.csr_matrix(
+            (np.ones(lengths.sum()), np.concatenate(rows), np.r_[0, np.cumsum(lengths)]),
+            shape=(60, dim),
+        ),
+        np.ones(60),
+        dim=dim,
+    )
+    chunks = list(runner.auto_layout(runner.chunked(long_short, 30, dim), dim))
     assert all(isinstance(c, ex.FlatExamples) for c in chunks) and len(chunks) == 2
     assert len({c.width for c in chunks}) == 1
-    even = ex.from_dense(np.eye(DIM)[:20] + np.eye(DIM)[1:21], np.ones(20))
-    chunks = list(runner.auto_layout(runner.chunked(even, 10, DIM), DIM))
-    assert all(isinstance(c, ex.SparseExamples) for c in chunks)
+    stream, _, _ = sparse_stream(n=60, seed=8)  # mostly 1-6 non-zeros, a few dense: DIM wide
+    for short in (stream, ex.from_dense(np.eye(DIM)[:20] + np.eye(DIM)[1:21], np.ones(20))):
+        chunks = list(runner.auto_layout(runner.chunked(short, 10, DIM), DIM))
+        assert all(isinstance(c, ex.SparseExamples) for c in chunks)
 
 
 def test_segment_width_reads_typical_examples_in_one_segment():

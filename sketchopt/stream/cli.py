@@ -282,10 +282,10 @@ def _add_outputs(parser: argparse.ArgumentParser) -> None:
         choices=("auto", "flat", "padded"),
         default="auto",
         help="flat: each example costs its own length; padded: every example padded to the "
-        "longest; auto (default): flat when the padding would more than double the work "
-        "(sketchopt.stream.runner.auto_layout), and with -q the crosses built inside the "
-        "compiled step (flat or padded with -q: the crosses built as the file is read and "
-        "stored)",
+        "longest; auto (default): flat where padding to the longest costs more than the flat "
+        "segments' fixed cost (sketchopt.stream.runner.flat_pays), and with -q the crosses "
+        "built inside the compiled step (flat or padded with -q: the crosses built as the file "
+        "is read and stored)",
     )
     parser.add_argument("--quiet", action="store_true", help="no progress bar or report")
 

@@ -42,11 +42,13 @@ import numpy as np
 from sketchopt.stream import crosses
 from sketchopt.stream.crosses import CrossedExamples, CrossLayout
 from sketchopt.stream.examples import (
+    SEGMENT_OVERHEAD,
     FlatExamples,
     SparseExamples,
     SparseVector,
     pad_rows,
     rows,
+    segment_width,
     to_flat,
 )
 from sketchopt.stream.learners import LinearLearner, class_label, error, loss_value
@@ -154,24 +156,39 @@ def chunked(
     yield from (as_flat(chunks, dim, width) if flat else chunks)
 
 
-def flat_pays(chunk: SparseExamples, dim: int, *, ratio: float = 2.0) -> bool:
-    """Whether ``chunk``'s padded width is more than ``ratio`` times its mean number of
-    non-zeros (padding would more than double the work): the choice of :func:`auto_layout`."""
+def flat_pays(chunk: SparseExamples, dim: int, *, ratio: float = 1.0) -> bool:
+    """Whether reading ``chunk`` flat is modelled to cost less than reading it padded, by the
+    factor ``ratio``: the choice of :func:`auto_layout`.
+
+    The model is :func:`~sketchopt.stream.examples.segment_width`'s, in entries read per
+    example: padded, the padded width ``W``; flat, ``segments_i (SEGMENT_OVERHEAD + S)`` at the
+    segment width ``S`` that model picks, averaged over the real rows. Flat pays where ``W`` is
+    more than ``ratio`` times that. A flat segment's fixed cost (its loops, about a thousand
+    entries' worth) decides it: on the VW benchmark's MNIST stream (``W = 304``, 152 non-zeros
+    on average) padded chunks ran ``oja_son`` at 66k examples/s and flat ones at 44k, and with
+    every other example cut to a fifth (``W = 301``, 91 on average) at 70k and 44k; crossed
+    MNIST pixels (12k non-zeros on average, 42k at most) still read flat."""
     indices = np.asarray(chunk.indices)
     real = np.asarray(chunk.mask)
-    mean = (indices[real] != dim).sum(axis=1).mean() if real.any() else indices.shape[1]
-    return bool(indices.shape[1] > ratio * max(mean, 1.0))
+    if not real.any():
+        return False
+    counts = (indices[real] != dim).sum(axis=1)
+    width = segment_width(counts)
+    segments = np.maximum(-(-counts // width), 1)
+    flat_cost = float(np.mean(segments * (SEGMENT_OVERHEAD + width)))
+    return bool(indices.shape[1] > ratio * flat_cost)
 
 
 def auto_layout(
-    chunks: Iterable[SparseExamples], dim: int, *, ratio: float = 2.0
+    chunks: Iterable[SparseExamples], dim: int, *, ratio: float = 1.0
 ) -> Iterator[SparseExamples | FlatExamples]:
     """The chunks as they are, or as :class:`FlatExamples` where the first chunk says flat
     pays (:func:`flat_pays`); the choice holds for the stream.
 
-    Measured on the VW benchmark's streams: flat chunks cost short examples of even length about
-    25% more (two loops of segments per example), and save 1.5-3x where lengths vary (crossed
-    MNIST pixels: 12k non-zeros on average, 42k at most)."""
+    Measured on the VW benchmark's streams: flat chunks cost examples of a few hundred
+    non-zeros 1.5x more (two loops of segments per example, whatever their lengths), and save
+    1.5-3x where examples run to thousands of non-zeros and their lengths vary (crossed MNIST
+    pixels: 12k non-zeros on average, 42k at most)."""
     chunks = iter(chunks)
     first = next(chunks, None)
     if first is None:
@@ -200,14 +217,26 @@ def _scan_chunk(learner: LinearLearner, width: int | CrossLayout | None = None):
     :class:`~sketchopt.stream.crosses.CrossedExamples`; ``held`` marks the held-out rows
     (predicted, not learned from)."""
 
-    def score(state, new, p, label, active, held):
-        learned = active & ~held & (new.nonfinite_count == state.nonfinite_count)
-        label = class_label(learner.loss, label.astype(p.dtype))
-        loss = loss_value(learner.loss, p, label)
-        held_ok = active & held & jnp.isfinite(loss)
-        loss = jnp.where(learned | held_ok, loss, 0)
-        err = jnp.where(learned | held_ok, error(p, label), 0)
-        return new, (loss, err, learned, held_ok)
+    def learned(state, new, p, active, held):
+        # what the scan keeps per example: the prediction and whether the step learned from it
+        # (a step skipped for a non-finite value counts nowhere); the losses are computed once
+        # per chunk, vectorized, in ``scored`` (a scalar op in the scan body is a kernel per
+        # example on the CPU)
+        return new, (p, active & ~held & (new.nonfinite_count == state.nonfinite_count))
+
+    def scored(run):
+        def wrapped(state, chunk, held):
+            state, (p, ok) = run(state, chunk, held)
+            per_row = (-1,) + (1,) * (p.ndim - 1)  # the rows' values against a grid's axes
+            label = class_label(learner.loss, chunk.labels.astype(p.dtype)).reshape(per_row)
+            active, held_i = chunk.mask.reshape(per_row), held.reshape(per_row)
+            loss = loss_value(learner.loss, p, label)
+            held_ok = active & held_i & jnp.isfinite(loss)
+            loss = jnp.where(ok | held_ok, loss, 0)
+            err = jnp.where(ok | held_ok, error(p, label), 0)
+            return state, (loss, err, ok, held_ok)
+
+        return wrapped
 
     def weighted(chunk):
         return {} if chunk.weights is None else {"weight": chunk.weights}
@@ -216,7 +245,7 @@ def _scan_chunk(learner: LinearLearner, width: int | CrossLayout | None = None):
         def body(state, example):
             idx, val, label, active, held_i, extra = example
             new, p = learner.step(state, SparseVector(idx, val), label, active & ~held_i, **extra)
-            return score(state, new, p, label, active, held_i)
+            return learned(state, new, p, active, held_i)
 
         xs = (chunk.indices, chunk.values, chunk.labels, chunk.mask, held, weighted(chunk))
         return jax.lax.scan(body, state, xs)
@@ -228,7 +257,7 @@ def _scan_chunk(learner: LinearLearner, width: int | CrossLayout | None = None):
                 state, chunk.indices, chunk.values, start, stop, label, active & ~held_i,
                 width=width, **extra,
             )  # fmt: skip
-            return score(state, new, p, label, active, held_i)
+            return learned(state, new, p, active, held_i)
 
         xs = (chunk.starts, chunk.stops, chunk.labels, chunk.mask, held, weighted(chunk))
         return jax.lax.scan(body, state, xs)
@@ -244,7 +273,7 @@ def _scan_chunk(learner: LinearLearner, width: int | CrossLayout | None = None):
                 state, tables[1], tables[2], 0, total, label, active & ~held_i,
                 width=layout.width, **extra,
             )  # fmt: skip
-            new, out = score(state, new, p, label, active, held_i)
+            new, out = learned(state, new, p, active, held_i)
             return (new, tables), out
 
         entries = chunk.entries
@@ -254,8 +283,8 @@ def _scan_chunk(learner: LinearLearner, width: int | CrossLayout | None = None):
         return state, out
 
     if isinstance(width, CrossLayout):
-        return run_crossed
-    return run if width is None else run_flat
+        return scored(run_crossed)
+    return scored(run if width is None else run_flat)
 
 
 def _doubling_lines(progress: Progress, loss, err, scored, curve: list[dict]) -> Progress:
