@@ -14,6 +14,9 @@ one), and
   gather: ADA-FULL and ADA-LR for their dense decompositions, ONS to symmetrize its inverse;
   RADAGRAD gathers ``d``-vectors for its DCT, never its sketch).
 
+The families whose update factorizes run a second subprocess with the batched factorizations on
+(the default on a GPU or TPU; the first run keeps the per-group program).
+
 Also in the subprocess: an orbax save/restore straight into the sharded layout
 (``sharding.abstract_state``) and ``sharding.constrain`` inside a step. The layout rules
 themselves are unit-tested in-process on a one-device mesh.
@@ -248,7 +251,9 @@ SCRIPT = textwrap.dedent(
             except Exception as err:
                 out["error"] = f"{type(err).__name__}: {err}"[:600]
     extras["cross"] = cross
-    print("RESULTS" + json.dumps({"families": results, "extras": extras}))
+    from sketchopt import _solvers
+    batched = _solvers.batching_active()
+    print("RESULTS" + json.dumps({"families": results, "extras": extras, "batched": batched}))
     """
 )
 
@@ -257,12 +262,17 @@ def _modes(name):
     return [mode for mode in MODES if mode == "explicit" or name in AUTO]
 
 
-@pytest.fixture(scope="module")
-def results(tmp_path_factory):
-    tmp = tmp_path_factory.mktemp("sharding")
+#: The families whose update factorizes (an ``eigh`` or QR per group), run once more with the
+#: batched factorizations on (``SKETCHOPT_BATCHED_SOLVES=1``: the default on a GPU or TPU,
+#: where meshes are used; off on the CPU).
+BATCHED = ("ada_fd", "ada_fd_robust_fast", "ada_fd_l1", "fd_son", "kron_fd")
+
+
+def _run_script(tmp, families: dict, **env_extra) -> dict:
+    """The 8-device checks of ``families`` (name -> (source, modes)) in a subprocess."""
     script = tmp / "sharded_checks.py"
     script.write_text(SCRIPT)
-    env = dict(os.environ)
+    env = dict(os.environ, **env_extra)
     env["JAX_PLATFORMS"] = "cpu"
     # 8 simulated devices; on a loaded 2-core machine the 8 device threads can be slow to meet
     # in a collective, so XLA's default 40 s rendezvous timeout is raised.
@@ -274,7 +284,6 @@ def results(tmp_path_factory):
             "--xla_cpu_collective_timeout_seconds=900",
         ]
     ).strip()
-    families = {name: (source, _modes(name)) for name, (source, _) in FAMILIES.items()}
     proc = subprocess.run(
         [sys.executable, str(script), json.dumps(families), str(tmp / "ckpt")],
         env=env,
@@ -290,6 +299,21 @@ def results(tmp_path_factory):
     return data
 
 
+@pytest.fixture(scope="module")
+def results(tmp_path_factory):
+    families = {name: (source, _modes(name)) for name, (source, _) in FAMILIES.items()}
+    # the per-group program, whatever the environment says (the batched one: below)
+    return _run_script(tmp_path_factory.mktemp("sharding"), families, SKETCHOPT_BATCHED_SOLVES="0")
+
+
+@pytest.fixture(scope="module")
+def batched_results(tmp_path_factory):
+    families = {name: (FAMILIES[name][0], _modes(name)) for name in BATCHED}
+    return _run_script(
+        tmp_path_factory.mktemp("sharding_batched"), families, SKETCHOPT_BATCHED_SOLVES="1"
+    )
+
+
 def _sketch_sized(gather):
     """An all-gather (or all-to-all) of a ``(..., d)`` array: more than one non-unit dimension, one
     of them at least the smallest sharded ``d`` (16). ``k x k`` Gram-sized gathers are harmless."""
@@ -298,22 +322,15 @@ def _sketch_sized(gather):
     return len(dims) > 1 and max(dims) >= 16
 
 
-@pytest.mark.first
-@pytest.mark.slow
-@pytest.mark.devices  # a tier of its own (make test-devices): about a minute of make test's time
-def test_sharded_matches_single_device(results, subtests, record_property):
-    """Every family in both modes (one subtest each), then the orbax restore.
-
-    One test item with subtests rather than parametrized items: the 8-device subprocess behind
-    ``results`` takes minutes, and each xdist worker that ran one of the items ran it again.
-    """
+def _check_families(results, subtests, record_property, suffix=""):
+    """The per-family checks of the 8-device run (one subtest per family and mode)."""
     for name, modes in results["families"].items():
         assert set(modes) == set(_modes(name))
         for mode in _modes(name):
             with subtests.test(family=name, mode=mode):
                 out = modes[mode]
                 assert "error" not in out, (out.get("error"), out.get("where"))
-                record_property(f"max_abs_diff[{name}-{mode}]", out["diff"])
+                record_property(f"max_abs_diff[{name}-{mode}{suffix}]", out["diff"])
                 assert out["diff"] <= LOOSER.get(name, TOLERANCE), out["diff"]
                 assert out["sharding_ok"]
                 assert out["param_specs"] == {"w": ["model", None], "b": ["model"], "s": []}
@@ -331,6 +348,19 @@ def test_sharded_matches_single_device(results, subtests, record_property):
                     assert out["gathers"] == [], out["gathers"]
                 elif allowed == "vectors":
                     assert not [g for g in out["gathers"] if _sketch_sized(g)], out["gathers"]
+
+
+@pytest.mark.first
+@pytest.mark.slow
+@pytest.mark.devices  # a tier of its own (make test-devices): about a minute of make test's time
+def test_sharded_matches_single_device(results, subtests, record_property):
+    """Every family in both modes (one subtest each), then the orbax restore.
+
+    One test item with subtests rather than parametrized items: the 8-device subprocess behind
+    ``results`` takes minutes, and each xdist worker that ran one of the items ran it again.
+    """
+    assert not results["batched"]
+    _check_families(results, subtests, record_property)
     assert set(results["families"]) == set(FAMILIES)
     with subtests.test("orbax restores into the sharded layout"):
         extras = results["extras"]
@@ -369,6 +399,17 @@ def _group(field, params, key):
         if index in members:
             return value
     raise KeyError(key)
+
+
+@pytest.mark.slow
+@pytest.mark.devices
+def test_sharded_batched_factorizations_match_single_device(
+    batched_results, subtests, record_property
+):
+    """The families that factorize, with the batched factorizations on (the default on a GPU or
+    TPU): the same checks as above."""
+    assert batched_results["batched"] and set(batched_results["families"]) == set(BATCHED)
+    _check_families(batched_results, subtests, record_property, suffix="-batched")
 
 
 def test_state_sharding_rules(mesh):
