@@ -221,8 +221,20 @@ def run(name, params, grads_list, *, tau=TAU, jit=True):
 
 @pytest.mark.parametrize("name", _params(test="size0"))
 def test_nonfinite_leaf_is_skipped(name):
+    _check_nonfinite_leaf_is_skipped(make(name), jitted_update(name))
+
+
+@pytest.mark.parametrize("name", ["ada_fd", "fd_son", "oja_son", "kron_fd"])
+def test_nonfinite_leaf_is_skipped_on_an_accelerators_program(name):
+    """The same on the program a GPU or TPU compiles by default: the accelerator code path and
+    the factorizations batched across the shape groups (traced here, inside both switches)."""
+    tx = make(name)
+    with so.accelerator_path(), so.batched_solves():
+        _check_nonfinite_leaf_is_skipped(tx, jax.jit(tx.update))
+
+
+def _check_nonfinite_leaf_is_skipped(tx, update):
     params = shapes_params()
-    tx, update = make(name), jitted_update(name)
     state = tx.init(params)
     updates, state = update(random_like(params, 0), state, params)
     params = optax.apply_updates(params, updates)
