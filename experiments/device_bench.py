@@ -3,7 +3,7 @@ whatever device JAX finds, side by side with Optax in one process.
 
     python experiments/device_bench.py [--parts proxy,steps,networks,compile] [--dims 1e6,1e7]
                                        [--widths 128,256,1024] [--steps 30] [--paths P,...]
-                                       [--out FILE.json]
+                                       [--sketch-size K] [--out FILE.json]
 
 (``experiments/device_run.sh`` runs every part in its own process under its own time limit, as
 one call of a lent GPU.) ``--paths`` picks the proxy's code paths (``PROXY_PATHS``: on a GPU the
@@ -191,9 +191,11 @@ def steps_part(dims: list[int], repeats: int = 7) -> dict:
     return {"sketch_size": tau, "dims": out}
 
 
-def networks_part(widths: list[int], steps: int, save=None) -> dict:
+def networks_part(widths: list[int], steps: int, save=None, sketch_size: int | None = None) -> dict:
     """The transformer step at each width; ``save(out)`` after each (a run cut short keeps
-    the widths it measured)."""
+    the widths it measured). ``sketch_size`` replaces the networks configuration's (32): at
+    12 or less every small ``eigh`` of ``kron_fd`` is at most 32 x 32 (``k + r = 2k + 8``),
+    the size up to which a GPU's batched ``eigh`` is one cuSOLVER launch (``syevjBatched``)."""
     from experiments import network_steps
     from experiments import networks as nw
 
@@ -201,6 +203,8 @@ def networks_part(widths: list[int], steps: int, save=None) -> dict:
     for width in widths:
         size = "full" if width == nw.config("full").width else "default"
         cfg = nw.config(size)
+        if sketch_size is not None:
+            cfg = dataclasses.replace(cfg, sketch_size=sketch_size)
         if width != cfg.width:
             cfg = dataclasses.replace(cfg, width=width, heads=max(1, width // 64))
         res = network_steps.measure_config(cfg, steps, ("adam", "kron_rfd"))
@@ -237,6 +241,9 @@ def main(argv=None) -> dict:
     parser.add_argument("--widths", default="128,256,1024")
     parser.add_argument("--steps", type=int, default=30)
     parser.add_argument(
+        "--sketch-size", type=int, default=None, help="kron_fd's k in the networks part"
+    )
+    parser.add_argument(
         "--paths",
         default=",".join(p[0] for p in PROXY_PATHS),
         help="the proxy's code paths (a GPU compiles the per-group programs slowly: "
@@ -263,6 +270,7 @@ def main(argv=None) -> dict:
             [int(w) for w in args.widths.split(",")],
             args.steps,
             save=lambda part: save("networks", part),
+            sketch_size=args.sketch_size,
         ),
         "compile": compile_part,
     }

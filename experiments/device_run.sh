@@ -5,9 +5,10 @@
 #   OUT=/some/dir bash experiments/device_run.sh
 #
 # Writes <part>.json and one log under $OUT (at most 8 files come back from a lent machine).
-# PARTS picks and orders the stages (default: all, in the order below; a 15-minute lease fits
-# about two calls of 5-6 minutes, e.g. PARTS="networks steps", then PARTS="compile proxy
-# tests"). SKETCHOPT_BATCHED_SOLVES defaults to 1 here (the default on a GPU anyway); WIDTHS,
+# PARTS picks and orders the stages (default: all but small_k, in the order below; a 15-minute
+# lease fits about two calls of 5-6 minutes, e.g. PARTS="networks small_k steps", then
+# PARTS="compile proxy tests"; small_k times kron_fd with k = 12, every eigh then at most
+# 32 x 32). SKETCHOPT_BATCHED_SOLVES defaults to 1 here (the default on a GPU anyway); WIDTHS,
 # DIMS, STEPS and LIMIT_SCALE shrink or stretch it (a dry run on the CPU). The compile stage
 # compiles the 24-layer model three times, each in its own process: cold, again from JAX's
 # persistent compilation cache, and cold with XLA's GPU autotuner off. Limits from the H200 run
@@ -38,6 +39,10 @@ bench=(experiments/device_bench.py --steps "${STEPS:-30}")
 run_networks() {
     stage networks 300 "$PY" "${bench[@]}" --parts networks --widths "${WIDTHS:-128,256,1024}" \
         --out "$OUT/networks.json"
+}
+run_small_k() {  # kron_fd(k = 12): every eigh at most 32 x 32, one cuSOLVER launch each level
+    stage networks 120 "$PY" "${bench[@]}" --parts networks --widths 128 --sketch-size 12 \
+        --out "$OUT/networks_k12.json"
 }
 run_steps() {
     stage steps 80 "$PY" "${bench[@]}" --parts steps --dims "${DIMS:-1e6,1e7}" \
