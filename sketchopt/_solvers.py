@@ -143,12 +143,12 @@ def batching_active() -> bool:
     environment variable :data:`BATCHING_ENV`, else on every backend but the CPU.
 
     On a GPU the batched program is what the accelerators issue asked for and what was measured
-    (an NVIDIA H200, 2026-11-28: ``kron_fd``'s update in the transformer benchmark 10.2 ms
-    against 34-39 ms group by group; ``docs/benchmarks/device.md``). On the CPU it stays off
-    unless asked for: there jaxlib's batched LAPACK calls run as loops over their batch (no
-    fewer library calls, only fewer in the program), and one XLA:CPU hang met while building it
-    (LAPACK's ``syevd`` on an operand buffer it shared, fixed by symmetrizing) is understood
-    only that far. The switch follows the backend, not :func:`accelerator_path_active`: the
+    (an NVIDIA H200, 2026-11-28: ``kron_fd``'s update in the transformer benchmark 10.2 ms,
+    where 0.9.0's per-group program took 34-39 ms; ``docs/benchmarks/device.md``). On the CPU
+    it stays off unless asked for: there jaxlib's batched LAPACK calls run as loops over their
+    batch (no fewer library calls, only fewer in the program), and one XLA:CPU hang met while
+    building it (LAPACK's ``syevd`` on an operand buffer it shared, fixed by symmetrizing) is
+    understood only that far. The switch follows the backend, not :func:`accelerator_path_active`: the
     accelerator path forced on the CPU still runs the CPU's library calls."""
     forced = _BATCHING.get()
     if forced is not None:

@@ -14,10 +14,10 @@ chosen by the backend when an update is traced:
 and QR) batched across the groups: one solver call per kind and level of dependence, not one per
 group (``sketchopt._solvers``; on the speed benchmark's 24-layer tree 2 calls for ``ada_fd`` and
 ``fd_son`` instead of 18, 3 for ``kron_fd`` instead of 24). It is on by default on a GPU or TPU
-(measured on an NVIDIA H200: ``kron_fd``'s update in the transformer benchmark 10.2 ms against
-34-39 ms group by group) and off on the CPU, where jaxlib runs a batched LAPACK call as a loop
-over its batch; ``SKETCHOPT_BATCHED_SOLVES=1`` (or ``0``) sets it for a process. It is tested
-against the per-group program on both code paths.
+(measured on an NVIDIA H200: ``kron_fd``'s update in the transformer benchmark 10.2 ms, where
+0.9.0's per-group program took 34-39 ms) and off on the CPU, where jaxlib runs a batched LAPACK
+call as a loop over its batch; ``SKETCHOPT_BATCHED_SOLVES=1`` (or ``0``) sets it for a process.
+It is tested against the per-group program on both code paths.
 
 :func:`accelerator_path` makes the CPU trace what a GPU or TPU would, so that the tests and the
 device benchmark's proxy (``experiments/device_bench.py``) cover the accelerator path on any
