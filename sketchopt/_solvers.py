@@ -148,8 +148,9 @@ def batching_active() -> bool:
     it stays off unless asked for: there jaxlib's batched LAPACK calls run as loops over their
     batch (no fewer library calls, only fewer in the program), and one XLA:CPU hang met while
     building it (LAPACK's ``syevd`` on an operand buffer it shared, fixed by symmetrizing) is
-    understood only that far. The switch follows the backend, not :func:`accelerator_path_active`: the
-    accelerator path forced on the CPU still runs the CPU's library calls."""
+    understood only that far. The switch follows the backend, not
+    :func:`accelerator_path_active`: the accelerator path forced on the CPU still runs the CPU's
+    library calls."""
     forced = _BATCHING.get()
     if forced is not None:
         return forced
