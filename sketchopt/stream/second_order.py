@@ -876,8 +876,7 @@ class _SketchedLearner:
         vals = jnp.where(ok, values, 0).astype(table.dtype)
         got = table.at[idx].get(mode="fill", fill_value=0)  # (s, width)
         if self.rescaled:  # the example as the prediction sees it, x / D^{1/2}
-            ds = got[:, self.ds_col]
-            vals = jnp.where(ds > 0, vals / jnp.where(ds > 0, ds, 1), 0)
+            vals = self.over(vals, got[:, self.ds_col])
         return idx, vals, self.sums(vals, got), ok
 
     def sums(self, vals, got):
@@ -889,6 +888,11 @@ class _SketchedLearner:
         return out | {f"x_{c}": sums[rows + i] for i, c in enumerate(self.spec.columns)}
 
     @staticmethod
+    def over(x, ds):
+        """``x / ds``, 0 where ``ds`` is 0 (a coordinate never seen: its ``x`` is 0 too)."""
+        return jnp.where(ds > 0, x / jnp.where(ds > 0, ds, 1), 0)
+
+    @staticmethod
     def grown(ds, x, slope):
         """The fed form's ``ds`` (SON sec. 5.2 in VW's order) with this example's ``g^2`` in
         ``D`` (``g = slope x``, ``x`` as given; a coordinate whose ``D`` would overflow keeps its
@@ -896,7 +900,7 @@ class _SketchedLearner:
         keeps ``ds`` to the bit."""
         ds_new = jnp.hypot(ds, slope * x)
         ds_new = jnp.where(jnp.isfinite(ds_new), ds_new, ds)
-        return ds_new, jnp.where(ds_new > 0, x / jnp.where(ds_new > 0, ds_new, 1), 0)
+        return ds_new, _SketchedLearner.over(x, ds_new)
 
     def fed_sums(self, table, idx, x, slope):
         """The sums of the example as the fed form's learning sees it (:meth:`grown`), from the
@@ -1075,7 +1079,7 @@ class _SketchedLearner:
 
         def seen(tb):  # x / ds_new of one configuration's written table
             ds = tb.at[idx, self.ds_col].get(mode="fill", fill_value=0)
-            return dense_x(jnp.where(ds > 0, x_raw / jnp.where(ds > 0, ds, 1), 0))
+            return dense_x(self.over(x_raw, ds))
 
         return self.settle(new._replace(table=table), need, h, aux, table, seen), p
 
@@ -1099,8 +1103,7 @@ class _SketchedLearner:
         out-of-range indices and non-finite values are dropped (it learns nothing)."""
         idx, vals = flat.cleaned(j, table.dtype)
         if self.rescaled:
-            ds = table.at[idx, self.ds_col].get(mode="fill", fill_value=0)
-            vals = jnp.where(ds > 0, vals / jnp.where(ds > 0, ds, 1), 0)
+            vals = self.over(vals, table.at[idx, self.ds_col].get(mode="fill", fill_value=0))
         return idx, vals
 
     def segment_values(self, table, flat: _Flat, j):
@@ -1312,8 +1315,7 @@ def fd_son(
     ``diagonal_rescaling`` is SON sec. 5.2 with ``D_1 = diagonal_init I``: ``True`` or ``"fed"``
     (the default) VW's form, ``"metric"`` :func:`sketchopt.fd_son`'s (equal to it at
     ``diagonal_init=0.1``), ``False`` none (module docstring). ``alpha="auto"`` and ``eta=None``
-    (the
-    defaults): with diagonal rescaling, :data:`NORMALIZED_ALPHA` and the constant
+    (the defaults): with diagonal rescaling, :data:`NORMALIZED_ALPHA` and the constant
     :data:`NORMALIZED_ETA`; without, ``alpha_scale`` times the running mean of ``|x|^2`` and
     ``1/sqrt(t)`` (module docstring, "Defaults"). A number is the dense transform's fixed
     ``alpha``."""
