@@ -48,6 +48,7 @@ __all__ = [
     "from_dense",
     "hash_indices",
     "pad_rows",
+    "read_cost",
     "rows",
     "segment_width",
     "to_dense",
@@ -261,9 +262,17 @@ def segment_width(counts, *, overhead: int = SEGMENT_OVERHEAD) -> int:
     if counts.size == 0:
         return 8
     widths = 1 << np.arange(3, int(np.log2(MAX_SEGMENT)) + 1)
-    segments = np.maximum(-(-counts[None, :] // widths[:, None]), 1)
-    cost = (segments * (overhead + widths[:, None])).sum(axis=1)
+    cost = read_cost(counts[None, :], widths[:, None], overhead=overhead).sum(axis=1)
     return int(widths[int(np.argmin(cost))])
+
+
+def read_cost(counts, width, *, overhead: int = SEGMENT_OVERHEAD):
+    """The modelled cost, in entries, of reading examples of ``counts`` non-zeros flat in
+    segments of ``width``: ``max(1, ceil(count / width)) (overhead + width)`` each (every segment
+    is read whole and pays ``overhead``; :func:`segment_width` minimizes its sum, and
+    :func:`sketchopt.stream.runner.flat_pays` weighs it against the padded width)."""
+    counts = np.asarray(counts, np.int64)
+    return np.maximum(-(-counts // width), 1) * (overhead + width)
 
 
 def to_flat(examples: SparseExamples, dim: int, width: int | None = None) -> FlatExamples:

@@ -42,11 +42,11 @@ import numpy as np
 from sketchopt.stream import crosses
 from sketchopt.stream.crosses import CrossedExamples, CrossLayout
 from sketchopt.stream.examples import (
-    SEGMENT_OVERHEAD,
     FlatExamples,
     SparseExamples,
     SparseVector,
     pad_rows,
+    read_cost,
     rows,
     segment_width,
     to_flat,
@@ -160,9 +160,10 @@ def flat_pays(chunk: SparseExamples, dim: int, *, ratio: float = 1.0) -> bool:
     """Whether reading ``chunk`` flat is modelled to cost less than reading it padded, by the
     factor ``ratio``: the choice of :func:`auto_layout`.
 
-    The model is :func:`~sketchopt.stream.examples.segment_width`'s, in entries read per
-    example: padded, the padded width ``W``; flat, ``segments_i (SEGMENT_OVERHEAD + S)`` at the
-    segment width ``S`` that model picks, averaged over the real rows. Flat pays where ``W`` is
+    The model is :func:`~sketchopt.stream.examples.read_cost`, in entries read per example:
+    padded, the padded width ``W``; flat, ``segments_i (SEGMENT_OVERHEAD + S)`` at the segment
+    width ``S`` of :func:`~sketchopt.stream.examples.segment_width`, averaged over the real
+    rows. Flat pays where ``W`` is
     more than ``ratio`` times that. A flat segment's fixed cost (its loops, about a thousand
     entries' worth) decides it: on the VW benchmark's MNIST stream (``W = 304``, 152 non-zeros
     on average) padded chunks ran ``oja_son`` at 66k examples/s and flat ones at 44k, and with
@@ -173,9 +174,7 @@ def flat_pays(chunk: SparseExamples, dim: int, *, ratio: float = 1.0) -> bool:
     if not real.any():
         return False
     counts = (indices[real] != dim).sum(axis=1)
-    width = segment_width(counts)
-    segments = np.maximum(-(-counts // width), 1)
-    flat_cost = float(np.mean(segments * (SEGMENT_OVERHEAD + width)))
+    flat_cost = float(np.mean(read_cost(counts, segment_width(counts))))
     return bool(indices.shape[1] > ratio * flat_cost)
 
 
