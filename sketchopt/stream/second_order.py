@@ -1039,7 +1039,9 @@ class _SketchedLearner:
             ds = tb.at[idx, self.ds_col].get(mode="fill", fill_value=0)
             ds_new, xt = self.grown(ds, x, sl)
             add = xt[:, None] * cf[None, :].astype(tb.dtype)
-            return tb.at[idx].add(add.at[:, self.ds_col].set(ds_new - ds), mode="drop")
+            column = jnp.arange(add.shape[1]) == self.ds_col  # a select, not a DUS (learners.py)
+            add = jnp.where(column, (ds_new - ds)[:, None].astype(add.dtype), add)
+            return tb.at[idx].add(add, mode="drop")
 
         if self.batched:
             return jax.vmap(one)(table, slope, coef)
