@@ -50,6 +50,7 @@ from sketchopt import _groups, _numerics, _solvers
 __all__ = [
     "arrowhead_eigh",
     "arrowhead_pays",
+    "diagonal_desc",
     "eigh_arrow",
     "eigh_desc_structured",
     "householder_null_vector",
@@ -318,6 +319,18 @@ def eigh_desc_structured(gram, arrow):
     branches = _BRANCHES_ARROW if pays else _BRANCHES
     mu, u, fallback = jax.lax.switch(which, branches, gram, jnp.asarray(arrow, jnp.int32))
     return _numerics.zero_round_off_eigenvalues(mu, n), u, fallback
+
+
+def diagonal_desc(gram):
+    """:func:`sketchopt._numerics.eigh_desc` of a matrix known to be diagonal: its diagonal
+    sorted descending (round-off zeroed as there) and the permuted identity, no solve and no
+    check (the per-step FD family's Gram matrix after an update). Complex (Hermitian): the
+    diagonal is real, the vectors complex, as ``eigh`` gives them."""
+    n = gram.shape[-1]
+    diag = jnp.real(jnp.diagonal(gram))
+    order = jnp.argsort(-diag)
+    mu = jnp.maximum(diag[order], 0)
+    return _numerics.zero_round_off_eigenvalues(mu, n), jnp.eye(n, dtype=gram.dtype)[:, order]
 
 
 def _structure(gram, arrow):

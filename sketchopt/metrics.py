@@ -392,17 +392,19 @@ def sketched(sketch: _sketches.Sketch, delta: float) -> Metric:
         def absorb_solve(state, g, valid, lift):
             return _sketches.Absorbed(*sketch.absorb(state, g, valid, lift=lift))
 
+    read = _sketches.reader(sketch)  # per-step FD: its diagonal Gram matrix, no eigh
+
     def init(shape, dtype=jnp.float32):
         return sketch.init(flat_size(shape), state_dtype(dtype))
 
     def operator(state):
-        return _sketched_operator(_sketches.low_rank(state), delta)
+        return _sketched_operator(read(state), delta)
 
     def lift_coefficients(state, product):
         # The split solve of LowRankOperator: H^{-1} g = V^T diag(1 / (c + w)) V g + (g - P g) / c.
         # V g costs nothing more (``product`` is B g), and the sketch lifts both coefficient
         # vectors in the pass that rotates its rows.
-        lr = _sketches.low_rank(state)
+        lr = read(state)
         op = _sketched_operator(lr, delta)
         vg = jnp.where(op.weights != 0, lr.project_product(product), 0)
         pair = jnp.stack([vg, vg / (op.scalar + op.weights)])

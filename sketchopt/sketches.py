@@ -93,6 +93,7 @@ __all__ = [
     "oja",
     "parameterized_frequent_directions",
     "random_projection",
+    "reader",
     "robust_frequent_directions",
 ]
 
@@ -129,6 +130,10 @@ class Sketch(NamedTuple):
       paddable: whether zero coordinates appended to the rows change nothing else (the FD family
         and the random projection: their small Gram matrices see only inner products; not Oja,
         whose random initial directions depend on ``dim``). See ``LeafRule.paddable``.
+      low_rank_of: ``low_rank_of(state) -> LowRank``, :func:`low_rank` of this sketch's states
+        read with what the sketch knows of them: per-step FD and its relatives leave their Gram
+        matrix diagonal after every update, which is then read without an eigendecomposition
+        (:func:`reader`). ``None`` (a ``Sketch`` built by hand): :func:`low_rank`.
 
     Examples:
       >>> import jax.numpy as jnp, sketchopt as so
@@ -148,6 +153,7 @@ class Sketch(NamedTuple):
     spec: Any = None
     absorb_solve: Callable[..., Absorbed] | None = None
     paddable: bool = False
+    low_rank_of: Callable[[Any], Any] | None = None
 
     __eq__ = _validation.value_eq
     __hash__ = _validation.value_hash
@@ -315,11 +321,14 @@ def _scaled_dot(rows, row, exp):
     )
 
 
-def _gram_low_rank(rows, gram, scale_exp, alpha, drop_last, transform=None):
+def _gram_low_rank(rows, gram, scale_exp, alpha, drop_last, transform=None, diagonal=False):
     """``LowRank`` of ``B`` (``rows``, or ``transform @ rows``) whose (scaled) Gram matrix is
-    ``gram``: ``V = diag(mu^-1/2) U^T B``."""
-    # After a per-step FD shrink the Gram matrix is diagonal: no eigh needed (see _arrowhead).
-    mu, u, _ = _arrowhead.eigh_desc_structured(gram, gram.shape[-1] - 1)
+    ``gram``: ``V = diag(mu^-1/2) U^T B``. ``diagonal`` (static): ``gram`` is known to be
+    diagonal, and is read by sorting it (no ``eigh``, no run-time check)."""
+    if diagonal:
+        mu, u = _arrowhead.diagonal_desc(gram)
+    else:  # diagonal or an arrowhead where it can be: checked at run time (see _arrowhead)
+        mu, u, _ = _arrowhead.eigh_desc_structured(gram, gram.shape[-1] - 1)
     if drop_last:  # the buffer can never hold more than n-1 non-zero directions
         mu, u = mu[:-1], u[:, :-1]
     inv_sqrt = jnp.where(mu > 0, 1 / jnp.sqrt(jnp.where(mu > 0, mu, 1)), 0)
@@ -487,7 +496,7 @@ def _conj_residual_terms(a, row):
     return _residual_terms(conj(a), conj(row))
 
 
-def _make_sketch(init, absorb, sketch_size, name, *, spec=None, paddable=False):
+def _make_sketch(init, absorb, sketch_size, name, *, spec=None, paddable=False, low_rank_of=None):
     """Wrap ``absorb(state, row, valid, lift) -> Absorbed`` into a :class:`Sketch`.
 
     ``absorb`` must leave the state bit-identical when ``valid`` is false (it then receives a zero
@@ -534,6 +543,7 @@ def _make_sketch(init, absorb, sketch_size, name, *, spec=None, paddable=False):
         spec,
         absorb_solve,
         paddable,
+        low_rank_of,
     )
 
 
@@ -746,18 +756,25 @@ def _refresh_due(state, shrank, *, n, tau):
     return shrank & (index % _GRAM_REFRESH == _GRAM_REFRESH - 1)
 
 
-def _fd_refresh_gram(state, shrank, *, n, tau):
+def _fd_refresh_gram(state, shrank, *, n, tau, lazy=False):
     """``B B^T`` recomputed exactly from the rows every _GRAM_REFRESH shrinks (numerics only).
 
     Replaces the tracked Gram matrix so that round-off cannot accumulate in it (see
-    _GRAM_REFRESH). Kept outside the doubling buffer's ``lax.cond``: nested there, reading the
-    rows made XLA copy them. The rows are ``B`` itself then (the lazy basis is written back at
-    the same shrinks, :func:`_fd_rematerialize`).
+    _GRAM_REFRESH). Per-step FD refreshes it between the append and the shrink, whose ``eigh``
+    then takes the exact matrix and leaves ``diag(shrunk)``: its Gram matrix is diagonal after
+    every update (read without ``eigh``, :func:`_fd_low_rank_diagonal`). With the ``lazy``
+    basis ``B = F Z`` that is ``F (Z Z^T) F^T`` (complex: ``F (Z Z^H) F^H``). The doubling
+    buffer refreshes after its shrink, outside its ``lax.cond``: nested there, reading the rows
+    made XLA copy them.
     """
     refresh = _refresh_due(state, shrank, n=n, tau=tau)
 
     def exact():
-        return _groups.select_leaves(refresh, _exact_gram(state.rows, state.scale_exp), state.gram)
+        gram = _exact_gram(state.rows, state.scale_exp)
+        if lazy:
+            f = state.transform
+            gram = jnp.matmul(jnp.matmul(f, gram, precision=HIGHEST), conj(f).T, precision=HIGHEST)
+        return _groups.select_leaves(refresh, gram, state.gram)
 
     gram = jax.lax.cond(_groups.any_leaf(refresh), exact, lambda: state.gram)
     return state._replace(gram=gram)
@@ -768,7 +785,8 @@ def _fd_rematerialize(state, product, shrank, *, n, tau):
 
     One rotation of the stored rows (what the eager basis pays at every shrink) bounds the
     growth of ``Z`` and the round-off that ``B = F Z`` accumulates; ``product`` follows the new
-    rows (``B g``). At the same shrinks :func:`_fd_refresh_gram` then recomputes ``B B^T``.
+    rows (``B g``). At the same steps :func:`_fd_refresh_gram` recomputed ``B B^T`` before the
+    shrink.
     """
     due = _refresh_due(state, shrank, n=n, tau=tau)
 
@@ -851,9 +869,10 @@ def _fd_family(
 
     def absorb_lazy(state, row, valid, lift):
         state, _, stored = _fd_append(state, row, valid, lazy=True)
+        state = refresh_gram(state, valid, lazy=True)  # before the shrink (_fd_refresh_gram)
         out = shrink_lazy(state, stored, valid, lift, row)
         state, product = rematerialize(*out[:2], valid)
-        return Absorbed(refresh_gram(state, valid), product, *out[2:])
+        return Absorbed(state, product, *out[2:])
 
     def absorb(state, row, valid, lift=None):
         """Append ``row``, then shrink: at every row (Alg. 1/2) or when the buffer is full (4/5)."""
@@ -862,11 +881,10 @@ def _fd_family(
             return absorb_lazy(state, row, valid, lift)
         state, prod, _ = _fd_append(state, row, valid)
         if not fast:
+            state = refresh_gram(state, valid)  # before the shrink (_fd_refresh_gram)
             if lift is not None:
-                state, prod, residual = shrink(state, prod, valid, lift, row)
-                return Absorbed(refresh_gram(state, valid), prod, residual)
-            state, prod = shrink(state, prod, valid)
-            return Absorbed(refresh_gram(state, valid), prod)
+                return Absorbed(*shrink(state, prod, valid, lift, row))
+            return Absorbed(*shrink(state, prod, valid))
         full = state.fill == n
 
         def shrink_full(s, p):  # in a group the leaves not full come back unchanged
@@ -881,7 +899,8 @@ def _fd_family(
     spec = _validation.spec_key(
         "fd_family", tau, fast, name, alpha0, alpha_fraction, compensate, num_shrunk, lazy
     )
-    return _make_sketch(init, absorb, tau, name, spec=spec, paddable=True)
+    reading = None if fast else _fd_low_rank_diagonal  # per-step: diagonal after every update
+    return _make_sketch(init, absorb, tau, name, spec=spec, paddable=True, low_rank_of=reading)
 
 
 def frequent_directions(
@@ -1384,11 +1403,29 @@ def low_rank(state) -> LowRank:
     raise TypeError(f"not a sketch state: {type(state).__name__}")
 
 
-@low_rank.register
-def _(state: FrequentDirectionsState) -> LowRank:
-    lr = _gram_low_rank(state.rows, state.gram, state.scale_exp, state.alpha, True, state.transform)
+def _fd_low_rank(state: FrequentDirectionsState, diagonal: bool = False) -> LowRank:
+    lr = _gram_low_rank(
+        state.rows, state.gram, state.scale_exp, state.alpha, True, state.transform, diagonal
+    )
     lam = jnp.where(lr.eigenvalues > 0, lr.eigenvalues + state.compensation, 0)
     return lr._replace(weights=lam)
+
+
+@low_rank.register
+def _(state: FrequentDirectionsState) -> LowRank:
+    return _fd_low_rank(state)
+
+
+def _fd_low_rank_diagonal(state: FrequentDirectionsState) -> LowRank:
+    """:func:`low_rank` of a per-step FD state, whose Gram matrix is ``diag(shrunk)`` after every
+    update (:func:`_fd_family`): sorted, no ``eigh``."""
+    return _fd_low_rank(state, diagonal=True)
+
+
+def reader(sketch: Sketch) -> Callable[[Any], LowRank]:
+    """The function that reads ``sketch``'s states as :func:`low_rank` does, with what the sketch
+    knows of them (:attr:`Sketch.low_rank_of`): the metrics call it at every update."""
+    return low_rank if sketch.low_rank_of is None else sketch.low_rank_of
 
 
 @low_rank.register

@@ -505,6 +505,7 @@ def _sketched_newton_metric(
 ):
     """FD/RFD/Oja-SON's metric: ``make_sketch(leaf_index)`` gives the sketch of a leaf."""
     sketch0 = make_sketch(0)
+    read = _sketches.reader(sketch0)  # per-step FD: its diagonal Gram matrix, no eigh
 
     def init_leaf(i, dim, dtype):
         sk_state = make_sketch(i).init(dim, dtype)
@@ -517,7 +518,7 @@ def _sketched_newton_metric(
         a = jnp.where(valid, jnp.asarray(alpha, ls.alpha.dtype), ls.alpha)
         root = jnp.sqrt(c)
         sk_state, product = sketch0.absorb(ls.sketch, ghat, valid)
-        lr = _sketches.low_rank(sk_state)
+        lr = read(sk_state)
         # V g from the sketch's own B g (DESIGN "fuse work"); one more pass only when c = 0.
         vg = jax.lax.cond(
             root > 0,

@@ -1029,6 +1029,49 @@ def test_exact_gram_refresh_on_both_paths(monkeypatch, exp, accelerator):
     np.testing.assert_allclose(np.asarray(state.gram, np.float64), b @ b.T, rtol=1e-5, atol=1e-5)
 
 
+PER_STEP_FD = [name for name in FD_FAMILY if not SPECS[name][1].get("fast")]
+
+
+@pytest.mark.parametrize("name", PER_STEP_FD)
+def test_per_step_fd_leaves_its_gram_matrix_diagonal_and_reads_it_so(name):
+    """Per-step FD refreshes its Gram matrix from the rows before the shrink, whose ``eigh``
+    then leaves ``diag(shrunk)``: after every update, refreshes included (every 32 shrinks), the
+    matrix is exactly diagonal, and the sketch's own reading (``reader``, no ``eigh``) is
+    ``low_rank``'s. The doubling buffer's is not diagonal between shrinks: it keeps
+    ``low_rank``."""
+    tau, dim = 4, 10
+    rows = np.random.default_rng(5).standard_normal((80, dim)) * np.geomspace(1, 0.05, dim)
+    sketch = make(name, tau)
+    states, _ = _trajectory_fn(name, tau)(sketch.init(dim), jnp.asarray(rows, jnp.float32))
+    gram = np.asarray(states.gram)
+    off = ~np.eye(tau, dtype=bool)
+    np.testing.assert_array_equal(gram[:, off], 0)
+
+    def dense(lr):  # the covariance a LowRank reading gives
+        v = lr.directions()
+        return (v.T * lr.true_eigenvalues()) @ v + lr.true_alpha() * jnp.eye(dim)
+
+    read = jax.jit(jax.vmap(lambda s: dense(sk.reader(sketch)(s))))
+    general = jax.jit(jax.vmap(lambda s: dense(sk.low_rank(s))))
+    np.testing.assert_array_equal(read(states), general(states))
+    assert sk.reader(sk.frequent_directions(tau, fast=True)) is sk.low_rank
+
+
+def test_a_vmapped_per_step_fd_solve_makes_one_eigendecomposition():
+    """Under ``vmap`` (a grid of learning rates, say) every ``lax.cond`` runs both branches: a
+    run-time check for a diagonal Gram matrix would still call ``eigh``. The metric reads per-step
+    FD's diagonal without one, so its update makes the shrink's ``eigh`` only."""
+    import sketchopt as so
+
+    metric = so.metrics.sketched(sk.frequent_directions(4), delta=1.0)
+    states = jax.vmap(lambda _: metric.init((10,)))(jnp.arange(3))
+    grads = jnp.ones((3, 10))
+    update = jax.jit(jax.vmap(lambda s, g: metric.update(s, g)[2]))
+    program = update.lower(states, grads).compile().as_text()
+    calls = [line for line in program.splitlines() if "custom-call(" in line]
+    assert sum("syevd" in line or "heevd" in line for line in calls) == 1
+
+
 # ----------------------------------------------------------------------------------------------
 # The protocol: fixed return shapes, the fused entry, the random projection's draw.
 
