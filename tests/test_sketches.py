@@ -1036,8 +1036,8 @@ PER_STEP_FD = [name for name in FD_FAMILY if not SPECS[name][1].get("fast")]
 def test_per_step_fd_leaves_its_gram_matrix_diagonal_and_reads_it_so(name):
     """Per-step FD refreshes its Gram matrix from the rows before the shrink, whose ``eigh``
     then leaves ``diag(shrunk)``: after every update, refreshes included (every 32 shrinks), the
-    matrix is exactly diagonal, and the sketch's own reading (``reader``, no ``eigh``) is
-    ``low_rank``'s. The doubling buffer's is not diagonal between shrinks: it keeps
+    matrix is exactly diagonal, and the sketch's own reading (``reader``, no ``eigh``) gives
+    ``low_rank``'s covariance. The doubling buffer's is not diagonal between shrinks: it keeps
     ``low_rank``."""
     tau, dim = 4, 10
     rows = np.random.default_rng(5).standard_normal((80, dim)) * np.geomspace(1, 0.05, dim)
@@ -1053,7 +1053,8 @@ def test_per_step_fd_leaves_its_gram_matrix_diagonal_and_reads_it_so(name):
 
     read = jax.jit(jax.vmap(lambda s: dense(sk.reader(sketch)(s))))
     general = jax.jit(jax.vmap(lambda s: dense(sk.low_rank(s))))
-    np.testing.assert_array_equal(read(states), general(states))
+    # two programs: equal up to float32 rounding of the products (XLA fuses them differently)
+    np.testing.assert_allclose(read(states), general(states), rtol=1e-4, atol=1e-4)
     assert sk.reader(sk.frequent_directions(tau, fast=True)) is sk.low_rank
 
 
