@@ -326,11 +326,8 @@ def diagonal_desc(gram):
     sorted descending (round-off zeroed as there) and the permuted identity, no solve and no
     check (the per-step FD family's Gram matrix after an update). Complex (Hermitian): the
     diagonal is real, the vectors complex, as ``eigh`` gives them."""
-    n = gram.shape[-1]
-    diag = jnp.real(jnp.diagonal(gram))
-    order = jnp.argsort(-diag)
-    mu = jnp.maximum(diag[order], 0)
-    return _numerics.zero_round_off_eigenvalues(mu, n), jnp.eye(n, dtype=gram.dtype)[:, order]
+    mu, u, _ = _diagonal(gram, None)
+    return _numerics.zero_round_off_eigenvalues(mu, gram.shape[-1]), u
 
 
 def _structure(gram, arrow):
@@ -365,7 +362,7 @@ def _general(gram, arrow):
 
 def _diagonal(gram, arrow):
     del arrow
-    diag = jnp.diagonal(gram)
+    diag = jnp.real(jnp.diagonal(gram))  # Hermitian: a real diagonal (a real gram: itself)
     order = jnp.argsort(-diag)
     eye = jnp.eye(gram.shape[-1], dtype=gram.dtype)
     return jnp.maximum(diag[order], 0), eye[:, order], jnp.bool_(False)

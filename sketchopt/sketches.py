@@ -1424,7 +1424,11 @@ def _fd_low_rank_diagonal(state: FrequentDirectionsState) -> LowRank:
 
 def reader(sketch: Sketch) -> Callable[[Any], LowRank]:
     """The function that reads ``sketch``'s states as :func:`low_rank` does, with what the sketch
-    knows of them (:attr:`Sketch.low_rank_of`): the metrics call it at every update."""
+    knows of them (:attr:`Sketch.low_rank_of`): the metrics call it at every update.
+
+    For per-step FD and its relatives that is the shrunk spectrum itself: after Alg. 1/2 lines
+    4-6 of Luo et al. (2019, RFD) the Gram matrix is ``B' B'^T = diag(shrunk)``, so
+    ``V = diag(mu^-1/2) U^T B`` (Wan, Wei & Zhang 2018, sec. 3.1) has ``U`` a permutation."""
     return low_rank if sketch.low_rank_of is None else sketch.low_rank_of
 
 

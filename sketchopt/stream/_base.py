@@ -32,6 +32,7 @@ __all__ = [
     "loss_function",
     "loss_value",
     "segment_count",
+    "with_column",
 ]
 
 
@@ -87,6 +88,16 @@ def importance(slope, ok, active, weight, dtype):
     finite = jnp.isfinite(weight)
     ok = ok & finite & (weight >= 0)
     return slope * jnp.where(finite, weight, 0), ok, active & (weight > 0)
+
+
+def with_column(rows, j: int, values):
+    """``rows`` (``(s, k)``, an example's gathered rows) with column ``j`` replaced by
+    ``values`` (``(s,)``), as a select on the column's number. The form matters inside a
+    scatter's operand: XLA:CPU fused a stack of the columns, or a dynamic-update-slice of one,
+    into the scatter as a per-entry branch (padded MNIST-shaped chunks ran the first-order
+    learners 1.7-2x slower, ``oja_son``'s fed write 1.2x; ``docs/benchmarks/streams.md``)."""
+    column = jnp.arange(rows.shape[-1]) == j
+    return jnp.where(column, values[:, None].astype(rows.dtype), rows)
 
 
 def segment_count(start, stop, width: int):

@@ -67,6 +67,7 @@ from sketchopt.stream._base import (
     loss_function,
     loss_value,
     segment_count,
+    with_column,
 )
 from sketchopt.stream.examples import flat_segment
 from sketchopt.stream.second_order import SECOND_ORDER
@@ -199,13 +200,9 @@ class _LinearSteps:
         def block_rows(b, r):
             if grid:
                 return jnp.where(keep, new_cols[b[0]].astype(r.dtype), r)
-            # a column at a time, by a select on the column's number: XLA:CPU emits a stack
-            # (a concatenate) inside the scatter's fusion as a per-entry branch, 1.5-2x the
-            # cost of the whole write on crossed examples of 12k entries
-            column = jnp.arange(len(b))
             out = r
-            for j, c in enumerate(b):
-                out = jnp.where(column == j, new_cols[c][:, None].astype(r.dtype), out)
+            for j, c in enumerate(b):  # a column at a time, not stacked (with_column)
+                out = with_column(out, j, new_cols[c])
             return jnp.where(keep, out, r)
 
         return tuple(

@@ -145,6 +145,7 @@ from sketchopt.stream._base import (
     importance,
     loss_function,
     segment_count,
+    with_column,
 )
 from sketchopt.stream.examples import flat_segment
 
@@ -1039,9 +1040,7 @@ class _SketchedLearner:
             ds = tb.at[idx, self.ds_col].get(mode="fill", fill_value=0)
             ds_new, xt = self.grown(ds, x, sl)
             add = xt[:, None] * cf[None, :].astype(tb.dtype)
-            column = jnp.arange(add.shape[1]) == self.ds_col  # a select, not a DUS (learners.py)
-            add = jnp.where(column, (ds_new - ds)[:, None].astype(add.dtype), add)
-            return tb.at[idx].add(add, mode="drop")
+            return tb.at[idx].add(with_column(add, self.ds_col, ds_new - ds), mode="drop")
 
         if self.batched:
             return jax.vmap(one)(table, slope, coef)
