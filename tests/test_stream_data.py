@@ -244,8 +244,12 @@ def test_labels_checked_for_the_loss(tmp_path):
     # {-1, 0, 1}: invalid as a whole, although chunks of {0, 1} and {-1, 1} would each pass.
     path3 = tmp_path / "three.svm"
     path3.write_text("0 1:1\n1 1:1\n-1 1:1\n1 1:1\n")
-    with pytest.raises(ValueError, match="hinge loss"):
+    with pytest.raises(ValueError, match=r"three\.svm: the hinge loss"):  # names the file
         iter_svmlight(path3, chunk_size=2, loss="hinge")
+    vw_file = tmp_path / "three.vw"
+    vw_file.write_text("0 |f a\n1 |f b\n-1 |f a b\n")
+    with pytest.raises(ValueError, match=r"three\.vw: the logistic loss .* found \[0\.0\]"):
+        list(data.iter_vw(vw_file))
 
 
 def test_many_labels_kept_bounded(tmp_path):

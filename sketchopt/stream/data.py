@@ -324,7 +324,17 @@ def _check_unseen(unseen) -> bool:
 
 
 def _plan(
-    info, *, loss, dim, bits, nnz, zero_based, hash_seed, constant=False, unseen="error"
+    info,
+    *,
+    loss,
+    dim,
+    bits,
+    nnz,
+    zero_based,
+    hash_seed,
+    constant=False,
+    unseen="error",
+    source=None,
 ) -> _Plan:
     if zero_based != "auto" and bool(zero_based) != info.zero_based:
         raise ValueError(f"zero_based={zero_based} contradicts the scan's {info.zero_based}")
@@ -333,7 +343,7 @@ def _plan(
         info = info._replace(dim=min(info.dim, int(dim)))
     d = stream_dim(info, bits=bits, dim=dim)
     # The whole file's labels at once: a chunk-wise check would accept {-1, 0, 1} in pieces.
-    check_labels(np.asarray(info.labels, np.float64), loss)
+    check_labels(np.asarray(info.labels, np.float64), loss, source=source)
     hashed = bits is not None and info.dim > d
     s = max(info.nnz if nnz is None else int(nnz), 1)
     if nnz is not None and not hashed and info.nnz > s:
@@ -407,7 +417,7 @@ def iter_svmlight(
         info = scan_svmlight(path, zero_based=zero_based, chunk_bytes=chunk_bytes)
     plan = _plan(
         info, loss=loss, dim=dim, bits=bits, nnz=nnz, zero_based=zero_based, hash_seed=hash_seed,
-        constant=constant, unseen=unseen,
+        constant=constant, unseen=unseen, source=path,
     )  # fmt: skip
 
     def chunks() -> Iterator[SparseExamples]:
@@ -456,7 +466,7 @@ def load_svmlight(
         info = scan.info(zero_based)
     plan = _plan(
         info, loss=loss, dim=dim, bits=bits, nnz=nnz, zero_based=zero_based, hash_seed=hash_seed,
-        constant=constant, unseen=unseen,
+        constant=constant, unseen=unseen, source=path,
     )  # fmt: skip
     if not info.zero_based:
         for raw in raws:
@@ -839,7 +849,7 @@ def iter_vw(
     chunk_size, bits = int(chunk_size), _check_bits(bits)
     pairs = _vw_pairs(quadratic)
     info = scan_vw(source, quadratic=quadratic) if info is None else info
-    check_labels(np.asarray(info.labels, np.float64), loss)  # the whole file's, once
+    check_labels(np.asarray(info.labels, np.float64), loss, source=_vw_name(source))  # once
     if crosses not in ("host", "device"):
         raise ValueError(f"crosses must be 'host' or 'device', got {crosses!r}")
     d = 2**bits

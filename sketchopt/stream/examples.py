@@ -31,6 +31,8 @@ learner is skipped and counted, never learned from (:mod:`sketchopt.stream.learn
 
 from __future__ import annotations
 
+import os
+
 from typing import NamedTuple
 
 import jax
@@ -86,25 +88,29 @@ class SparseExamples(NamedTuple):
         return int(self.labels.shape[0])
 
 
-def check_labels(labels, loss: str) -> np.ndarray:
+def check_labels(labels, loss: str, *, source=None) -> np.ndarray:
     """Labels as float64 in the domain of ``loss``, or a ``ValueError`` naming the bad ones.
 
     Classification losses (:data:`CLASSIFICATION_LOSSES`) take ``{-1, +1}``, or ``{0, 1}``
     (mapped to ``{-1, +1}``, as LIBSVM files of binary problems often hold them); ``squared``
-    takes any finite number.
+    takes any finite number. A file mixing the two conventions (``{-1, 0, 1}``) is refused: its
+    0 could mean either. ``source`` (a file's name), when given, heads the error.
     """
     labels = np.asarray(labels, np.float64).reshape(-1)
-    if not np.all(np.isfinite(labels)):
-        raise ValueError(f"labels must be finite; found {labels[~np.isfinite(labels)][:5]}")
+
+    def refuse(message):
+        return ValueError(message if source is None else f"{os.fspath(source)}: {message}")
+
+    finite = np.isfinite(labels)
+    if not np.all(finite):
+        raise refuse(f"labels must be finite; found {labels[~finite][:5]}")
     if loss in CLASSIFICATION_LOSSES:
         values = set(np.unique(labels).tolist())
         if values <= {0.0, 1.0}:
             return np.where(labels > 0, 1.0, -1.0)
         if not values <= {-1.0, 1.0}:
             bad = sorted(values - {-1.0, 1.0})[:5]
-            raise ValueError(
-                f"the {loss} loss takes labels in {{-1, +1}} (or {{0, 1}}); found {bad}"
-            )
+            raise refuse(f"the {loss} loss takes labels in {{-1, +1}} (or {{0, 1}}); found {bad}")
     elif loss != "squared":
         raise ValueError(f"unknown loss {loss!r}; use squared or one of {CLASSIFICATION_LOSSES}")
     return labels
