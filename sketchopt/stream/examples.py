@@ -32,7 +32,6 @@ learner is skipped and counted, never learned from (:mod:`sketchopt.stream.learn
 from __future__ import annotations
 
 import os
-
 from typing import NamedTuple
 
 import jax
