@@ -28,7 +28,7 @@ $(DOCS_STAMP): $(STAMP) pyproject.toml
 	$(VENV)/bin/pip install --quiet -e '.[docs]'
 	touch $(DOCS_STAMP)
 
-.PHONY: venv run bench readme test test-benchmarks test-devices test-fast conformance docs lint ci smoke-lowest smoke-wheel
+.PHONY: venv run bench readme test test-experiments test-benchmarks test-devices test-fast conformance docs lint ci smoke-lowest smoke-wheel
 venv: $(STAMP)
 
 # Main job: the papers' reproductions at the default size (at most 20 minutes on a 2-core
@@ -47,13 +47,21 @@ bench: $(STAMP)
 readme: $(STAMP)
 	$(VENV)/bin/python experiments/readme_tables.py --results results --readme README.md
 
-# The test suite (lint included, notebooks executed, the docstrings' examples run), as CI runs it
-# first; the benchmarks' quick runs are a tier of their own (test-benchmarks), as `make bench` is
-# outside `make run`'s budget, and so is the 8-device sharding run (test-devices).
+# The test suite (lint included, the docstrings' examples run), as CI runs it first; the papers'
+# experiments at quick size with the notebooks (test-experiments), the benchmarks' quick runs
+# (test-benchmarks, as `make bench` is outside `make run`'s budget) and the 8-device sharding run
+# (test-devices) are tiers of their own, run by CI after it, so that this one keeps its budget.
 test: $(STAMP)
 	$(VENV)/bin/ruff check .
-	$(PYTEST) -m "not benchmark and not devices" --nbmake --doctest-modules --durations=15 \
-		tests notebooks sketchopt
+	$(PYTEST) -m "not benchmark and not devices and not experiments" --doctest-modules \
+		--durations=15 tests sketchopt
+
+# The reproductions of the papers' experiments (experiments/run.py's IN_ALL, tests marked
+# experiments) at their quick size, each with the claims that hold there, and the notebooks
+# executed (--nbmake): a CI tier after make test (about 3.5 CPU-minutes, 2 of wall time on a
+# 2-core machine).
+test-experiments: $(STAMP)
+	$(PYTEST) -m experiments --nbmake --durations=10 tests notebooks
 
 # The library's own benchmarks (experiments/run.py BENCHMARKS: speed, vw, networks, defaults) at
 # their quick size: the form of their JSON and the claims that hold there. A CI tier after make
@@ -93,7 +101,7 @@ docs: $(DOCS_STAMP)
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .
 
-ci: test test-benchmarks test-devices conformance docs smoke-lowest smoke-wheel
+ci: test test-experiments test-benchmarks test-devices conformance docs smoke-lowest smoke-wheel
 
 # The lowest declared versions of every dependency ("lowest direct" resolution, pins written by
 # .ci/lowest_requirements.py) in a separate environment, and the smoke subset of the tests. These

@@ -196,14 +196,18 @@ def _fast_tier_sample(items, config):
 
 @pytest.hookimpl(tryfirst=True)  # before pytest-xdist reads the xdist_group marks
 def pytest_collection_modifyitems(config, items):
-    """Start the tests marked ``first`` (the minutes-long 8-device sharding subprocess) before the
-    others: pytest-xdist hands out items in collection order, and a long item collected last
-    leaves the other worker idle while it runs.
+    """Mark the notebooks ``experiments`` (their tier, ``make test-experiments``; this hook runs
+    before ``-m`` deselects), and start the tests marked ``first`` (the minutes-long 8-device
+    sharding subprocess) before the others: pytest-xdist hands out items in collection order,
+    and a long item collected last leaves the other worker idle while it runs.
 
     The tests of one module parametrized by a transform family (``name``) run on one worker
     (``--dist loadgroup``, set in the Makefile): they share the family's compiled step, which
     each worker would otherwise compile again.
     """
+    for item in items:  # the notebooks (nbmake's items) run in the experiments' tier
+        if str(getattr(item, "path", "")).endswith(".ipynb"):
+            item.add_marker(pytest.mark.experiments)
     if os.environ.get("SKETCHOPT_TEST_TIER") != "conformance":
         _conformance_sample(items, config)
     if os.environ.get("SKETCHOPT_TEST_TIER") == "fast":

@@ -12,7 +12,7 @@ from experiment_support import check_claims, finite_numbers, load, quick_run
 
 from experiments import classification
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.experiments]
 
 TUNABLE = (
     "ada_fd", "ada_fd_dual_averaging", "ada_diag", "ada_diag_dual_averaging", "radagrad",

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 from experiment_support import finite_numbers, load, quick_run
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.experiments]
 
 
 cnn_run = quick_run("cnn")

@@ -10,7 +10,7 @@ import math
 import pytest
 from experiment_support import check_claims, finite_numbers, load, quick_run, verdict
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.experiments]
 
 NAMES = (
     "ada_fd",

@@ -12,7 +12,7 @@ from experiment_support import REPO, check_claims, finite_numbers, load
 
 from experiments import sketch_error as se
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.experiments]
 
 SLACK = 1e-4  # float32 sketches against float64 bounds
 

@@ -9,7 +9,7 @@ from experiment_support import check_claims, finite_numbers, load, quick_run, ve
 
 from experiments import son_online as so_exp
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.experiments]
 
 SKETCHED = (
     "fd_son",

@@ -8,7 +8,7 @@ from experiment_support import check_claims, finite_numbers, load, quick_run
 
 from experiments import son_real as sr
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.experiments]
 
 
 son_real_run = quick_run("son_real")

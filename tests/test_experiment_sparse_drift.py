@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from experiment_support import finite_numbers, load, run
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.experiments]
 
 
 def test_sparse_drift_json(tmp_path_factory):
