@@ -250,6 +250,8 @@ def test_labels_checked_for_the_loss(tmp_path):
     vw_file.write_text("0 |f a\n1 |f b\n-1 |f a b\n")
     with pytest.raises(ValueError, match=r"three\.vw: the logistic loss .* found \[0\.0\]"):
         list(data.iter_vw(vw_file))
+    with pytest.raises(ValueError, match=r"three\.vw: the logistic loss"):
+        data.read_vw(vw_file)
 
 
 def test_many_labels_kept_bounded(tmp_path):

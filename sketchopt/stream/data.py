@@ -324,18 +324,9 @@ def _check_unseen(unseen) -> bool:
 
 
 def _plan(
-    info,
-    *,
-    loss,
-    dim,
-    bits,
-    nnz,
-    zero_based,
-    hash_seed,
-    constant=False,
-    unseen="error",
+    info, *, loss, dim, bits, nnz, zero_based, hash_seed, constant=False, unseen="error",
     source=None,
-) -> _Plan:
+) -> _Plan:  # fmt: skip
     if zero_based != "auto" and bool(zero_based) != info.zero_based:
         raise ValueError(f"zero_based={zero_based} contradicts the scan's {info.zero_based}")
     drop = _check_unseen(unseen)
@@ -687,7 +678,9 @@ def _vw_hashed(rows: list[dict], d: int) -> scipy.sparse.csr_matrix:
     return hasher.transform(rows)
 
 
-def _vw_batch(parsed, pairs, bits, *, loss, nnz, dtype, constant, weighted) -> SparseExamples:
+def _vw_batch(
+    parsed, pairs, bits, *, loss, nnz, dtype, constant, weighted, source=None
+) -> SparseExamples:
     """Parsed VW examples as one batch over ``2**bits`` hashed features: the crosses of
     ``pairs``, labels in the loss's domain, the importance weights (``weighted``) and the
     constant."""
@@ -706,7 +699,7 @@ def _vw_batch(parsed, pairs, bits, *, loss, nnz, dtype, constant, weighted) -> S
         x.sum_duplicates()
     else:
         x = _vw_hashed([_vw_features(e) for e in parsed], d)
-    labels = check_labels([e.label for e in parsed], loss)
+    labels = check_labels([e.label for e in parsed], loss, source=source)
     examples = from_csr(x, labels, dim=d, nnz=nnz, dtype=dtype)
     if weighted:
         examples = examples._replace(weights=np.asarray([e.weight for e in parsed], dtype))
@@ -923,7 +916,7 @@ def read_vw(
     d = 2**bits
     examples = _vw_batch(
         parsed, pairs, bits, loss=loss, nnz=nnz, dtype=dtype, constant=constant,
-        weighted=any(e.weight != 1.0 for e in parsed),
+        weighted=any(e.weight != 1.0 for e in parsed), source=_vw_name(source),
     )  # fmt: skip
     return examples, weights_dim(d, constant)
 
