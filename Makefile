@@ -28,7 +28,7 @@ $(DOCS_STAMP): $(STAMP) pyproject.toml
 	$(VENV)/bin/pip install --quiet -e '.[docs]'
 	touch $(DOCS_STAMP)
 
-.PHONY: venv run bench readme test test-experiments test-benchmarks test-devices test-fast conformance docs lint ci smoke-lowest smoke-wheel
+.PHONY: venv run bench readme test test-experiments test-robustness test-benchmarks test-devices test-fast conformance docs lint ci smoke-lowest smoke-wheel
 venv: $(STAMP)
 
 # Main job: the papers' reproductions at the default size (at most 20 minutes on a 2-core
@@ -48,9 +48,11 @@ readme: $(STAMP)
 	$(VENV)/bin/python experiments/readme_tables.py --results results --readme README.md
 
 # The test suite (lint included, the docstrings' examples run), as CI runs it first; the papers'
-# experiments at quick size with the notebooks (test-experiments), the benchmarks' quick runs
-# (test-benchmarks, as `make bench` is outside `make run`'s budget) and the 8-device sharding run
-# (test-devices) are tiers of their own, run by CI after it, so that this one keeps its budget.
+# experiments at quick size with the notebooks (test-experiments), the robustness sweep over every
+# family (test-robustness; this tier runs its checks on a sample of families), the benchmarks'
+# quick runs (test-benchmarks, as `make bench` is outside `make run`'s budget) and the 8-device
+# sharding run (test-devices) are tiers of their own, run by CI after it, so that this one keeps
+# its budget.
 test: $(STAMP)
 	$(VENV)/bin/ruff check .
 	$(PYTEST) -m "not benchmark and not devices and not experiments" --doctest-modules \
@@ -62,6 +64,12 @@ test: $(STAMP)
 # 2-core machine).
 test-experiments: $(STAMP)
 	$(PYTEST) -m experiments --nbmake --durations=10 tests notebooks
+
+# The robustness sweep (tests/test_robustness.py) over every transform family: make test runs each
+# of its checks for a sample of the families (tests/conftest.py, ROBUSTNESS_MODULE); a CI tier
+# after make test.
+test-robustness: $(STAMP)
+	SKETCHOPT_TEST_TIER=robustness $(PYTEST) --durations=10 tests/test_robustness.py
 
 # The library's own benchmarks (experiments/run.py BENCHMARKS: speed, vw, networks, defaults) at
 # their quick size: the form of their JSON and the claims that hold there. A CI tier after make
@@ -101,7 +109,7 @@ docs: $(DOCS_STAMP)
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .
 
-ci: test test-experiments test-benchmarks test-devices conformance docs smoke-lowest smoke-wheel
+ci: test test-experiments test-robustness test-benchmarks test-devices conformance docs smoke-lowest smoke-wheel
 
 # The lowest declared versions of every dependency ("lowest direct" resolution, pins written by
 # .ci/lowest_requirements.py) in a separate environment, and the smoke subset of the tests. These

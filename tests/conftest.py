@@ -153,6 +153,13 @@ FAST_SAMPLE = frozenset(
 # this one sample transform only, so that every check still runs in ``make test``.
 CONFORMANCE_SAMPLE = "ada_fd"
 
+# The robustness sweep over every family (tests/test_robustness.py: extreme and non-finite
+# gradients, eager steps, low precision, fuzzing, checkpoints) is a CI tier of its own too, ``make
+# test-robustness`` (SKETCHOPT_TEST_TIER=robustness); the other tiers run each of its checks for
+# the families of FAST_SAMPLE only (about 130 of its 400 cases), so that ``make test`` keeps its
+# time budget and still makes every check.
+ROBUSTNESS_MODULE = "test_robustness"
+
 
 def _conformance_sample(items, config):
     drop = [
@@ -172,18 +179,24 @@ def _family(item):
     return name if isinstance(name, str) else None
 
 
-def _fast_tier_sample(items, config):
+def _in(item, module):
+    return module is None or item.module.__name__.rpartition(".")[2] == module
+
+
+def _fast_tier_sample(items, config, module=None):
+    """Keep the FAST_SAMPLE families of every per-family test (of ``module`` only, when given),
+    or the first family collected where a test has none of them."""
     seen: dict[tuple, str] = {}  # (module, test function) -> the first name collected
     sampled: set[tuple] = set()
     for item in items:
-        if (name := _family(item)) is not None:
+        if (name := _family(item)) is not None and _in(item, module):
             key = (item.module.__name__, item.originalname)
             seen.setdefault(key, name)
             if name in FAST_SAMPLE:
                 sampled.add(key)
     keep, drop = [], []
     for item in items:
-        if (name := _family(item)) is not None:
+        if (name := _family(item)) is not None and _in(item, module):
             key = (item.module.__name__, item.originalname)
             if name not in FAST_SAMPLE and (key in sampled or seen[key] != name):
                 drop.append(item)
@@ -208,9 +221,12 @@ def pytest_collection_modifyitems(config, items):
     for item in items:  # the notebooks (nbmake's items) run in the experiments' tier
         if str(getattr(item, "path", "")).endswith(".ipynb"):
             item.add_marker(pytest.mark.experiments)
-    if os.environ.get("SKETCHOPT_TEST_TIER") != "conformance":
+    tier = os.environ.get("SKETCHOPT_TEST_TIER")
+    if tier != "conformance":
         _conformance_sample(items, config)
-    if os.environ.get("SKETCHOPT_TEST_TIER") == "fast":
+    if tier != "robustness":
+        _fast_tier_sample(items, config, ROBUSTNESS_MODULE)
+    if tier == "fast":
         _fast_tier_sample(items, config)
     for item in items:
         if (family := _family(item)) is not None:
