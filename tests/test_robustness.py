@@ -16,6 +16,9 @@
   between them hold every kind of leaf (scalar, size 0, size 1, vector, matrix, 3-d) and dtype.
 * Every state round-trips through ``orbax.checkpoint`` and the restored run continues
   bit-identically.
+
+Every family runs in ``make test-robustness`` (a CI tier); ``make test`` runs each check for the
+development tier's sample of families (``tests/conftest.py``, ``ROBUSTNESS_MODULE``).
 """
 
 from __future__ import annotations
