@@ -842,12 +842,12 @@ def iter_vw(
     chunk_size, bits = int(chunk_size), _check_bits(bits)
     pairs = _vw_pairs(quadratic)
     info = scan_vw(source, quadratic=quadratic) if info is None else info
-    check_labels(np.asarray(info.labels, np.float64), loss, source=_vw_name(source))  # once
+    name = _vw_name(source)
+    check_labels(np.asarray(info.labels, np.float64), loss, source=name)  # the whole file's, once
     if crosses not in ("host", "device"):
         raise ValueError(f"crosses must be 'host' or 'device', got {crosses!r}")
     d = 2**bits
     padded = max(info.nnz if nnz is None else int(nnz), 1)
-    name = _vw_name(source)
     layout = None
     if crosses == "device" and pairs:
         layout = cross_layout(info, quadratic, bits, constant=constant, width=width)
@@ -912,11 +912,12 @@ def read_vw(
     """
     bits = _check_bits(bits)
     pairs = _vw_pairs(quadratic)
-    parsed = list(_vw_parsed(source, _vw_name(source)))
+    name = _vw_name(source)
+    parsed = list(_vw_parsed(source, name))
     d = 2**bits
     examples = _vw_batch(
         parsed, pairs, bits, loss=loss, nnz=nnz, dtype=dtype, constant=constant,
-        weighted=any(e.weight != 1.0 for e in parsed), source=_vw_name(source),
+        weighted=any(e.weight != 1.0 for e in parsed), source=name,
     )  # fmt: skip
     return examples, weights_dim(d, constant)
 
