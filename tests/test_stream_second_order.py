@@ -295,6 +295,54 @@ def test_fd_takes_both_paths_and_compacts():
     assert slots > 5 and rank_one > 50 and int(state.compactions) > 3
 
 
+def with_repeats(stream):
+    """``stream`` with each example's first coordinate named twice (its value split in two
+    entries), as hashed features collide: one coordinate, two entries of one example."""
+    idx, vals = np.asarray(stream.indices), np.asarray(stream.values)
+    idx = np.concatenate([idx, idx[:, :1]], axis=1)
+    vals = np.concatenate([vals, vals[:, :1] / 2], axis=1)
+    vals[:, 0] /= 2
+    return stream._replace(indices=idx, values=vals)
+
+
+@pytest.mark.parametrize("flat", [False, True])
+def test_compaction_over_the_listed_rows_equals_the_dense_one(flat):
+    """The FD family's compactions visit only the coordinates written on (its support), each
+    listed once though an example names it twice; the same run with a dense compaction (a state
+    without support) gives the same table and small arrays, and the support lists exactly the
+    rows of ``Z`` that are non-zero."""
+    with jax.enable_x64(True):
+        stream, _, _ = sparse_stream(seed=3)
+        stream = with_repeats(stream)
+        learner = so2.fd_son(5.0, 4, spare_rows=1)  # (rescaled: the fed form's write)
+
+        def run(listed):  # (a state each: the runner donates it)
+            state = learner.init(DIM, jnp.float64)
+            state = state if listed else state._replace(support=None)
+            chunks = runner.chunked(stream, 64, DIM, flat=flat, width=4)
+            return runner.run_stream(learner, chunks, DIM, state=state, dtype=jnp.float64).state
+
+        listed, dense = run(True), run(False)
+        assert dense.support is None and int(listed.compactions) > 3
+        assert int(listed.compactions) == int(dense.compactions)
+        np.testing.assert_allclose(listed.table, dense.table, rtol=1e-10, atol=1e-12)
+        for name in listed.small:
+            np.testing.assert_allclose(listed.small[name], dense.small[name], atol=1e-10)
+        support = listed.support
+        count = int(support.count)
+        rows = np.asarray(support.rows)
+        assert len(set(rows[:count])) == count and np.all(rows[count:] == DIM)
+        live = np.flatnonzero(np.any(np.asarray(listed.table)[:, :5] != 0, axis=1))
+        assert (
+            set(live) <= set(rows[:count]) <= set(np.unique(stream.indices[stream.indices < DIM]))
+        )
+        np.testing.assert_array_equal(
+            np.flatnonzero(np.asarray(support.seen)), np.sort(rows[:count])
+        )
+        rebuilt = so2.with_support(so2.without_support(listed), listed).support
+        np.testing.assert_array_equal(np.asarray(rebuilt.rows)[: int(rebuilt.count)], live)
+
+
 @pytest.mark.parametrize("name", ["oja_son", "rp_son", "fd_son", "ada_fd"])
 def test_grid_runs_each_configuration_as_alone(name):
     stream, _, _ = sparse_stream(n=120, seed=5, dtype=np.float32)
@@ -436,6 +484,37 @@ def test_cli_resume_continues_bit_identically(tmp_path, name):
         a = checkpointer.restore((tmp_path / "second" / "state").resolve())
         b = checkpointer.restore((tmp_path / "whole" / "state").resolve())
     assert_identical(a["state"], b["state"])
+
+
+def test_cli_resumes_a_checkpoint_without_support(tmp_path):
+    """A checkpoint saved before the FD family listed its support (the state's five fields)
+    resumes: the support is rebuilt from the table and the run continues as the one saved
+    with it (to round-off: the rebuilt list visits the rows in another order)."""
+    import orbax.checkpoint as ocp
+    from sklearn.datasets import dump_svmlight_file
+
+    _, x, y = sparse_stream(n=300, seed=9, dtype=np.float32)
+    dump_svmlight_file(x[:150], y[:150], str(tmp_path / "a.svm"), zero_based=True)
+    dump_svmlight_file(x[150:], y[150:], str(tmp_path / "b.svm"), zero_based=True)
+    flags = ["--learner", "fd_son", "--sketch-size", "3", "--chunk-size", "64", "--quiet"]
+
+    def run(*args):
+        assert cli.main([str(a) for a in args]) == 0
+
+    run(tmp_path / "a.svm", *flags, "--save", tmp_path / "new")
+    old = tmp_path / "old"
+    old.mkdir()
+    (old / "config.json").write_text((tmp_path / "new" / "config.json").read_text())
+    with ocp.StandardCheckpointer() as checkpointer:
+        saved = checkpointer.restore((tmp_path / "new" / "state").resolve())
+        del saved["state"]["support"]
+        checkpointer.save((old / "state").resolve(), saved)
+    for name in ("new", "old"):
+        run(tmp_path / "b.svm", "--resume", tmp_path / name, "--chunk-size", "64", "--quiet",
+            "--json", tmp_path / f"{name}.json")  # fmt: skip
+    new, old = (json.loads((tmp_path / f"{n}.json").read_text()) for n in ("new", "old"))
+    assert new["examples"] == old["examples"] == 300
+    assert old["progressive_loss"] == pytest.approx(new["progressive_loss"], rel=1e-5)
 
 
 def drift(learner, state):

@@ -364,12 +364,21 @@ def _restore(directory: pathlib.Path, learner, dim: int):
     import orbax.checkpoint as ocp
 
     directory = directory.resolve()
-    target = {
-        "state": jax.eval_shape(lambda: learner.init(dim)),
-        "progress": {k: np.asarray(v) for k, v in runner.Progress.zeros()._asdict().items()},
-    }
+    like = jax.eval_shape(lambda: learner.init(dim))
+    progress = {k: np.asarray(v) for k, v in runner.Progress.zeros()._asdict().items()}
     with ocp.StandardCheckpointer() as checkpointer:
-        restored = checkpointer.restore(directory / _STATE, target)
+        try:
+            restored = checkpointer.restore(
+                directory / _STATE, {"state": like, "progress": progress}
+            )
+        except ValueError:  # saved before the FD family listed its support: rebuilt from the table
+            bare = second_order.without_support(like)
+            if bare is None:
+                raise
+            restored = checkpointer.restore(
+                directory / _STATE, {"state": bare, "progress": progress}
+            )
+            restored["state"] = second_order.with_support(restored["state"], like)
     progress = runner.Progress(**{k: np.asarray(v) for k, v in restored["progress"].items()})
     return restored["state"], progress
 

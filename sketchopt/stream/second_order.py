@@ -40,9 +40,12 @@ numerical checks behind them and the cost of every branch are written out in
   ``O(s)``. ``Z`` has ``R = m + spare_rows`` rows for that; when none is left, or when
   ``|F|^2 tr(K) / tr(F K F^T)`` (how much larger the factors are than the sketch they multiply
   to, i.e. the round-off's amplification) exceeds ``max_growth``, the learner **compacts**:
-  ``Z <- F Z``, ``F <- I`` (``wbar += Z^T b``, ``b <- 0`` under mirror descent), an ``O(R m d)``
-  pass, counted in ``compactions``. The exact algebra needs it; how often it happens decides
-  whether the time per example stays flat in ``d`` (``docs/benchmarks/streams.md``).
+  ``Z <- F Z``, ``F <- I`` (``wbar += Z^T b``, ``b <- 0`` under mirror descent), counted in
+  ``compactions``. It maps every row of the table by one small matrix, and a row whose ``Z`` is
+  zero keeps every column, so it visits only the coordinates some example has written ``Z``
+  on (the state's :class:`Support`, listed as the examples write): ``O(R m n)`` for ``n`` such
+  coordinates, not ``O(R m d)``. The exact algebra needs it; how often it happens, and over how
+  many coordinates, decides the time per example (``docs/benchmarks/streams.md``).
 * **Ada-FD** (Ada-FD paper Alg. 2, mirror descent; Alg. 1, dual averaging), no regularizer:
   ``H_t = delta I + (B^T B + alpha I)^{1/2}`` (``alpha`` RFD's ridge when ``robust``, else 0), so
   ``f0 = 1 / (delta + sqrt(alpha))`` and ``c_i = (1/(delta + sqrt(lam_i + alpha)) - f0)/lam_i``.
@@ -176,7 +179,11 @@ class SketchedState(NamedTuple):
       small: the small arrays by name (``F``, ``K``, ``b``, eigenvalues, ...; module docstring).
       t: the examples learned from (int32).
       nonfinite_count: the examples skipped as bad input (int32).
-      compactions: the dense ``O(R m d)`` passes so far (int32; module docstring).
+      compactions: the ``O(R m d)`` passes so far (int32; module docstring).
+      support: the FD family's list of the coordinates whose stored rows may be non-zero
+        (:class:`Support`), which its compactions visit instead of all ``d`` rows; ``None``
+        for Oja-SON and RP-SON. It is derived from ``table`` (:func:`support_of`), so a
+        checkpoint need not hold it.
     """
 
     table: jax.Array
@@ -184,6 +191,24 @@ class SketchedState(NamedTuple):
     t: jax.Array
     nonfinite_count: jax.Array
     compactions: jax.Array
+    support: Support | None = None
+
+
+class Support(NamedTuple):
+    """The coordinates an FD-family learner has written ``Z`` on, each once: a compaction maps
+    every row of ``Z`` by the same small matrix, and a zero row stays zero, so it visits these
+    rows only (``O(R m n)`` for ``n`` coordinates seen, instead of ``O(R m d)``).
+
+    Attributes:
+      rows: ``(L,)`` int32, ``L >= d`` a multiple of the compaction's chunk: the listed
+        coordinates first, ``d`` (no coordinate) after them.
+      count: how many are listed (int32).
+      seen: ``(d,)`` int32, 1 where a coordinate is listed, else 0.
+    """
+
+    rows: jax.Array
+    count: jax.Array
+    seen: jax.Array
 
 
 class _Spec(NamedTuple):
@@ -197,6 +222,104 @@ class _Spec(NamedTuple):
     learn: Callable  # (small, sums, slope, pre, h, t) -> (small, coef (R + k,), compact?, aux)
     compact: Callable  # (table, small, h, aux, x) -> (table, small); x() the dense example
     weights: Callable  # (table, small, h) -> (d,)
+    # a compaction maps each row of Z alone and Z starts at zero: it visits the Support only,
+    # compact(..., support=, chunks=, need=) (FD family; module docstring)
+    listed: bool = False
+
+
+# ----------------------------------------------------------------------------------------------
+# The support: the coordinates whose stored rows a compaction must visit.
+
+_CHUNK = 4096  # rows a compaction gathers, maps and scatters at a time
+
+
+def _chunk(dim: int) -> int:
+    return min(_CHUNK, int(dim))
+
+
+def support_init(dim: int) -> Support:
+    """An empty :class:`Support` over ``dim`` coordinates."""
+    chunk = _chunk(dim)
+    length = -(-dim // chunk) * chunk
+    return Support(
+        jnp.full((length,), dim, jnp.int32), jnp.zeros((), jnp.int32), jnp.zeros((dim,), jnp.int32)
+    )
+
+
+def support_of(table: jax.Array, rows: int) -> Support:
+    """The :class:`Support` of a table whose first ``rows`` columns are ``Z``: the coordinates
+    whose row of ``Z`` is non-zero, in increasing order (how a checkpoint's is rebuilt)."""
+    dim = table.shape[0]
+    live = jnp.any(table[:, :rows] != 0, axis=1)
+    empty = support_init(dim)
+    (listed,) = jnp.nonzero(live, size=empty.rows.shape[0], fill_value=dim)
+    return Support(listed.astype(jnp.int32), jnp.sum(live, dtype=jnp.int32), live.astype(jnp.int32))
+
+
+def without_support(like):
+    """The fields of a :class:`SketchedState` (or of its shapes) but its :class:`Support`, as a
+    dict (a checkpoint written before the FD family listed its support has these only); ``None``
+    for any other state."""
+    if not isinstance(like, SketchedState) or like.support is None:
+        return None
+    return {k: v for k, v in like._asdict().items() if k != "support"}
+
+
+def with_support(fields, like):
+    """The :class:`SketchedState` of ``fields`` (:func:`without_support`'s, restored) with the
+    :class:`Support` that ``like`` has, rebuilt from the table (:func:`support_of`: ``Z`` is the
+    first ``R`` columns, ``R`` the columns of ``F``)."""
+    if not isinstance(like, SketchedState) or like.support is None:
+        return fields
+    state = SketchedState(**fields)
+    rows = state.small["F"].shape[-1]
+    if state.table.ndim == 3:  # a grid
+        return state._replace(support=jax.vmap(lambda tb: support_of(tb, rows))(state.table))
+    return state._replace(support=support_of(state.table, rows))
+
+
+def _noted(support: Support, idx, changed) -> Support:
+    """``support`` with the coordinates ``idx[j]`` where ``changed[j]`` listed, each once (an
+    example may name a coordinate twice: each entry claims its coordinate with its own code in
+    ``seen``, and the entry whose claim stands lists it)."""
+    dim = support.seen.shape[0]
+    length = support.rows.shape[0]
+    code = -1 - jnp.arange(idx.shape[0], dtype=jnp.int32)
+    new = changed & (idx < dim) & (support.seen.at[idx].get(mode="fill", fill_value=1) == 0)
+    claimed = jnp.where(new, idx, dim)
+    seen = support.seen.at[claimed].set(code, mode="drop")
+    won = new & (seen.at[idx].get(mode="fill", fill_value=0) == code)
+    place = support.count + jnp.cumsum(won, dtype=jnp.int32) - 1
+    rows = support.rows.at[jnp.where(won, place, length)].set(idx.astype(jnp.int32), mode="drop")
+    seen = seen.at[jnp.where(won, idx, dim)].set(1, mode="drop")  # (one winner a coordinate)
+    return Support(rows, support.count + jnp.sum(won, dtype=jnp.int32), seen)
+
+
+def _chunks(support: Support):
+    """How many chunks of :func:`_chunk` rows hold the listed coordinates (of every
+    configuration of a grid: the largest count)."""
+    chunk = _chunk(support.seen.shape[-1])
+    return (jnp.max(support.count) + chunk - 1) // chunk
+
+
+def _map_rows(table, support: Support, chunks, mix, gram_cols: int):
+    """``table[i] <- table[i] @ mix`` for the listed coordinates ``i`` (the others' rows of
+    ``Z`` are zero, and ``mix`` keeps a row whose ``Z`` part is zero), in ``chunks`` chunks
+    updated in place; and the Gram matrix of the mapped rows' first ``gram_cols`` columns."""
+    dim, width = table.shape
+    chunk = _chunk(dim)
+
+    def body(i, carry):
+        table, gram = carry
+        idx = jax.lax.dynamic_slice(support.rows, (i * chunk,), (chunk,))
+        got = table.at[idx].get(mode="fill", fill_value=0)
+        new = jnp.matmul(got, mix, precision=_HI)
+        kept = new[:, :gram_cols]
+        gram = gram + jnp.matmul(kept.T, kept, precision=_HI)
+        return table.at[idx].set(new, mode="drop"), gram
+
+    gram = jnp.zeros((gram_cols, gram_cols), table.dtype)
+    return jax.lax.fori_loop(0, chunks, body, (table, gram))
 
 
 # ----------------------------------------------------------------------------------------------
@@ -354,7 +477,9 @@ def _fd_spec(kind, rule, m, spare, *, eta, curvature, robust, max_growth):
     """The FD family's :class:`_Spec`; ``kind`` "son" or "ada_fd", ``rule`` "md" or "da"."""
     fd = _FdFamily(kind, rule, m, spare, eta, curvature, robust, max_growth)
     columns = ("gsum",) if fd.dual else ("w",)
-    return _Spec(fd.rows, columns, fd.init, fd.predict, fd.learn, fd.compact, fd.weights)
+    return _Spec(
+        fd.rows, columns, fd.init, fd.predict, fd.learn, fd.compact, fd.weights, listed=True
+    )
 
 
 def _son_root(eta, curvature, t, dtype):
@@ -471,23 +596,30 @@ class _FdFamily:
         new["b"] = small["b"] - step * (new["F"].T @ mul(bgrad))
         return new, jnp.concatenate([delta * gh, coef_w[None]])
 
-    def compact(self, table, small, h, aux, x):
-        """``Z <- [F Z]_{live}`` and, under mirror descent, ``wbar += Z^T b``: one product of
-        the table with a small ``(width x width)`` matrix (one pass over ``d``), then the
-        kept rows' Gram matrix."""
+    def compact(self, table, small, h, aux, x, *, support=None, chunks=None, need=True):
+        """``Z <- [F Z]_{live}`` and, under mirror descent, ``wbar += Z^T b``: each row of the
+        table times one small ``(width x width)`` matrix, then the kept rows' Gram matrix.
+        With ``support`` (:class:`Support`) only its ``chunks`` chunks of listed rows, in place
+        (a row whose ``Z`` is zero keeps every column); where not ``need`` (a grid's other
+        configurations) the matrix is the identity and the small fields are kept."""
         del h, aux, x
         m, rows = self.m, self.rows
         f = small["F"]
         dtype = f.dtype
         width = table.shape[1]
         live = small["lam"][: m - 1] > 0
-        mix = jnp.eye(width, dtype=dtype).at[:rows, :rows].set(0)
+        eye_w = jnp.eye(width, dtype=dtype)
+        mix = eye_w.at[:rows, :rows].set(0)
         mix = mix.at[:rows, : m - 1].set(jnp.where(live, f.T[:, : m - 1], 0))
         if not self.dual:
             mix = mix.at[:rows, rows].set(small["b"])  # the fold: wbar += Z^T b
-        table = jnp.matmul(table, mix, precision=_HI)
-        kept = table[:, : m - 1]
-        gram = jnp.matmul(kept.T, kept, precision=_HI)
+        if support is None:
+            table = jnp.matmul(table, mix, precision=_HI)
+            kept = table[:, : m - 1]
+            gram = jnp.matmul(kept.T, kept, precision=_HI)
+        else:
+            mix = jnp.where(need, mix, eye_w)
+            table, gram = _map_rows(table, support, chunks, mix, m - 1)
         eye = jnp.diag(jnp.concatenate([live, jnp.zeros((1,), bool)]).astype(dtype))
         f_new = jnp.zeros_like(f).at[:, :m].set(eye)
         new = dict(
@@ -856,7 +988,9 @@ class _SketchedLearner:
         if self.rescaled:
             table = table.at[:, self.ds_col].set(np.sqrt(self.diagonal_init))
         # three arrays (not one thrice: a donated state may not hold a buffer twice)
-        return SketchedState(table, small, *(jnp.zeros((), jnp.int32) for _ in range(3)))
+        counts = (jnp.zeros((), jnp.int32) for _ in range(3))
+        support = support_init(dim) if self.spec.listed else None
+        return SketchedState(table, small, *counts, support)
 
     def init(self, dim: int, dtype=jnp.float32, key=None) -> SketchedState:
         dim, dtype = int(dim), state_dtype(dtype)
@@ -949,17 +1083,26 @@ class _SketchedLearner:
             coef = jnp.concatenate([coef, jnp.zeros((1,), coef.dtype)])  # (ds: not additive)
         return new, coef, p, need & learn, aux, jnp.where(learn, slope, 0)
 
-    def compact_where(self, state, h, need, aux, x):
-        table, small = self.spec.compact(state.table, state.small, h, aux, x)
-        small = jax.tree.map(lambda a, b: jnp.where(need, a, b), small, state.small)
-        return state._replace(
-            table=jnp.where(need, table, state.table),
-            small=small,
-            compactions=state.compactions + need.astype(jnp.int32),
+    def compacted(self, state, h, aux, x, chunks, need=True):
+        """The spec's compaction of ``state``: over the listed rows where there is a
+        :class:`Support` (``chunks`` of them; the identity where not ``need``), else dense."""
+        if state.support is None:
+            return self.spec.compact(state.table, state.small, h, aux, x)
+        return self.spec.compact(
+            state.table, state.small, h, aux, x, support=state.support, chunks=chunks, need=need
         )
 
-    def compact_one(self, state, h, aux, x):
-        table, small = self.spec.compact(state.table, state.small, h, aux, x)
+    def compact_where(self, state, h, need, aux, x, chunks):
+        table, small = self.compacted(state, h, aux, x, chunks, need)
+        small = jax.tree.map(lambda a, b: jnp.where(need, a, b), small, state.small)
+        if state.support is None:  # (the listed form kept the others' rows itself)
+            table = jnp.where(need, table, state.table)
+        return state._replace(
+            table=table, small=small, compactions=state.compactions + need.astype(jnp.int32)
+        )
+
+    def compact_one(self, state, h, aux, x, chunks):
+        table, small = self.compacted(state, h, aux, x, chunks)
         return state._replace(table=table, small=small, compactions=state.compactions + 1)
 
     def settle(self, state, need, h, aux, xarg, make_x):
@@ -972,17 +1115,21 @@ class _SketchedLearner:
             if self.batched
             else self.effective(state.small, h)
         )
+        # the loop over the listed rows runs as often for every configuration of a grid
+        chunks = None if state.support is None else _chunks(state.support)
         if not self.batched:
             return jax.lax.cond(
                 need,
-                lambda s: self.compact_one(s, h, aux, lambda: make_x(xarg)),
+                lambda s: self.compact_one(s, h, aux, lambda: make_x(xarg), chunks),
                 lambda s: s,
                 state,
             )
 
         def run(s):
             return jax.vmap(
-                lambda st, hh, n, a, xa: self.compact_where(st, hh, n, a, lambda: make_x(xa))
+                lambda st, hh, n, a, xa: self.compact_where(
+                    st, hh, n, a, lambda: make_x(xa), chunks
+                )
             )(s, h, need, aux, xarg)
 
         return jax.lax.cond(jnp.any(need), run, lambda s: s, state)
@@ -993,6 +1140,20 @@ class _SketchedLearner:
         if self.batched:
             return jax.vmap(lambda tb, vs, cf: _scatter_one(tb, idx, vs, cf))(table, vals, coef)
         return _scatter_one(table, idx, vals, coef)
+
+    def note(self, support, idx, x, coef):
+        """The :class:`Support` after a write of ``x coef^T`` on the rows ``idx``: a coordinate
+        is listed where its ``x`` and the coefficients of ``Z`` are non-zero (``x`` and
+        ``coef`` per configuration in a grid, or ``x`` shared)."""
+        if support is None:
+            return None
+
+        def one(sp, xs, cf):
+            return _noted(sp, idx, (xs != 0) & jnp.any(cf[: self.rows] != 0))
+
+        if self.batched:
+            return jax.vmap(one, in_axes=(0, 0 if x.ndim == 2 else None, 0))(support, x, coef)
+        return one(support, x, coef)
 
     def rescale_one(self, table, small, idx, xt, slope):
         """``D += g^2`` on the example's coordinates (``g = slope x``, ``x = ds xt``), each
@@ -1062,7 +1223,10 @@ class _SketchedLearner:
             new, coef, p, need, aux, slope = self.small_work(
                 state, sums, ok, label, active, h, weight
             )
-            new = new._replace(table=self.scatter(new.table, idx, vals, coef))
+            new = new._replace(
+                table=self.scatter(new.table, idx, vals, coef),
+                support=self.note(new.support, idx, vals, coef),
+            )
             new = self.settle(new, need, h, aux, vals, dense_x)
             return self.rescale(new, idx, vals, slope), p
 
@@ -1077,12 +1241,13 @@ class _SketchedLearner:
             state, sums, ok, label, active, h, weight, resum
         )
         table = self.fed_write(state.table, idx, x_raw, slope, coef)
+        new = new._replace(table=table, support=self.note(new.support, idx, x_raw, coef))
 
         def seen(tb):  # x / ds_new of one configuration's written table
             ds = tb.at[idx, self.ds_col].get(mode="fill", fill_value=0)
             return dense_x(self.over(x_raw, ds))
 
-        return self.settle(new._replace(table=table), need, h, aux, table, seen), p
+        return self.settle(new, need, h, aux, table, seen), p
 
     def flat_sums(self, table, flat: _Flat):
         """The sums of :meth:`read` over the segments of a flat example (they are additive),
@@ -1139,9 +1304,10 @@ class _SketchedLearner:
                 state, sums, ok, label, active, h, weight
             )
 
-            def write(j, table):
+            def write(j, carry):
+                table, support = carry
                 idx, xt = self.segment_values(table, flat, j)
-                return self.scatter(table, idx, xt, coef)
+                return self.scatter(table, idx, xt, coef), self.note(support, idx, xt, coef)
 
         else:  # the fed form: the learning sees x over the D with this example's g^2
 
@@ -1159,11 +1325,14 @@ class _SketchedLearner:
                 state, sums, ok, label, active, h, weight, resum
             )
 
-            def write(j, table):
+            def write(j, carry):
+                table, support = carry
                 idx, x = flat.cleaned(j, table.dtype)
-                return self.fed_write(table, idx, x, slope, coef)
+                table = self.fed_write(table, idx, x, slope, coef)
+                return table, self.note(support, idx, x, coef)
 
-        new = new._replace(table=jax.lax.fori_loop(0, flat.segments, write, new.table))
+        table, support = jax.lax.fori_loop(0, flat.segments, write, (new.table, new.support))
+        new = new._replace(table=table, support=support)
         new = self.settle(new, need, h, aux, new.table, functools.partial(self.flat_dense_x, flat))
         if self.rescaled and not self.fed:
 
