@@ -158,11 +158,15 @@ __all__ = [
     "NORMALIZED_ETA",
     "SECOND_ORDER",
     "SketchedState",
+    "Support",
     "ada_fd",
     "fd_son",
     "oja_son",
     "rfd_son",
     "rp_son",
+    "support_of",
+    "with_support",
+    "without_support",
 ]
 
 _HI = jax.lax.Precision.HIGHEST
@@ -237,7 +241,7 @@ def _chunk(dim: int) -> int:
     return min(_CHUNK, int(dim))
 
 
-def support_init(dim: int) -> Support:
+def _support_init(dim: int) -> Support:
     """An empty :class:`Support` over ``dim`` coordinates."""
     chunk = _chunk(dim)
     length = -(-dim // chunk) * chunk
@@ -251,7 +255,7 @@ def support_of(table: jax.Array, rows: int) -> Support:
     whose row of ``Z`` is non-zero, in increasing order (how a checkpoint's is rebuilt)."""
     dim = table.shape[0]
     live = jnp.any(table[:, :rows] != 0, axis=1)
-    empty = support_init(dim)
+    empty = _support_init(dim)
     (listed,) = jnp.nonzero(live, size=empty.rows.shape[0], fill_value=dim)
     return Support(listed.astype(jnp.int32), jnp.sum(live, dtype=jnp.int32), live.astype(jnp.int32))
 
@@ -278,14 +282,19 @@ def with_support(fields, like):
     return state._replace(support=support_of(state.table, rows))
 
 
-def _noted(support: Support, idx, changed) -> Support:
-    """``support`` with the coordinates ``idx[j]`` where ``changed[j]`` listed, each once (an
-    example may name a coordinate twice: each entry claims its coordinate with its own code in
-    ``seen``, and the entry whose claim stands lists it)."""
+def _unlisted(support: Support, idx, changed):
+    """The entries of ``idx`` where ``changed`` whose coordinate is not listed yet."""
+    dim = support.seen.shape[0]
+    return changed & (idx < dim) & (support.seen.at[idx].get(mode="fill", fill_value=1) == 0)
+
+
+def _listed(support: Support, idx, new) -> Support:
+    """``support`` with the coordinates ``idx[j]`` where ``new[j]`` (:func:`_unlisted`) listed,
+    each once (an example may name a coordinate twice: each entry claims its coordinate with
+    its own code in ``seen``, and the entry whose claim stands lists it)."""
     dim = support.seen.shape[0]
     length = support.rows.shape[0]
     code = -1 - jnp.arange(idx.shape[0], dtype=jnp.int32)
-    new = changed & (idx < dim) & (support.seen.at[idx].get(mode="fill", fill_value=1) == 0)
     claimed = jnp.where(new, idx, dim)
     seen = support.seen.at[claimed].set(code, mode="drop")
     won = new & (seen.at[idx].get(mode="fill", fill_value=0) == code)
@@ -989,7 +998,7 @@ class _SketchedLearner:
             table = table.at[:, self.ds_col].set(np.sqrt(self.diagonal_init))
         # three arrays (not one thrice: a donated state may not hold a buffer twice)
         counts = (jnp.zeros((), jnp.int32) for _ in range(3))
-        support = support_init(dim) if self.spec.listed else None
+        support = _support_init(dim) if self.spec.listed else None
         return SketchedState(table, small, *counts, support)
 
     def init(self, dim: int, dtype=jnp.float32, key=None) -> SketchedState:
@@ -1148,12 +1157,17 @@ class _SketchedLearner:
         if support is None:
             return None
 
-        def one(sp, xs, cf):
-            return _noted(sp, idx, (xs != 0) & jnp.any(cf[: self.rows] != 0))
+        def unlisted(sp, xs, cf):
+            return _unlisted(sp, idx, (xs != 0) & jnp.any(cf[: self.rows] != 0))
 
+        # the listing only when a coordinate is new: on streams whose features recur, almost
+        # never after the first examples (one cond for a whole grid, as the compaction's)
         if self.batched:
-            return jax.vmap(one, in_axes=(0, 0 if x.ndim == 2 else None, 0))(support, x, coef)
-        return one(support, x, coef)
+            new = jax.vmap(unlisted, in_axes=(0, 0 if x.ndim == 2 else None, 0))(support, x, coef)
+            listing = jax.vmap(_listed, in_axes=(0, None, 0))
+        else:
+            new, listing = unlisted(support, x, coef), _listed
+        return jax.lax.cond(jnp.any(new), lambda sp: listing(sp, idx, new), lambda sp: sp, support)
 
     def rescale_one(self, table, small, idx, xt, slope):
         """``D += g^2`` on the example's coordinates (``g = slope x``, ``x = ds xt``), each
