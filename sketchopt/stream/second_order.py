@@ -183,11 +183,12 @@ class SketchedState(NamedTuple):
       small: the small arrays by name (``F``, ``K``, ``b``, eigenvalues, ...; module docstring).
       t: the examples learned from (int32).
       nonfinite_count: the examples skipped as bad input (int32).
-      compactions: the ``O(R m d)`` passes so far (int32; module docstring).
+      compactions: the compactions so far (int32; module docstring).
       support: the FD family's list of the coordinates whose stored rows may be non-zero
         (:class:`Support`), which its compactions visit instead of all ``d`` rows; ``None``
-        for Oja-SON and RP-SON. It is derived from ``table`` (:func:`support_of`), so a
-        checkpoint need not hold it.
+        for Oja-SON and RP-SON, and a state whose ``support`` is ``None`` compacts densely.
+        A checkpoint holds it; one saved without it gets it back from the table
+        (:func:`with_support`).
     """
 
     table: jax.Array
@@ -208,6 +209,8 @@ class Support(NamedTuple):
         coordinates first, ``d`` (no coordinate) after them.
       count: how many are listed (int32).
       seen: ``(d,)`` int32, 1 where a coordinate is listed, else 0.
+
+    Two int32 per coordinate, beside the table's ``R + k`` floats.
     """
 
     rows: jax.Array
