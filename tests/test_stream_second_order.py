@@ -627,8 +627,8 @@ def test_son_defaults_are_scale_free(name):
             )  # fmt: skip
             for c in (1.0, 1000.0)
         ]
+        w0, w1 = (np.asarray(learner.weights(r.state)) for r in runs)  # (float64 states)
     np.testing.assert_allclose(runs[1].progress.loss_sum, runs[0].progress.loss_sum, rtol=1e-8)
-    w0, w1 = (np.asarray(learner.weights(r.state)) for r in runs)
     np.testing.assert_allclose(w1 * 1000.0, w0, rtol=1e-4, atol=1e-5)
 
 

@@ -998,7 +998,7 @@ class _SketchedLearner:
         if z is not None:
             table = table.at[:, : self.rows].set(z.T)
         if self.rescaled:
-            table = table.at[:, self.ds_col].set(np.sqrt(self.diagonal_init))
+            table = table.at[:, self.ds_col].set(jnp.asarray(np.sqrt(self.diagonal_init), dtype))
         # three arrays (not one thrice: a donated state may not hold a buffer twice)
         counts = (jnp.zeros((), jnp.int32) for _ in range(3))
         support = _support_init(dim) if self.spec.listed else None
