@@ -237,7 +237,10 @@ class _Spec(NamedTuple):
 # ----------------------------------------------------------------------------------------------
 # The support: the coordinates whose stored rows a compaction must visit.
 
-_CHUNK = 4096  # rows a compaction gathers, maps and scatters at a time
+_CHUNK = (
+    16384  # rows a compaction gathers, maps and scatters at a time (1024: 4.0k, 4096: 3.6-3.9k,
+)
+# 16384: 4.6-5.6k, 65536: 2.7-2.9k examples/s of fd_son on the URL-like stand-in, one after another)
 
 
 def _chunk(dim: int) -> int:
