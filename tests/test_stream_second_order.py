@@ -309,8 +309,9 @@ def with_repeats(stream):
 def test_compaction_over_the_listed_rows_equals_the_dense_one(flat):
     """The FD family's compactions visit only the coordinates written on (its support), each
     listed once though an example names it twice; the same run with a dense compaction (a state
-    without support) gives the same table and small arrays, and the support lists exactly the
-    rows of ``Z`` that are non-zero."""
+    without support) gives the same table and small arrays; the support lists every non-zero
+    row of ``Z`` and only coordinates the stream names, and rebuilt from the table it lists the
+    non-zero rows."""
     with jax.enable_x64(True):
         stream, _, _ = sparse_stream(seed=3)
         stream = with_repeats(stream)

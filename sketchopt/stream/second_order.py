@@ -200,9 +200,10 @@ class SketchedState(NamedTuple):
 
 
 class Support(NamedTuple):
-    """The coordinates an FD-family learner has written ``Z`` on, each once: a compaction maps
-    every row of ``Z`` by the same small matrix, and a zero row stays zero, so it visits these
-    rows only (``O(R m n)`` for ``n`` coordinates seen, instead of ``O(R m d)``).
+    """The coordinates an FD-family learner has written ``Z`` on, each once: a compaction of the
+    ``V = F Z`` form (SON sec. 4, eq. 5-6; ``Z <- F Z``, module docstring) maps every row of
+    ``Z`` by the same small matrix, and a zero row stays zero, so it visits these rows only
+    (``O(R m n)`` for ``n`` coordinates seen, instead of ``O(R m d)``).
 
     Attributes:
       rows: ``(L,)`` int32, ``L >= d`` a multiple of the compaction's chunk: the listed
@@ -237,22 +238,27 @@ class _Spec(NamedTuple):
 # ----------------------------------------------------------------------------------------------
 # The support: the coordinates whose stored rows a compaction must visit.
 
-_CHUNK = (
-    16384  # rows a compaction gathers, maps and scatters at a time (1024: 4.0k, 4096: 3.6-3.9k,
-)
-# 16384: 4.6-5.6k, 65536: 2.7-2.9k examples/s of fd_son on the URL-like stand-in, one after another)
+# The rows a compaction gathers, maps and scatters at a time (fd_son on the URL-like stand-in, one
+# setting after another: 1024: 4.0k, 4096: 3.6-3.9k, 16384: 4.6-5.6k, 65536: 2.7-2.9k examples/s).
+_CHUNK = 16384
 
 
 def _chunk(dim: int) -> int:
     return min(_CHUNK, int(dim))
 
 
+def _length(dim: int) -> int:
+    """``Support.rows``'s length: ``dim`` rounded up to whole chunks."""
+    chunk = _chunk(dim)
+    return -(-dim // chunk) * chunk
+
+
 def _support_init(dim: int) -> Support:
     """An empty :class:`Support` over ``dim`` coordinates."""
-    chunk = _chunk(dim)
-    length = -(-dim // chunk) * chunk
     return Support(
-        jnp.full((length,), dim, jnp.int32), jnp.zeros((), jnp.int32), jnp.zeros((dim,), jnp.int32)
+        jnp.full((_length(dim),), dim, jnp.int32),
+        jnp.zeros((), jnp.int32),
+        jnp.zeros((dim,), jnp.int32),
     )
 
 
@@ -261,8 +267,7 @@ def support_of(table: jax.Array, rows: int) -> Support:
     whose row of ``Z`` is non-zero, in increasing order (how a checkpoint's is rebuilt)."""
     dim = table.shape[0]
     live = jnp.any(table[:, :rows] != 0, axis=1)
-    empty = _support_init(dim)
-    (listed,) = jnp.nonzero(live, size=empty.rows.shape[0], fill_value=dim)
+    (listed,) = jnp.nonzero(live, size=_length(dim), fill_value=dim)
     return Support(listed.astype(jnp.int32), jnp.sum(live, dtype=jnp.int32), live.astype(jnp.int32))
 
 
