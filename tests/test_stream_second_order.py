@@ -309,30 +309,42 @@ def with_repeats(stream):
 def test_compaction_over_the_listed_rows_equals_the_dense_one(flat):
     """The FD family's compactions visit only the coordinates written on (its support), each
     listed once though an example names it twice; the same run with a dense compaction (a state
-    without support) gives the same table and small arrays; the support lists every non-zero
+    without support) gives the same weights and sketch; the support lists every non-zero
     row of ``Z`` and only coordinates the stream names, and rebuilt from the table it lists the
     non-zero rows."""
+    dim = DIM + 10  # coordinates no example names: the listed rows fill part of a chunk
     with jax.enable_x64(True):
         stream, _, _ = sparse_stream(seed=3)
         stream = with_repeats(stream)
+        stream = stream._replace(indices=np.where(stream.indices == DIM, dim, stream.indices))
         learner = so2.fd_son(5.0, 4, spare_rows=1)  # (rescaled: the fed form's write)
 
         def run(listed):  # (a state each: the runner donates it)
-            state = learner.init(DIM, jnp.float64)
+            state = learner.init(dim, jnp.float64)
             state = state if listed else state._replace(support=None)
-            chunks = runner.chunked(stream, 64, DIM, flat=flat, width=4)
-            return runner.run_stream(learner, chunks, DIM, state=state, dtype=jnp.float64).state
+            chunks = runner.chunked(stream, 64, dim, flat=flat, width=4)
+            return runner.run_stream(learner, chunks, dim, state=state, dtype=jnp.float64).state
 
         listed, dense = run(True), run(False)
         assert dense.support is None and int(listed.compactions) > 3
         assert int(listed.compactions) == int(dense.compactions)
-        np.testing.assert_allclose(listed.table, dense.table, rtol=1e-10, atol=1e-12)
-        for name in listed.small:
-            np.testing.assert_allclose(listed.small[name], dense.small[name], atol=1e-10)
+        # what both programs define alike (F and Z only up to the eigenvectors' signs): the
+        # weights, the sketch's covariance B^T B (B = F Z), its eigenvalues and D's column
+        np.testing.assert_allclose(
+            learner.weights(listed), learner.weights(dense), rtol=1e-10, atol=1e-12
+        )
+
+        def covariance(state):
+            b = np.asarray(state.small["F"]) @ np.asarray(state.table)[:, :5].T
+            return b.T @ b
+
+        np.testing.assert_allclose(covariance(listed), covariance(dense), rtol=1e-10, atol=1e-12)
+        np.testing.assert_allclose(listed.small["lam"], dense.small["lam"], atol=1e-10)
+        np.testing.assert_allclose(listed.table[:, -1], dense.table[:, -1], rtol=1e-12)
         support = listed.support
         count = int(support.count)
         rows = np.asarray(support.rows)
-        assert len(set(rows[:count])) == count and np.all(rows[count:] == DIM)
+        assert len(set(rows[:count])) == count and np.all(rows[count:] == dim)
         live = np.flatnonzero(np.any(np.asarray(listed.table)[:, :5] != 0, axis=1))
         assert (
             set(live) <= set(rows[:count]) <= set(np.unique(stream.indices[stream.indices < DIM]))
