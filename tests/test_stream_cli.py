@@ -204,3 +204,24 @@ def test_second_order_defaults_are_recorded_and_can_be_turned_off(files):
     assert summaries["fd_son_plain"]["hyperparameters"]["diagonal_rescaling"] is False
     assert summaries["fd_son"]["progressive_loss"] != summaries["fd_son_plain"]["progressive_loss"]
     assert run_cli(files / "a.svm", "--learner", "ada_fd", "--no-diagonal-rescaling") == 2
+
+
+def test_oja_son_at_defaults_fits_its_sketch_to_a_small_dimension(tmp_path, capsys):
+    """Oja's ``m`` orthonormal directions need ``m <= d``: on a file of fewer features than the
+    default ``m = 10`` (a LIBSVM file of 5, with Windows line ends and the constant: ``d = 6``)
+    ``oja_son`` at its defaults runs with ``m = d``; an explicit ``--sketch-size`` above ``d``
+    stays an error that names it, and the other learners keep the default."""
+    train = tmp_path / "small.svm"
+    pairs = [sorted((i % 5 + 1, (i + 2) % 5 + 1)) for i in range(40)]
+    lines = [f"{(-1) ** i:+d} {a}:{0.5 + i % 3} {b}:1\r\n" for i, (a, b) in enumerate(pairs)]
+    train.write_text("".join(lines), newline="")
+    out = tmp_path / "small.json"
+    assert run_cli(train, "--learner", "oja_son", "--json", out) == 0
+    summary = json.loads(out.read_text())
+    assert summary["dim"] == 5 and summary["examples"] == 40
+    assert summary["hyperparameters"]["sketch_size"] == 6
+    assert run_cli(train, "--learner", "fd_son", "--json", out) == 0
+    assert json.loads(out.read_text())["hyperparameters"]["sketch_size"] == 10
+    capsys.readouterr()
+    assert run_cli(train, "--learner", "oja_son", "--sketch-size", "7") == 2
+    assert "sketch_size <= dim, got 7 > 6" in capsys.readouterr().err

@@ -50,7 +50,8 @@ Decisions (no VW flag has the same meaning everywhere):
   run would; a ``--learner``, ``--loss`` or ``--bits`` other than the checkpoint's is an error.
 * ``--predict FILE`` writes the raw score ``w . x`` of each test example, one per line (VW's
   ``-p`` without a link function).
-* The second-order learners (:mod:`sketchopt.stream.second_order`): ``--sketch-size`` is ``m``;
+* The second-order learners (:mod:`sketchopt.stream.second_order`): ``--sketch-size`` is ``m``
+  (default 10; ``oja_son``'s at most the dimension, constant included);
   ``--diagonal-rescaling`` is SON's sec. 5.2 in VW's form (``--normalize``: the learner fed
   ``x / D^{1/2}``, ``D`` grown by each example's own gradient before it learns), on by default
   for ``oja_son``, ``fd_son`` and ``rp_son`` with VW's ``--OjaNewton`` constants
@@ -88,6 +89,10 @@ from sketchopt.stream.examples import FlatExamples, SparseExamples
 __all__ = ["DEFAULT_LEARNING_RATE", "build_parser", "main", "run"]
 
 #: ``--learning-rate`` when not given, per learner.
+#: The second-order learners' ``m`` when ``--sketch-size`` is not given (VW ``--OjaNewton``'s);
+#: ``oja_son``'s is at most the dimension.
+DEFAULT_SKETCH_SIZE = 10
+
 DEFAULT_LEARNING_RATE = {
     "ada_diag": 0.5,
     "fobos": 0.1,
@@ -185,7 +190,11 @@ def _add_inputs(parser: argparse.ArgumentParser) -> None:
 def _add_hyperparameters(parser: argparse.ArgumentParser) -> None:
     """The learners' hyperparameters, ``--sketch-size`` to ``--period``."""
     parser.add_argument(
-        "--sketch-size", type=int, default=10, help="second-order learners' m (default: 10)"
+        "--sketch-size",
+        type=int,
+        default=None,
+        help=f"second-order learners' m (default: {DEFAULT_SKETCH_SIZE}, VW --OjaNewton's; for "
+        "oja_son at most the dimension, its m orthonormal directions need m <= d)",
     )
     parser.add_argument(
         "-l",
@@ -545,9 +554,6 @@ def _passes(args, config, info, fmt, dim, learner, state, start, curve, cache):
 def run(args) -> dict:
     """Runs the command line's job for parsed ``args``; returns the summary."""
     config, saved = _resolve(args)
-    learner = learners.make_learner(
-        config["learner"], loss=config["loss"], **config["hyperparameters"]
-    )
     fmt = _format(args, args.train)
     if saved is not None and config["format"] not in (None, fmt):
         raise ValueError(f"{args.train} is {fmt}, the checkpoint's files were {config['format']}")
@@ -562,6 +568,11 @@ def run(args) -> dict:
         config["zero_based"] = info.zero_based
     config["dim"] = _feature_dim(fmt, info, config) if saved is None else saved["dim"]
     dim = data.weights_dim(config["dim"], config["constant"])
+    hyper = config["hyperparameters"]
+    if "sketch_size" in hyper and hyper["sketch_size"] is None:  # not given: the default
+        oja = config["learner"] == "oja_son"
+        hyper["sketch_size"] = min(DEFAULT_SKETCH_SIZE, dim) if oja else DEFAULT_SKETCH_SIZE
+    learner = learners.make_learner(config["learner"], loss=config["loss"], **hyper)
     state, start, curve = None, None, None
     if saved is not None:
         state, start = _restore(args.resume, learner, dim)
