@@ -98,7 +98,7 @@ def test_errors_are_clear(files, capsys, tmp_path):
     assert run_cli(files / "a.svm", "--learner", "fobos", "--l2", "0.1") == 2
     assert "--l2 applies to ftrl only" in capsys.readouterr().err
     bad = tmp_path / "bad.svm"
-    bad.write_text("2 1:0.5\n1 3:1.0\n")
+    bad.write_text("2 1:0.5\n1 3:1.0\n-1 2:1\n")  # three labels (two would be the classes)
     assert run_cli(bad) == 2
     assert "labels" in capsys.readouterr().err
     assert run_cli(files / "a.svm", "--save", tmp_path / "ck") == 0
@@ -225,3 +225,29 @@ def test_oja_son_at_defaults_fits_its_sketch_to_a_small_dimension(tmp_path, caps
     capsys.readouterr()
     assert run_cli(train, "--learner", "oja_son", "--sketch-size", "7") == 2
     assert "sketch_size <= dim, got 7 > 6" in capsys.readouterr().err
+
+
+def test_a_file_of_labels_one_and_two_learns_and_tests(tmp_path, capsys):
+    """A LIBSVM ``1/2`` training file (mushrooms' convention): 2 is the positive class, the JSON
+    says so, a test file of one class is read with the training file's pair (also when a run
+    resumes), and a test file with a third label is refused by name."""
+    rng = np.random.default_rng(0)
+    lines = []
+    for _ in range(200):
+        label = int(rng.integers(1, 3))
+        lines.append(f"{label} 1:{rng.random() + 2 * (label - 1.5):.4f} 2:{rng.random():.4f}\n")
+    train, test = tmp_path / "train.svm", tmp_path / "test.svm"
+    train.write_text("".join(lines))
+    test.write_text("".join(line for line in lines[:50] if line.startswith("2 ")))
+    out = tmp_path / "out.json"
+    args = ["--learner", "oja_son", "--test", test, "--json", out]
+    assert run_cli(train, *args, "--save", tmp_path / "ck") == 0
+    summary = json.loads(out.read_text())
+    assert summary["classes"] == [1.0, 2.0]
+    assert summary["progressive_error"] < 0.2 and summary["test_error"] < 0.2
+    assert run_cli(train, *args, "--resume", tmp_path / "ck") == 0
+    assert json.loads(out.read_text())["classes"] == [1.0, 2.0]
+    test.write_text("3 1:1\n")
+    capsys.readouterr()
+    assert run_cli(train, "--test", test) == 2
+    assert "labels must be the classes 1 (-1) and 2 (+1); found [3.0]" in capsys.readouterr().err

@@ -25,7 +25,7 @@ from sketchopt.stream.data import (
     scan_svmlight,
     stream_dim,
 )
-from sketchopt.stream.examples import hash_indices, to_dense
+from sketchopt.stream.examples import binary_classes, hash_indices, to_dense
 
 # --------------------------------------------------------------------------------------------
 # Helpers.
@@ -252,6 +252,36 @@ def test_labels_checked_for_the_loss(tmp_path):
         list(data.iter_vw(vw_file))
     with pytest.raises(ValueError, match=r"three\.vw: the logistic loss"):
         data.read_vw(vw_file)
+
+
+def test_two_other_labels_are_the_two_classes(tmp_path):
+    """LIBSVM's ``1/2`` (mushrooms, covtype.binary) and ``2/4`` (breast-cancer) binary files:
+    the smaller label is -1, whatever the file's order and in chunks holding one class only; a
+    file read with another file's pair refuses a third label; the squared loss and the usual
+    conventions keep their own reading."""
+    assert binary_classes([2.0, 4.0, 2.0], "logistic") == (2.0, 4.0)
+    for labels in ([-1.0, 1.0], [0.0, 1.0], [1.0], [1.0, 2.0, 3.0]):
+        assert binary_classes(labels, "hinge") is None
+    assert binary_classes([1.0, 2.0], "squared") is None
+    path = tmp_path / "mushrooms.svm"
+    path.write_text("2 1:1\n2 2:1\n1 1:1 3:2\n2 3:1\n1 2:1\n")
+    expected = [1.0, 1.0, -1.0, 1.0, -1.0]
+    np.testing.assert_array_equal(load_svmlight(path)[0].labels, expected)
+    _, labels = collect(iter_svmlight(path, chunk_size=2), 3, 2)
+    np.testing.assert_array_equal(labels[:5], expected)
+    test = tmp_path / "test.svm"
+    test.write_text("1 1:1\n1 2:1\n")  # one class only: read with the training file's pair
+    batch, _ = load_svmlight(test, classes=(1.0, 2.0))
+    np.testing.assert_array_equal(batch.labels, [-1.0, -1.0])
+    test.write_text("1 1:1\n4 2:1\n")
+    with pytest.raises(ValueError, match=r"test\.svm: labels must be the classes 1 \(-1\) and 2"):
+        iter_svmlight(test, classes=(1.0, 2.0))
+    assert load_svmlight(path, loss="squared")[0].labels.tolist() == [2, 2, 1, 2, 1]
+    vw_file = tmp_path / "two.vw"
+    vw_file.write_text("4 |f a\n2 |f b\n4 |f a b\n")
+    np.testing.assert_array_equal(data.read_vw(vw_file)[0].labels, [1.0, -1.0, 1.0])
+    chunk = next(data.iter_vw(vw_file, chunk_size=2, quadratic=["ff"], crosses="device"))
+    np.testing.assert_array_equal(chunk.labels, [1.0, -1.0])
 
 
 def test_many_labels_kept_bounded(tmp_path):

@@ -21,6 +21,9 @@ VW's habits:
   turns it off.
 * **Test files** are read with the training file's dimension; features it never had (svmlight
   indices beyond it) have no weight and are ignored.
+* **Labels** ``-1/1`` or ``0/1``; a training file of two other labels (LIBSVM's ``1/2``, ``2/4``)
+  has the smaller as ``-1`` (:func:`sketchopt.stream.examples.binary_classes`), the pair kept
+  for its test file and resumes and reported as ``classes`` in the JSON (``null`` otherwise).
 * ``-q ab``/``--quadratic ab`` (repeatable) and ``--interactions ab``: VW's quadratic crosses of
   the namespaces starting with ``a`` and ``b`` (VW files only), built inside the compiled step
   from each example's own features (:mod:`sketchopt.stream.crosses`: VW's index of a quadratic
@@ -84,7 +87,7 @@ import numpy as np
 
 from sketchopt.stream import data, learners, runner, second_order
 from sketchopt.stream.crosses import CrossedExamples, CrossLayout
-from sketchopt.stream.examples import FlatExamples, SparseExamples
+from sketchopt.stream.examples import FlatExamples, SparseExamples, binary_classes
 
 __all__ = ["DEFAULT_LEARNING_RATE", "build_parser", "main", "run"]
 
@@ -139,8 +142,8 @@ def _add_inputs(parser: argparse.ArgumentParser) -> None:
         "--loss_function",
         default=None,
         choices=sorted(learners.LOSSES),
-        help="the loss (default: logistic; labels {-1, +1} or {0, 1} for the classification "
-        "losses)",
+        help="the loss (default: logistic; labels {-1, +1}, {0, 1} or any two others, the "
+        "smaller -1, for the classification losses)",
     )
     parser.add_argument(
         "-b",
@@ -416,7 +419,7 @@ def _resolve(args) -> tuple[dict, dict | None]:
         if value is not None and value != saved[key]:
             raise ValueError(f"--{key} {value} differs from the checkpoint's {saved[key]}")
     keys = ("learner", "loss", "bits", "hyperparameters", "dim", "layout", "width", "nnz")
-    keys += ("zero_based", "format", "constant", "quadratic")
+    keys += ("zero_based", "format", "constant", "quadratic", "classes")
     return {k: saved.get(k) for k in keys}, saved
 
 
@@ -461,11 +464,12 @@ def _read(path, fmt, info, config, chunk_size, *, nnz=None, test=False, crossed=
             path, chunk_size=chunk_size, bits=_vw_bits(config), quadratic=config["quadratic"],
             loss=config["loss"], constant=config["constant"], nnz=nnz, info=info,
             crosses="device" if crossed else "host", width=config.get("width"),
+            classes=config["classes"],
         )  # fmt: skip
     return data.iter_svmlight(
         path, chunk_size=chunk_size, loss=config["loss"], dim=config["dim"], bits=config["bits"],
         info=info, nnz=nnz, constant=config["constant"], unseen="drop" if test else "error",
-        zero_based=config["zero_based"] if test else "auto",
+        zero_based=config["zero_based"] if test else "auto", classes=config["classes"],
     )  # fmt: skip
 
 
@@ -566,6 +570,9 @@ def run(args) -> dict:
     info = _scan(args.train, fmt, config)
     if fmt == "svmlight":
         config["zero_based"] = info.zero_based
+    # The labels meaning -1 and +1, from the training file (kept for the test file and resumes)
+    if config.get("classes") is None:
+        config["classes"] = binary_classes(info.labels, config["loss"])
     config["dim"] = _feature_dim(fmt, info, config) if saved is None else saved["dim"]
     dim = data.weights_dim(config["dim"], config["constant"])
     hyper = config["hyperparameters"]
@@ -589,6 +596,7 @@ def run(args) -> dict:
         "dim": config["dim"],
         "constant": config["constant"],
         "quadratic": config["quadratic"],
+        "classes": config["classes"],
         "hyperparameters": config["hyperparameters"],
         "layout": config.get("layout"),
         "width": config.get("nnz") if config.get("layout") == "padded" else config.get("width"),

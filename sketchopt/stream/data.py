@@ -34,9 +34,10 @@ cannot hold duplicate indices: duplicates only arise from hashing, and are summe
 ``index:value``, an index of ``2**31`` or more); a non-finite value or label; an index 0 in a file
 read as one-based (``zero_based=False``); labels outside the loss's domain (checked once for the
 whole file by :func:`~sketchopt.stream.examples.check_labels`, which maps ``{0, 1}`` to
-``{-1, +1}`` for classification losses). Examples without features are legitimate and kept (all
-padding, ``mask`` true); blank and comment-only lines are not examples (scikit-learn skips them),
-and ``qid:`` fields are dropped.
+``{-1, +1}`` for classification losses, and any other two labels by their order,
+:func:`~sketchopt.stream.examples.binary_classes`). Examples without features are legitimate
+and kept (all padding, ``mask`` true); blank and comment-only lines are not examples
+(scikit-learn skips them), and ``qid:`` fields are dropped.
 
 **Dimension** (the contract of the command line's ``--bits B``, :func:`stream_dim`): with
 ``bits``, the weights have dimension ``2**bits``, and the data's indices are hashed into it by
@@ -76,6 +77,7 @@ import scipy.sparse
 from sketchopt.stream.crosses import CrossedExamples, CrossLayout, cross_index
 from sketchopt.stream.examples import (
     SparseExamples,
+    binary_classes,
     check_labels,
     from_csr,
     hash_indices,
@@ -315,6 +317,7 @@ class _Plan(NamedTuple):
     seed: int
     constant: bool = False
     drop_unseen: bool = False
+    classes: tuple | None = None  # (negative, positive) of check_labels
 
 
 def _check_unseen(unseen) -> bool:
@@ -325,7 +328,7 @@ def _check_unseen(unseen) -> bool:
 
 def _plan(
     info, *, loss, dim, bits, nnz, zero_based, hash_seed, constant=False, unseen="error",
-    source=None,
+    source=None, classes=None,
 ) -> _Plan:  # fmt: skip
     if zero_based != "auto" and bool(zero_based) != info.zero_based:
         raise ValueError(f"zero_based={zero_based} contradicts the scan's {info.zero_based}")
@@ -334,13 +337,14 @@ def _plan(
         info = info._replace(dim=min(info.dim, int(dim)))
     d = stream_dim(info, bits=bits, dim=dim)
     # The whole file's labels at once: a chunk-wise check would accept {-1, 0, 1} in pieces.
-    check_labels(np.asarray(info.labels, np.float64), loss, source=source)
+    classes = binary_classes(info.labels, loss) if classes is None else tuple(classes)
+    check_labels(np.asarray(info.labels, np.float64), loss, source=source, classes=classes)
     hashed = bits is not None and info.dim > d
     s = max(info.nnz if nnz is None else int(nnz), 1)
     if nnz is not None and not hashed and info.nnz > s:
         raise ValueError(f"an example has {info.nnz} non-zeros, more than nnz = {s}")
-    plan = _Plan(info, d, s, int(bits) if hashed else None, int(hash_seed), bool(constant), drop)
-    return plan
+    bits = int(bits) if hashed else None
+    return _Plan(info, d, s, bits, int(hash_seed), bool(constant), drop, classes)
 
 
 def _to_csr(raw: _Raw, plan: _Plan) -> scipy.sparse.csr_matrix:
@@ -361,7 +365,8 @@ def _to_csr(raw: _Raw, plan: _Plan) -> scipy.sparse.csr_matrix:
 
 
 def _examples(x, labels, loss, plan: _Plan, dtype) -> SparseExamples:
-    examples = from_csr(x, check_labels(labels, loss), dim=plan.dim, nnz=plan.nnz, dtype=dtype)
+    labels = check_labels(labels, loss, classes=plan.classes)
+    examples = from_csr(x, labels, dim=plan.dim, nnz=plan.nnz, dtype=dtype)
     return with_constant(examples, plan.dim) if plan.constant else examples
 
 
@@ -385,6 +390,7 @@ def iter_svmlight(
     info: SvmlightInfo | None = None,
     constant: bool = False,
     unseen: str = "error",
+    classes: tuple[float, float] | None = None,
 ) -> Iterator[SparseExamples]:
     """The examples of the svmlight/LIBSVM file ``path`` in chunks of exactly ``chunk_size`` rows
     (the last one padded with rows whose ``mask`` is false), in constant memory.
@@ -392,7 +398,10 @@ def iter_svmlight(
     ``constant``: VW's constant feature, index ``d`` (value 1) in every example, so the chunks
     are over ``d + 1`` features (:func:`weights_dim`). ``unseen="drop"`` with ``dim`` given (a
     test file read with the training file's dimension): features at ``dim`` or beyond are left
-    out, as features that have no weight; ``"error"`` (default) refuses them.
+    out, as features that have no weight; ``"error"`` (default) refuses them. ``classes``: the
+    labels that mean ``-1`` and ``+1`` (:func:`~sketchopt.stream.examples.binary_classes`; by
+    default the file's own two labels where they are neither ``{-1, +1}`` nor ``{0, 1}``, as
+    LIBSVM's ``1/2`` files; a test file is read with its training file's).
 
     The file is scanned first (:func:`scan_svmlight`, skipped when ``info`` is given), so every
     error -- bad lines, labels outside the domain of ``loss`` -- is raised by this call, before
@@ -408,7 +417,7 @@ def iter_svmlight(
         info = scan_svmlight(path, zero_based=zero_based, chunk_bytes=chunk_bytes)
     plan = _plan(
         info, loss=loss, dim=dim, bits=bits, nnz=nnz, zero_based=zero_based, hash_seed=hash_seed,
-        constant=constant, unseen=unseen, source=path,
+        constant=constant, unseen=unseen, source=path, classes=classes,
     )  # fmt: skip
 
     def chunks() -> Iterator[SparseExamples]:
@@ -444,6 +453,7 @@ def load_svmlight(
     info: SvmlightInfo | None = None,
     constant: bool = False,
     unseen: str = "error",
+    classes: tuple[float, float] | None = None,
 ) -> tuple[SparseExamples, int]:
     """The whole svmlight/LIBSVM file as one batch (no padding rows) and its dimension ``d``
     (``d + 1`` with ``constant``: the learner's); the options are :func:`iter_svmlight`'s.
@@ -457,7 +467,7 @@ def load_svmlight(
         info = scan.info(zero_based)
     plan = _plan(
         info, loss=loss, dim=dim, bits=bits, nnz=nnz, zero_based=zero_based, hash_seed=hash_seed,
-        constant=constant, unseen=unseen, source=path,
+        constant=constant, unseen=unseen, source=path, classes=classes,
     )  # fmt: skip
     if not info.zero_based:
         for raw in raws:
@@ -679,7 +689,7 @@ def _vw_hashed(rows: list[dict], d: int) -> scipy.sparse.csr_matrix:
 
 
 def _vw_batch(
-    parsed, pairs, bits, *, loss, nnz, dtype, constant, weighted, source=None
+    parsed, pairs, bits, *, loss, nnz, dtype, constant, weighted, source=None, classes=None
 ) -> SparseExamples:
     """Parsed VW examples as one batch over ``2**bits`` hashed features: the crosses of
     ``pairs``, labels in the loss's domain, the importance weights (``weighted``) and the
@@ -699,7 +709,7 @@ def _vw_batch(
         x.sum_duplicates()
     else:
         x = _vw_hashed([_vw_features(e) for e in parsed], d)
-    labels = check_labels([e.label for e in parsed], loss, source=source)
+    labels = check_labels([e.label for e in parsed], loss, source=source, classes=classes)
     examples = from_csr(x, labels, dim=d, nnz=nnz, dtype=dtype)
     if weighted:
         examples = examples._replace(weights=np.asarray([e.weight for e in parsed], dtype))
@@ -718,7 +728,7 @@ def _vw_features(example: _VwExample) -> dict[str, float]:
 
 
 def _vw_crossed_chunk(parsed, pairs, layout: CrossLayout, *, loss, entries, dtype, constant,
-                      weighted, chunk_size) -> CrossedExamples:  # fmt: skip
+                      weighted, chunk_size, classes=None) -> CrossedExamples:  # fmt: skip
     """Parsed VW examples as a :class:`CrossedExamples` chunk of ``chunk_size`` rows (the
     last ones padding), ``entries`` columns."""
     d = 2**layout.bits
@@ -737,7 +747,7 @@ def _vw_crossed_chunk(parsed, pairs, layout: CrossLayout, *, loss, entries, dtyp
             k += 1
         counts[n], spans[n] = k, span
     labels = np.zeros((chunk_size,), dtype)
-    labels[: len(parsed)] = check_labels([e.label for e in parsed], loss)
+    labels[: len(parsed)] = check_labels([e.label for e in parsed], loss, classes=classes)
     mask = np.arange(chunk_size) < len(parsed)
     weights = None
     if weighted:
@@ -824,6 +834,7 @@ def iter_vw(
     info: VwInfo | None = None,
     crosses: str = "host",
     width: int | None = None,
+    classes: tuple[float, float] | None = None,
 ) -> Iterator[SparseExamples | CrossedExamples]:
     """The examples of VW text (a path, ``.gz``/``.bz2`` read compressed, or lines) in chunks of
     exactly ``chunk_size`` rows (the last padded), in constant memory: :func:`read_vw`'s
@@ -836,14 +847,17 @@ def iter_vw(
     ``crosses="device"`` (with ``quadratic``) yields
     :class:`~sketchopt.stream.crosses.CrossedExamples` instead: each example's own features
     only, its crosses built inside the compiled step (the same vectors as ``"host"``, which
-    stores them; ``width`` the segment width, :func:`cross_layout`). The command line reads so."""
+    stores them; ``width`` the segment width, :func:`cross_layout`). The command line reads so.
+    ``classes`` as in :func:`iter_svmlight`."""
     if int(chunk_size) < 1:
         raise ValueError(f"chunk_size must be positive, got {chunk_size}")
     chunk_size, bits = int(chunk_size), _check_bits(bits)
     pairs = _vw_pairs(quadratic)
     info = scan_vw(source, quadratic=quadratic) if info is None else info
     name = _vw_name(source)
-    check_labels(np.asarray(info.labels, np.float64), loss, source=name)  # the whole file's, once
+    classes = binary_classes(info.labels, loss) if classes is None else tuple(classes)
+    # the whole file's labels, once
+    check_labels(np.asarray(info.labels, np.float64), loss, source=name, classes=classes)
     if crosses not in ("host", "device"):
         raise ValueError(f"crosses must be 'host' or 'device', got {crosses!r}")
     d = 2**bits
@@ -857,10 +871,11 @@ def iter_vw(
             return _vw_crossed_chunk(
                 parsed, pairs, layout, loss=loss, entries=max(info.entries + int(constant), 1),
                 dtype=dtype, constant=constant, weighted=info.weighted, chunk_size=chunk_size,
+                classes=classes,
             )  # fmt: skip
         examples = _vw_batch(
             parsed, pairs, bits, loss=loss, nnz=padded, dtype=dtype, constant=constant,
-            weighted=info.weighted,
+            weighted=info.weighted, classes=classes,
         )  # fmt: skip
         return pad_rows(examples, chunk_size, weights_dim(d, constant))
 
@@ -886,6 +901,7 @@ def read_vw(
     nnz: int | None = None,
     dtype=np.float32,
     constant: bool = False,
+    classes: tuple[float, float] | None = None,
 ) -> tuple[SparseExamples, int]:
     """The examples of Vowpal Wabbit's text format as one batch, and their dimension ``2**bits``
     (``2**bits + 1`` with ``constant``, VW's constant feature; :func:`iter_vw` reads the same in
@@ -897,7 +913,8 @@ def read_vw(
     1, ``:scale`` multiplies the namespace's values. Blank lines are skipped; a missing label, a
     negative importance weight or a base (a third header word) raise ``ValueError`` naming the
     line. Importance weights other than 1 land in the batch's ``weights``; tags are read and
-    dropped. Labels ``-1/1`` or ``0/1`` (mapped to ``-1/1``) for the classification losses.
+    dropped. Labels ``-1/1`` or ``0/1`` (mapped to ``-1/1``) for the classification losses, or
+    any other two (``classes``, :func:`iter_svmlight`'s).
 
     **Hashing** (not VW's own: the indices differ, which does not matter for learning, only which
     features collide): scikit-learn's ``FeatureHasher`` (MurmurHash3, ``2**bits`` columns, no
@@ -915,9 +932,11 @@ def read_vw(
     name = _vw_name(source)
     parsed = list(_vw_parsed(source, name))
     d = 2**bits
+    if classes is None:
+        classes = binary_classes([e.label for e in parsed], loss)
     examples = _vw_batch(
         parsed, pairs, bits, loss=loss, nnz=nnz, dtype=dtype, constant=constant,
-        weighted=any(e.weight != 1.0 for e in parsed), source=name,
+        weighted=any(e.weight != 1.0 for e in parsed), source=name, classes=classes,
     )  # fmt: skip
     return examples, weights_dim(d, constant)
 

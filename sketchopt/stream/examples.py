@@ -43,6 +43,7 @@ __all__ = [
     "FlatExamples",
     "SparseExamples",
     "SparseVector",
+    "binary_classes",
     "check_labels",
     "flat_segment",
     "from_csr",
@@ -87,13 +88,35 @@ class SparseExamples(NamedTuple):
         return int(self.labels.shape[0])
 
 
-def check_labels(labels, loss: str, *, source=None) -> np.ndarray:
+def binary_classes(labels, loss: str) -> tuple[float, float] | None:
+    """The pair ``(negative, positive)`` that :func:`check_labels` maps to ``{-1, +1}`` for a
+    file whose distinct labels are ``labels``, or ``None`` where no mapping beyond
+    :func:`check_labels`' own is needed or possible.
+
+    LIBSVM's binary problems also come with two other labels (``1/2`` in ``mushrooms``,
+    ``covtype.binary`` and ``skin_nonskin``, ``2/4`` in ``breast-cancer``): for a classification
+    loss a file of exactly two distinct labels that are neither ``{-1, +1}`` nor ``{0, 1}``
+    gets the smaller as the negative class and the larger as the positive one (scikit-learn's
+    ``LabelBinarizer`` order, independent of the file's order). A test file is read with its
+    training file's pair, which it may hold only one of.
+    """
+    values = sorted(set(np.asarray(labels, np.float64).reshape(-1).tolist()))
+    if loss not in CLASSIFICATION_LOSSES or len(values) != 2 or not all(map(np.isfinite, values)):
+        return None
+    if set(values) <= {-1.0, 1.0} or set(values) <= {0.0, 1.0}:
+        return None
+    return values[0], values[1]
+
+
+def check_labels(labels, loss: str, *, source=None, classes=None) -> np.ndarray:
     """Labels as float64 in the domain of ``loss``, or a ``ValueError`` naming the bad ones.
 
     Classification losses (:data:`CLASSIFICATION_LOSSES`) take ``{-1, +1}``, or ``{0, 1}``
     (mapped to ``{-1, +1}``, as LIBSVM files of binary problems often hold them); ``squared``
     takes any finite number. A file mixing the two conventions (``{-1, 0, 1}``) is refused: its
-    0 could mean either. ``source`` (a file's name), when given, heads the error.
+    0 could mean either. ``classes`` (a pair ``(negative, positive)``, :func:`binary_classes`)
+    maps those two labels to ``-1`` and ``+1`` instead and refuses any other. ``source`` (a
+    file's name), when given, heads the error.
     """
     labels = np.asarray(labels, np.float64).reshape(-1)
 
@@ -103,6 +126,15 @@ def check_labels(labels, loss: str, *, source=None) -> np.ndarray:
     finite = np.isfinite(labels)
     if not np.all(finite):
         raise refuse(f"labels must be finite; found {labels[~finite][:5]}")
+    if loss in CLASSIFICATION_LOSSES and classes is not None:
+        negative, positive = (float(c) for c in classes)
+        values = set(np.unique(labels).tolist())
+        if not values <= {negative, positive}:
+            bad = sorted(values - {negative, positive})[:5]
+            raise refuse(
+                f"labels must be the classes {negative:g} (-1) and {positive:g} (+1); found {bad}"
+            )
+        return np.where(labels == positive, 1.0, -1.0)
     if loss in CLASSIFICATION_LOSSES:
         values = set(np.unique(labels).tolist())
         if values <= {0.0, 1.0}:
