@@ -10,9 +10,12 @@ are sorted by label). Streams: the benchmark's generated and bundled ones, as VW
 (the form VW reads them in; the command line reads the same files), the generated stand-ins of
 the public files the issue measured on (:mod:`experiments.vw_standins`: one-hot categories, rare
 positives with ``0/1`` labels, features of six orders of scale over ``d = 3.2M``, tf-idf VW
-text), and every LIBSVM pair in ``../shared/data/`` (VW gets an svmlight file as ``label |f
-index:value ...``; the command line reads the svmlight file, so each tool hashes in its own
-way).
+text), and every real file in ``../shared/data/`` or in the folder ``SKETCHOPT_DATA`` names
+(:func:`data_files`: LIBSVM/svmlight or VW text, ``.gz``/``.bz2`` too, a training file with its
+test file or alone; VW gets an svmlight file as ``label |f index:value ...``, with its labels as
+``-1/1``; the command line reads the file itself, so each tool hashes in its own way). Where a
+file has no test file the comparison is on the progressive error (each result's ``metric``
+names the error compared).
 
 The targets (the issue's): with defaults only, the best second-order learner's test error at
 most VW ``--OjaNewton``'s + 0.5 points (or 3 test examples, whichever is larger), the best
@@ -29,8 +32,12 @@ shared 2-core machine one pass's rate moved by up to 2x between runs minutes apa
 
 from __future__ import annotations
 
+import bz2
+import gzip
 import json
+import os
 import pathlib
+import re
 import tempfile
 import time
 
@@ -46,21 +53,90 @@ MARGIN_EXAMPLES = 3
 SPEED_REPEATS = 3
 
 
-def real_pairs(root: pathlib.Path = DATA) -> list[tuple[str, pathlib.Path, pathlib.Path]]:
-    """``(name, train, test)`` of every ``NAME.train.svm`` with its ``NAME.test.svm``."""
+def data_root() -> pathlib.Path:
+    """The folder of real files: ``SKETCHOPT_DATA`` if set, else ``../shared/data/``."""
+    return pathlib.Path(os.environ.get("SKETCHOPT_DATA") or DATA)
+
+
+#: Names that are not data files (documentation, checksums, code, archives, images).
+_NOT_DATA = re.compile(
+    r"(^readme|^license|^\.|\.(md|rst|json|py|sh|sha256|md5|zip|tar|tgz|png|pdf|html|csv)$)", re.I
+)
+_COMPRESSED = (".gz", ".bz2")
+
+
+def _bare(name: str) -> str:
+    for ext in _COMPRESSED:
+        name = name.removesuffix(ext)
+    return name
+
+
+def _test_names(name: str) -> list[str]:
+    """The names a training file's test file may have: a ``train`` word of the name (split at
+    ``.``, ``_``, ``-``) as ``test`` (``a.train.svm``, ``rcv1_train.binary``,
+    ``agaricus.txt.train``, ``rcv1.train.vw``), or LIBSVM's ``NAME.t`` (``a9a``, ``a9a.t``)."""
+    words = re.split(r"([._-])", name)
+    names = [
+        "".join(words[:i] + [words[i].replace("train", "test")] + words[i + 1 :])
+        for i, word in enumerate(words)
+        if word.lower() in ("train", "training")
+    ]
+    return names + [f"{name}.t"]
+
+
+def data_files(root: pathlib.Path | None = None):
+    """``(name, train, test)`` for every real file of ``root`` (default :func:`data_root`):
+    each training file with its test file (:func:`_test_names`, compressed or not), and each
+    file that is neither a test file nor paired with ``test = None`` (progressive only)."""
+    root = data_root() if root is None else root
     if not root.is_dir():
         return []
-    pairs = []
-    for train in sorted(root.glob("*.train.svm")):
-        name = train.name.removesuffix(".train.svm")
-        test = root / f"{name}.test.svm"
-        if test.exists():
-            pairs.append((name, train, test))
-    return pairs
+    files = {
+        _bare(p.name): p
+        for p in sorted(root.iterdir())
+        if p.is_file() and not _NOT_DATA.search(_bare(p.name))
+    }
+    tests = {t for name in files for t in _test_names(name) if t in files and t != name}
+    jobs = []
+    for name, path in files.items():
+        if name in tests:
+            continue
+        test = next((files[t] for t in _test_names(name) if t in files and t != name), None)
+        jobs.append((_stream_name(name), path, test))
+    return jobs
+
+
+def _stream_name(name: str) -> str:
+    """A file's name in the tables: up to a ``train`` word, without a data extension."""
+    stem = re.split(r"[._-](?:train|training)(?:[._-]|$)", name, maxsplit=1)[0] or name
+    return re.sub(r"\.(txt|svm|svmlight|libsvm|vw|dat|data)$", "", stem, flags=re.I) or stem
+
+
+def _open_text(path: pathlib.Path):
+    name = str(path)
+    if name.endswith(".gz"):
+        return gzip.open(name, "rt")
+    if name.endswith(".bz2"):
+        return bz2.open(name, "rt")
+    return open(name)
+
+
+def _labels(lines: list[str]) -> list[float]:
+    """The distinct labels of svmlight or VW text lines (unreadable ones left to the command
+    line, which names the line)."""
+    labels = set()
+    for line in lines:
+        words = line.split("#", 1)[0].split("|", 1)[0].split()
+        try:
+            labels.add(float(words[0]))
+        except (IndexError, ValueError):
+            continue
+    return sorted(labels)
 
 
 def _lines(path: pathlib.Path) -> list[str]:
-    return [line.strip() for line in path.read_text().splitlines() if line.strip()]
+    with _open_text(path) as f:
+        return [line.strip() for line in f if line.strip()]
 
 
 def _shuffled(lines: list[str], seed: int = SEED) -> list[str]:
@@ -68,15 +144,39 @@ def _shuffled(lines: list[str], seed: int = SEED) -> list[str]:
     return [lines[i] for i in order]
 
 
-def svmlight_to_vw(line: str) -> str:
-    """``label index:value ...`` as VW's ``label |f index:value ...`` (labels ``0/1`` as
-    ``-1/1``, which VW's logistic loss wants)."""
-    label, *features = line.split()
-    y = 1 if float(label) > 0 else -1
-    return f"{y} |f " + " ".join(features)
+def _sign(label: str, classes) -> int:
+    """A label as VW's logistic loss wants it, ``-1/1``: ``0/1`` and ``-1/1`` by their sign,
+    any other two (``classes``, :func:`~sketchopt.stream.examples.binary_classes`) by order."""
+    if classes is not None:
+        return 1 if float(label) == classes[1] else -1
+    return 1 if float(label) > 0 else -1
 
 
-def _vw_pass(pyvw, args: str, train: list[str], test: list[str]) -> dict:
+def svmlight_to_vw(line: str, classes=None) -> str:
+    """``label index:value ...`` as VW's ``label |f index:value ...`` (labels as ``-1/1``,
+    :func:`_sign`; ``qid:`` fields and a trailing ``# comment`` dropped)."""
+    label, *features = line.split("#", 1)[0].split()
+    features = [f for f in features if not f.startswith("qid:")]
+    return f"{_sign(label, classes)} |f " + " ".join(features)
+
+
+def vw_signed(line: str, classes=None) -> str:
+    """A VW text line with its label as ``-1/1`` (:func:`_sign`), the rest as it is."""
+    head, bar, rest = line.partition("|")
+    label, *others = head.split(" ", 1)
+    return " ".join([str(_sign(label, classes)), *others]) + bar + rest
+
+
+def _vw_pass(pyvw, args: str, train: list[str], test: list[str] | None) -> dict:
+    """VW over ``train`` (progressive error, examples/s) and, when given, ``test``; a file VW
+    refuses is a row with its ``error``, as the command line's are."""
+    try:
+        return _vw_run(pyvw, args, train, test)
+    except Exception as error:  # pyvw raises plain RuntimeErrors for bad input
+        return {"error": f"{type(error).__name__}: {error}"}
+
+
+def _vw_run(pyvw, args: str, train: list[str], test: list[str] | None) -> dict:
     model = pyvw.Workspace(f"{args} --loss_function logistic --quiet")
     try:
         errors = 0
@@ -88,27 +188,26 @@ def _vw_pass(pyvw, args: str, train: list[str], test: list[str]) -> dict:
             model.finish_example(ex)
             errors += (p > 0) != (not line.startswith("-"))
         seconds = time.perf_counter() - start
-        wrong = sum((model.predict(line) > 0) != (not line.startswith("-")) for line in test)
+        if test is not None:
+            wrong = sum((model.predict(line) > 0) != (not line.startswith("-")) for line in test)
     finally:
         model.finish()
-    return {
-        "progressive_error": errors / len(train),
-        "test_error": wrong / len(test),
-        "examples_per_second": len(train) / seconds,
-    }
+    out = {"progressive_error": errors / len(train), "examples_per_second": len(train) / seconds}
+    return out | ({} if test is None else {"test_error": wrong / len(test)})
 
 
 def _cli_pass(learner: str, train, test, flags: list[str], work: pathlib.Path) -> dict:
     from sketchopt.stream import cli
 
     out = work / f"{learner}.json"
-    code = cli.main([str(train), "--test", str(test), "--learner", learner, "--quiet",
+    tested = [] if test is None else ["--test", str(test)]
+    code = cli.main([str(train), *tested, "--learner", learner, "--quiet",
                      "--json", str(out), *flags])  # fmt: skip
     if code != 0:
         return {"error": f"exit code {code}"}
     summary = json.loads(out.read_text())
     keys = ("progressive_error", "test_error", "examples_per_second")
-    return {k: summary[k] for k in keys}
+    return {k: summary[k] for k in keys if k in summary}
 
 
 def _best(runs: list[dict]) -> dict:
@@ -141,29 +240,32 @@ def compare(
                 if repeat == 0 or k in vw_timed:
                     runs.setdefault(k, []).append(_vw_pass(pyvw, args, vw_train, vw_test))
     rows = {k: _best(v) for k, v in runs.items()}
-    margin = max(MARGIN_POINTS, MARGIN_EXAMPLES / len(vw_test))
+    # the test error, or the progressive one where the file has no test file
+    metric = "progressive_error" if vw_test is None else "test_error"
+    evaluated = len(vw_train if vw_test is None else vw_test)
+    margin = max(MARGIN_POINTS, MARGIN_EXAMPLES / evaluated)
 
     def best(names):
-        scored = [(rows[k]["test_error"], k) for k in names if "test_error" in rows.get(k, {})]
+        scored = [(rows[k][metric], k) for k in names if metric in rows.get(k, {})]
         return min(scored) if scored else (None, None)
 
     first, second = best(FIRST_ORDER), best(SECOND_ORDER)
     verdict = {"margin": margin, "best_first_order": first[1], "best_second_order": second[1]}
     if pyvw is not None:
-        vw, oja = rows["vw_default"]["test_error"], rows["vw_oja_newton"]["test_error"]
-        verdict["first_order_met"] = first[0] is not None and first[0] <= vw + margin
-        verdict["second_order_met"] = second[0] is not None and second[0] <= oja + margin
-        if "examples_per_second" in rows.get("oja_son", {}):
-            verdict["oja_son_speed_ratio"] = (
-                rows["oja_son"]["examples_per_second"]
-                / rows["vw_oja_newton"]["examples_per_second"]
-            )
-        if crossed and "examples_per_second" in rows.get("ada_diag", {}):
+        vw, oja = (rows[k].get(metric) for k in ("vw_default", "vw_oja_newton"))
+        verdict["first_order_met"] = None not in (first[0], vw) and first[0] <= vw + margin
+        verdict["second_order_met"] = None not in (second[0], oja) and second[0] <= oja + margin
+
+        def rate(k):
+            return rows.get(k, {}).get("examples_per_second")
+
+        if None not in (rate("oja_son"), rate("vw_oja_newton")):
+            verdict["oja_son_speed_ratio"] = rate("oja_son") / rate("vw_oja_newton")
+        if crossed and None not in (rate("ada_diag"), rate("vw_default")):
             # the crosses built inside the compiled step (-q on the fly) against VW's own
-            verdict["crossed_speed_ratio"] = (
-                rows["ada_diag"]["examples_per_second"] / rows["vw_default"]["examples_per_second"]
-            )
-    return {"stream": name, "test_examples": len(vw_test), "rows": rows, "verdict": verdict}
+            verdict["crossed_speed_ratio"] = rate("ada_diag") / rate("vw_default")
+    return {"stream": name, "metric": metric, "test_examples": evaluated, "rows": rows,
+            "verdict": verdict}  # fmt: skip
 
 
 def stream_files(stream, work: pathlib.Path):
@@ -178,11 +280,23 @@ def stream_files(stream, work: pathlib.Path):
 
 
 def real_files(name, train_path, test_path, work: pathlib.Path):
-    """A LIBSVM pair of ``../shared/data/``: the training lines shuffled (both tools)."""
-    train, test = _shuffled(_lines(train_path)), _lines(test_path)
-    (work / f"{name}.train.svm").write_text("\n".join(train) + "\n")
-    vw_train, vw_test = [svmlight_to_vw(x) for x in train], [svmlight_to_vw(x) for x in test]
-    return (name, work / f"{name}.train.svm", test_path, "-b 18", [], vw_train, vw_test)
+    """A real file (:func:`data_files`; ``test_path`` may be ``None``), LIBSVM or VW text: the
+    training lines shuffled (both tools), written uncompressed for the command line, and as VW
+    reads them (svmlight as ``label |f ...``, labels ``-1/1`` by the training file's
+    classes)."""
+    from sketchopt.stream import data
+    from sketchopt.stream.examples import binary_classes
+
+    fmt = data.detect_format(str(train_path))
+    train = _shuffled(_lines(train_path))
+    test = _lines(test_path) if test_path is not None else None
+    ext = "vw" if fmt == "vw" else "svm"
+    (work / f"{name}.train.{ext}").write_text("\n".join(train) + "\n")
+    classes = binary_classes(_labels(train), "logistic")
+    convert = vw_signed if fmt == "vw" else svmlight_to_vw
+    vw_train = [convert(x, classes) for x in train]
+    vw_test = None if test is None else [convert(x, classes) for x in test]
+    return (name, work / f"{name}.train.{ext}", test_path, "-b 18", [], vw_train, vw_test)
 
 
 def standin_files(name, train: list[str], test: list[str], fmt: str, work: pathlib.Path):
@@ -252,15 +366,16 @@ def run(
     speed_repeats: int = SPEED_REPEATS, standins: list | tuple = (),
 ) -> list[dict]:  # fmt: skip
     """The comparison on every benchmark stream (but ``skip``), every generated stand-in of the
-    public files (``standins``: :func:`experiments.vw_standins.standins`) and every real pair;
-    on ``passes_stream`` also the multi-pass protocol (:func:`passes`). ``speed_repeats``: how
-    many times the passes whose speed is a target run (the quick run: once)."""
+    public files (``standins``: :func:`experiments.vw_standins.standins`) and every real file
+    (:func:`data_files`); on ``passes_stream`` also the multi-pass protocol (:func:`passes`).
+    ``speed_repeats``: how many times the passes whose speed is a target run (the quick run:
+    once)."""
     results = []
     with tempfile.TemporaryDirectory(prefix="vw-defaults-files-") as work:
         work = pathlib.Path(work)
         jobs = [stream_files(s, work) for k, s in streams.items() if k not in skip]
         jobs += [standin_files(*standin, work) for standin in standins]
-        jobs += [real_files(*pair, work) for pair in real_pairs()]
+        jobs += [real_files(*found, work) for found in data_files()]
         for job in jobs:
             result = compare(*job, pyvw, learners, speed_repeats)
             if job[0] == passes_stream:
@@ -281,14 +396,16 @@ def table(results: list[dict]) -> str:
     body = []
     for r in results:
         rows, v = r["rows"], r["verdict"]
+        metric = r.get("metric", "test_error")
 
-        def cell(k, rows=rows):
+        def cell(k, rows=rows, metric=metric):
             row = rows.get(k, {})
-            return f"{100 * row['test_error']:.2f}" if "test_error" in row else "-"
+            return f"{100 * row[metric]:.2f}" if metric in row else "-"
 
         met = {True: "met", False: "**not met**", None: "-"}
+        progressive = " (progressive)" if r.get("metric") == "progressive_error" else ""
         body.append([
-            r["stream"], cell("vw_default"), cell("vw_oja_newton"), *map(cell, names),
+            r["stream"] + progressive, cell("vw_default"), cell("vw_oja_newton"), *map(cell, names),
             f"{v['best_first_order']} ({met[v.get('first_order_met')]})",
             f"{v['best_second_order']} ({met[v.get('second_order_met')]})",
         ])  # fmt: skip

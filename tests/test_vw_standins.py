@@ -48,3 +48,32 @@ def test_the_command_line_reads_every_standin(tmp_path):
         assert cli.main([*args, "--json", str(out)]) == 0, name
         summary = json.loads(out.read_text())
         assert summary["test_examples"] == 100 and summary["skipped"] == 0, name
+
+
+def test_real_files_are_found_in_their_usual_names(tmp_path, monkeypatch):
+    """The benchmark takes every real file of the data folder (``SKETCHOPT_DATA``): LIBSVM's
+    ``NAME``/``NAME.t``, ``train``/``test`` words anywhere in the name, compressed files, a file
+    alone (progressive only); documentation and checksums are not data. VW gets each file's
+    labels as ``-1/1``: ``1/2`` by their order, ``0/1`` by their sign, VW text lines kept."""
+    names = ["README.md", "SHA256SUMS.sha256", "a9a", "a9a.t", "mushrooms", "rcv1_train.binary",
+             "rcv1_test.binary", "agaricus.txt.train", "agaricus.txt.test", "x.train.vw.gz",
+             "x.test.vw.gz", ".hidden"]  # fmt: skip
+    for name in names:
+        (tmp_path / name).write_text("")
+    monkeypatch.setenv("SKETCHOPT_DATA", str(tmp_path))
+    found = {name: (train.name, test and test.name) for name, train, test in
+             vw_defaults.data_files()}  # fmt: skip
+    assert found == {
+        "a9a": ("a9a", "a9a.t"),
+        "agaricus": ("agaricus.txt.train", "agaricus.txt.test"),
+        "mushrooms": ("mushrooms", None),
+        "rcv1": ("rcv1_train.binary", "rcv1_test.binary"),
+        "x": ("x.train.vw.gz", "x.test.vw.gz"),
+    }
+    (tmp_path / "mushrooms").write_text("2 1:1 3:1\n1 2:1 # comment\n2 qid:4 3:1\n")
+    job = vw_defaults.real_files("mushrooms", tmp_path / "mushrooms", None, tmp_path)
+    assert job[2] is None and job[6] is None
+    assert sorted(job[5]) == ["-1 |f 2:1", "1 |f 1:1 3:1", "1 |f 3:1"]
+    (tmp_path / "v.vw").write_text("0 2.0 'a|f x y:2\n1 |f z\n")
+    job = vw_defaults.real_files("v", tmp_path / "v.vw", None, tmp_path)
+    assert job[1].name == "v.train.vw" and sorted(job[5]) == ["-1 2.0 'a|f x y:2", "1 |f z"]
