@@ -260,7 +260,7 @@ def test_two_other_labels_are_the_two_classes(tmp_path):
     file read with another file's pair refuses a third label; the squared loss and the usual
     conventions keep their own reading."""
     assert binary_classes([2.0, 4.0, 2.0], "logistic") == (2.0, 4.0)
-    for labels in ([-1.0, 1.0], [0.0, 1.0], [1.0], [1.0, 2.0, 3.0]):
+    for labels in ([-1.0, 1.0], [0.0, 1.0], [1.0], [1.0, 2.0, 3.0], [0.0, -1.0]):
         assert binary_classes(labels, "hinge") is None
     assert binary_classes([1.0, 2.0], "squared") is None
     path = tmp_path / "mushrooms.svm"

@@ -89,13 +89,13 @@ from sketchopt.stream import data, learners, runner, second_order
 from sketchopt.stream.crosses import CrossedExamples, CrossLayout
 from sketchopt.stream.examples import FlatExamples, SparseExamples, binary_classes
 
-__all__ = ["DEFAULT_LEARNING_RATE", "build_parser", "main", "run"]
+__all__ = ["DEFAULT_LEARNING_RATE", "DEFAULT_SKETCH_SIZE", "build_parser", "main", "run"]
 
-#: ``--learning-rate`` when not given, per learner.
 #: The second-order learners' ``m`` when ``--sketch-size`` is not given (VW ``--OjaNewton``'s);
 #: ``oja_son``'s is at most the dimension.
 DEFAULT_SKETCH_SIZE = 10
 
+#: ``--learning-rate`` when not given, per learner.
 DEFAULT_LEARNING_RATE = {
     "ada_diag": 0.5,
     "fobos": 0.1,

@@ -97,13 +97,15 @@ def binary_classes(labels, loss: str) -> tuple[float, float] | None:
     ``covtype.binary`` and ``skin_nonskin``, ``2/4`` in ``breast-cancer``): for a classification
     loss a file of exactly two distinct labels that are neither ``{-1, +1}`` nor ``{0, 1}``
     gets the smaller as the negative class and the larger as the positive one (scikit-learn's
-    ``LabelBinarizer`` order, independent of the file's order). A test file is read with its
-    training file's pair, which it may hold only one of.
+    ``LabelBinarizer`` order, independent of the file's order), except ``{-1, 0}``, whose 0
+    could be either class. A test file is read with its training file's pair, which it may
+    hold only one of.
     """
     values = sorted(set(np.asarray(labels, np.float64).reshape(-1).tolist()))
     if loss not in CLASSIFICATION_LOSSES or len(values) != 2 or not all(map(np.isfinite, values)):
         return None
-    if set(values) <= {-1.0, 1.0} or set(values) <= {0.0, 1.0}:
+    # {-1, 0} mixes the two conventions (0 is the negative class of one): refused as {-1, 0, 1}
+    if set(values) <= {-1.0, 1.0} or set(values) <= {0.0, 1.0} or values == [-1.0, 0.0]:
         return None
     return values[0], values[1]
 
