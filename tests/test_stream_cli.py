@@ -141,7 +141,8 @@ def test_the_test_file_is_read_with_the_training_files_index_base(tmp_path):
 
 def test_vw_text_passes_holdout_and_aliases(tmp_path):
     """A VW text file (auto-detected, ``-q`` crosses, importance weights, tags, ``0/1`` labels)
-    over three passes with VW's holdout; ``-f``/``-i`` save and resume; a ``-1/+1`` test file."""
+    over three passes with VW's holdout; ``-f``/``-i`` save and resume; a ``-1/+1`` test file,
+    also scored alone with ``-t -i`` (VW's test-only run)."""
     rng = np.random.default_rng(7)
     lines = []
     for i in range(300):
@@ -161,8 +162,19 @@ def test_vw_text_passes_holdout_and_aliases(tmp_path):
     assert summary["test_error"] == 0.0 and summary["holdout_error"] == 0.0
     assert run_cli(train, *flags, "--holdout_off") == 0
     assert "holdout_error" not in json.loads(out.read_text())
+    predictions = tmp_path / "p.txt"
+    assert run_cli(train, *flags, "-f", model, "-p", predictions) == 0
+    tested = json.loads(out.read_text())
+    scores = np.loadtxt(predictions)
+    # VW's -t -i: the test file scored with the saved weights (the crosses on the fly), as --test
+    assert run_cli(test, "-t", "-i", model, "-p", predictions, "--json", out) == 0
+    alone = json.loads(out.read_text())
+    assert alone["test_examples"] == 60 and "progressive_error" not in alone
+    assert (alone["test_error"], alone["test_loss"]) == (tested["test_error"], tested["test_loss"])
+    np.testing.assert_array_equal(np.loadtxt(predictions), scores)
+    assert run_cli(test, "-t", "-i", model, "--test", test) == 2  # nothing to learn from
     assert run_cli(train, "-i", model, "--json", out) == 0  # one more pass from the model
-    assert json.loads(out.read_text())["examples"] == 3 * 270 + 300
+    assert json.loads(out.read_text())["examples"] == 300 + 300
     assert run_cli(train, "--noconstant", "--json", out) == 0  # no -q: the cross is missing
     assert json.loads(out.read_text())["progressive_error"] > 0.3
 

@@ -53,6 +53,11 @@ Decisions (no VW flag has the same meaning everywhere):
   run would; a ``--learner``, ``--loss`` or ``--bits`` other than the checkpoint's is an error.
 * ``--predict FILE`` writes the raw score ``w . x`` of each test example, one per line (VW's
   ``-p`` without a link function).
+* ``-t``/``--testonly`` with ``-i DIR`` (VW's test-only run): the positional file is scored with
+  the checkpoint's weights and read as its test file would be (dimension, index base, classes,
+  crosses); nothing is learned, so ``--test``, ``--save`` and ``--passes`` are refused. The JSON
+  then has ``test_error``, ``test_loss``, ``test_examples`` and ``examples_per_second`` (of the
+  scoring), no progressive figures.
 * The second-order learners (:mod:`sketchopt.stream.second_order`): ``--sketch-size`` is ``m``
   (default 10; ``oja_son``'s at most the dimension, constant included);
   ``--diagonal-rescaling`` is SON's sec. 5.2 in VW's form (``--normalize``: the learner fed
@@ -80,6 +85,7 @@ import math
 import pathlib
 import sys
 import tempfile
+import time
 from typing import Any
 
 import jax
@@ -284,6 +290,13 @@ def _add_outputs(parser: argparse.ArgumentParser) -> None:
         dest="resume",
         type=pathlib.Path,
         help="continue from a --save directory",
+    )
+    parser.add_argument(
+        "-t",
+        "--testonly",
+        action="store_true",
+        help="VW's -t: with -i, score the positional file with the saved weights, learning "
+        "nothing (its test_error; -p writes its scores)",
     )
     parser.add_argument("--json", type=pathlib.Path, help="write the summary as JSON here")
     parser.add_argument(
@@ -557,6 +570,8 @@ def _passes(args, config, info, fmt, dim, learner, state, start, curve, cache):
 
 def run(args) -> dict:
     """Runs the command line's job for parsed ``args``; returns the summary."""
+    if args.testonly:
+        _check_test_only(args)
     config, saved = _resolve(args)
     fmt = _format(args, args.train)
     if saved is not None and config["format"] not in (None, fmt):
@@ -584,6 +599,8 @@ def run(args) -> dict:
     if saved is not None:
         state, start = _restore(args.resume, learner, dim)
         curve = [dict(line) for line in saved["curve"]]
+    if args.testonly:
+        return _test_only(args, config, info, learner, state)
     with tempfile.TemporaryDirectory(prefix="sketchopt-cache-") as cache:
         result, seconds = _passes(
             args, config, info, fmt, dim, learner, state, start, curve, pathlib.Path(cache)
@@ -636,6 +653,44 @@ def run(args) -> dict:
         args.json.write_text(json.dumps(summary, indent=1))
     if not args.quiet:
         _report(summary)
+    return summary
+
+
+def _check_test_only(args) -> None:
+    """``-t`` scores the positional file with a checkpoint's weights: nothing to learn from."""
+    if args.resume is None:
+        raise ValueError("-t/--testonly needs -i/--resume: the weights to test")
+    given = [flag for flag, on in (("--test", args.test is not None), ("--save", args.save),
+             ("--passes", args.passes != 1)) if on]  # fmt: skip
+    if given:
+        raise ValueError(f"-t/--testonly learns nothing: {', '.join(given)} do(es) not apply")
+
+
+def _test_only(args, config, info, learner, state) -> dict:
+    """VW's ``-t -i``: the positional file read as a test file (the checkpoint's dimension,
+    index base, classes and crosses), scored without learning."""
+    chunks = _read(
+        args.train, config["format"], info, config, args.chunk_size, test=True,
+        crossed=config.get("layout") == "crossed",
+    )  # fmt: skip
+    start = time.perf_counter()
+    test_loss, test_error, predictions = runner.evaluate(learner, state, chunks)
+    seconds = time.perf_counter() - start
+    keys = ("learner", "loss", "format", "dim", "constant", "quadratic", "classes")
+    summary = {k: config[k] for k in keys} | {
+        "hyperparameters": config["hyperparameters"],
+        "test_loss": test_loss,
+        "test_error": test_error,
+        "test_examples": len(predictions),
+        "examples_per_second": len(predictions) / seconds if seconds else 0.0,
+        "seconds": seconds,
+    }
+    if args.predict is not None:
+        np.savetxt(args.predict, predictions, fmt="%.9g")
+    if args.json is not None:
+        args.json.write_text(json.dumps(summary, indent=1))
+    if not args.quiet:
+        print(f"test: {summary['test_examples']} examples, error {test_error:.4f}")
     return summary
 
 
