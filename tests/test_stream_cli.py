@@ -142,7 +142,7 @@ def test_the_test_file_is_read_with_the_training_files_index_base(tmp_path):
 def test_vw_text_passes_holdout_and_aliases(tmp_path):
     """A VW text file (auto-detected, ``-q`` crosses, importance weights, tags, ``0/1`` labels)
     over three passes with VW's holdout; ``-f``/``-i`` save and resume; a ``-1/+1`` test file,
-    also scored alone with ``-t -i`` (VW's test-only run)."""
+    also scored alone with ``-t -i`` (VW's test-only run, also as ``-d``, with ``--link``)."""
     rng = np.random.default_rng(7)
     lines = []
     for i in range(300):
@@ -173,6 +173,12 @@ def test_vw_text_passes_holdout_and_aliases(tmp_path):
     assert (alone["test_error"], alone["test_loss"]) == (tested["test_error"], tested["test_loss"])
     np.testing.assert_array_equal(np.loadtxt(predictions), scores)
     assert run_cli(test, "-t", "-i", model, "--test", test) == 2  # nothing to learn from
+    # VW's spelling of the same: -d, -c -k accepted, --link logistic for probabilities
+    probabilities = tmp_path / "prob.txt"
+    args = ["-t", "-i", model, "-p", probabilities, "--link", "logistic", "-c", "-k"]
+    assert run_cli("-d", test, *args) == 0
+    np.testing.assert_allclose(np.loadtxt(probabilities), 1 / (1 + np.exp(-scores)), rtol=1e-6)
+    assert run_cli("--json", out) == 2  # no training file at all
     assert run_cli(train, "-i", model, "--json", out) == 0  # one more pass from the model
     assert json.loads(out.read_text())["examples"] == 300 + 300
     assert run_cli(train, "--noconstant", "--json", out) == 0  # no -q: the cross is missing

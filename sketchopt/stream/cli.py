@@ -52,7 +52,10 @@ Decisions (no VW flag has the same meaning everywhere):
   checkpoint (those flags are ignored then), so that the resumed half computes exactly as one
   run would; a ``--learner``, ``--loss`` or ``--bits`` other than the checkpoint's is an error.
 * ``--predict FILE`` writes the raw score ``w . x`` of each test example, one per line (VW's
-  ``-p`` without a link function).
+  ``-p`` without a link function); ``--link logistic`` writes its sigmoid instead (VW's
+  ``--link=logistic``: the probability of ``+1`` under the logistic loss).
+* ``-d FILE`` (VW's) names the training file as the positional argument does; ``-c`` and
+  ``-k`` are accepted (the cache of ``--passes`` is automatic and never kept).
 * ``-t``/``--testonly`` with ``-i DIR`` (VW's test-only run): the positional file is scored with
   the checkpoint's weights and read as its test file would be (dimension, index base, classes,
   crosses); nothing is learned, so ``--test``, ``--save`` and ``--passes`` are refused. The JSON
@@ -131,7 +134,13 @@ def build_parser() -> argparse.ArgumentParser:
 def _add_inputs(parser: argparse.ArgumentParser) -> None:
     """The data and the learner: ``train``, ``--learner``, ``--loss``, ``--bits``."""
     parser.add_argument(
-        "train", type=pathlib.Path, help="training examples (svmlight or VW text format)"
+        "train",
+        type=pathlib.Path,
+        nargs="?",
+        help="training examples (svmlight or VW text format; or -d FILE, VW's way)",
+    )
+    parser.add_argument(
+        "-d", "--data", type=pathlib.Path, help="VW's -d: the training file, as the positional"
     )
     parser.add_argument(
         "--format",
@@ -193,6 +202,9 @@ def _add_inputs(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "-c", "--cache", action="store_true", help="accepted (the cache is automatic)"
+    )
+    parser.add_argument(
+        "-k", "--kill_cache", action="store_true", help="accepted (the cache is never kept)"
     )
 
 
@@ -274,6 +286,13 @@ def _add_outputs(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--test", type=pathlib.Path, help="test examples: report test_error")
     parser.add_argument(
         "-p", "--predict", type=pathlib.Path, help="write one score per test example"
+    )
+    parser.add_argument(
+        "--link",
+        choices=("identity", "logistic"),
+        default="identity",
+        help="VW's --link for -p: the raw score w.x (default) or its sigmoid, the probability "
+        "of +1 under the logistic loss",
     )
     parser.add_argument(
         "-f",
@@ -568,8 +587,26 @@ def _passes(args, config, info, fmt, dim, learner, state, start, curve, cache):
     return result, seconds
 
 
+def _training_file(args) -> None:
+    """The training file: the positional argument or VW's ``-d`` (one of them, once)."""
+    if args.train is not None and args.data is not None and args.train != args.data:
+        raise ValueError(f"two training files: {args.train} and -d {args.data}")
+    args.train = args.train if args.train is not None else args.data
+    if args.train is None:
+        raise ValueError("no training file: give it as the first argument or with -d")
+
+
+def _write_predictions(args, predictions) -> None:
+    """``-p``: one score per example, the sigmoid of it with ``--link logistic``."""
+    scores = np.asarray(predictions, np.float64)
+    if args.link == "logistic":
+        scores = 0.5 * (1.0 + np.tanh(0.5 * scores))  # 1 / (1 + exp(-s)), overflow-free
+    np.savetxt(args.predict, scores, fmt="%.9g")
+
+
 def run(args) -> dict:
     """Runs the command line's job for parsed ``args``; returns the summary."""
+    _training_file(args)
     if args.testonly:
         _check_test_only(args)
     config, saved = _resolve(args)
@@ -644,7 +681,7 @@ def run(args) -> dict:
         test_loss, test_error, predictions = runner.evaluate(learner, result.state, test_chunks)
         summary.update(test_loss=test_loss, test_error=test_error, test_examples=len(predictions))
         if args.predict is not None:
-            np.savetxt(args.predict, predictions, fmt="%.9g")
+            _write_predictions(args, predictions)
     elif args.predict is not None:
         raise ValueError("--predict needs --test (the examples to predict)")
     if args.save is not None:
@@ -686,7 +723,7 @@ def _test_only(args, config, info, learner, state) -> dict:
         "seconds": seconds,
     }
     if args.predict is not None:
-        np.savetxt(args.predict, predictions, fmt="%.9g")
+        _write_predictions(args, predictions)
     if args.json is not None:
         args.json.write_text(json.dumps(summary, indent=1))
     if not args.quiet:
