@@ -604,12 +604,9 @@ def _write_predictions(args, predictions) -> None:
     np.savetxt(args.predict, scores, fmt="%.9g")
 
 
-def run(args) -> dict:
-    """Runs the command line's job for parsed ``args``; returns the summary."""
-    _training_file(args)
-    if args.testonly:
-        _check_test_only(args)
-    config, saved = _resolve(args)
+def _prepare(args, config: dict, saved: dict | None):
+    """The training file's format and scan, and the run's index base, classes, dimension and
+    learner, written into ``config`` (a resumed run keeps the checkpoint's)."""
     fmt = _format(args, args.train)
     if saved is not None and config["format"] not in (None, fmt):
         raise ValueError(f"{args.train} is {fmt}, the checkpoint's files were {config['format']}")
@@ -632,6 +629,16 @@ def run(args) -> dict:
         oja = config["learner"] == "oja_son"
         hyper["sketch_size"] = min(DEFAULT_SKETCH_SIZE, dim) if oja else DEFAULT_SKETCH_SIZE
     learner = learners.make_learner(config["learner"], loss=config["loss"], **hyper)
+    return fmt, info, dim, learner
+
+
+def run(args) -> dict:
+    """Runs the command line's job for parsed ``args``; returns the summary."""
+    _training_file(args)
+    if args.testonly:
+        _check_test_only(args)
+    config, saved = _resolve(args)
+    fmt, info, dim, learner = _prepare(args, config, saved)
     state, start, curve = None, None, None
     if saved is not None:
         state, start = _restore(args.resume, learner, dim)
