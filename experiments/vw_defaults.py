@@ -60,7 +60,9 @@ def data_root() -> pathlib.Path:
 
 #: Names that are not data files (documentation, checksums, code, archives, images).
 _NOT_DATA = re.compile(
-    r"(^readme|^license|^\.|\.(md|rst|json|py|sh|sha256|md5|zip|tar|tgz|png|pdf|html|csv)$)", re.I
+    r"(^readme|^license|^notice|^\.|^(sha\d*|md5|check)sums?\b"
+    r"|\.(md|rst|json|py|sh|sha\d*|md5|zip|tar|tgz|png|pdf|html|csv)$)",
+    re.I,
 )
 _COMPRESSED = (".gz", ".bz2")
 

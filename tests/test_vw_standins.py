@@ -55,9 +55,9 @@ def test_real_files_are_found_in_their_usual_names(tmp_path, monkeypatch):
     ``NAME``/``NAME.t``, ``train``/``test`` words anywhere in the name, compressed files, a file
     alone (progressive only); documentation and checksums are not data. VW gets each file's
     labels as ``-1/1``: ``1/2`` by their order, ``0/1`` by their sign, VW text lines kept."""
-    names = ["README.md", "SHA256SUMS.sha256", "a9a", "a9a.t", "mushrooms", "rcv1_train.binary",
-             "rcv1_test.binary", "agaricus.txt.train", "agaricus.txt.test", "x.train.vw.gz",
-             "x.test.vw.gz", ".hidden"]  # fmt: skip
+    names = ["README.md", "SHA256SUMS", "sha256sums.txt", "NOTICE", "x.sha1", "a9a", "a9a.t",
+             "mushrooms", "rcv1_train.binary", "rcv1_test.binary", "agaricus.txt.train",
+             "agaricus.txt.test", "x.train.vw.gz", "x.test.vw.gz", ".hidden"]  # fmt: skip
     for name in names:
         (tmp_path / name).write_text("")
     monkeypatch.setenv("SKETCHOPT_DATA", str(tmp_path))
