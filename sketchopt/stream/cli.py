@@ -680,15 +680,10 @@ def run(args) -> dict:
         test_fmt = _format(args, args.test)
         if test_fmt != fmt:
             raise ValueError(f"{args.test} is {test_fmt}, the training file {fmt}")
-        test_info = _scan(args.test, fmt, config)
-        test_chunks = _read(
-            args.test, fmt, test_info, config, args.chunk_size, test=True,
-            crossed=config.get("layout") == "crossed",
-        )  # fmt: skip
-        test_loss, test_error, predictions = runner.evaluate(learner, result.state, test_chunks)
-        summary.update(test_loss=test_loss, test_error=test_error, test_examples=len(predictions))
-        if args.predict is not None:
-            _write_predictions(args, predictions)
+        scored = _score(
+            args, args.test, _scan(args.test, fmt, config), config, learner, result.state
+        )
+        summary.update({k: scored[k] for k in ("test_loss", "test_error", "test_examples")})
     elif args.predict is not None:
         raise ValueError("--predict needs --test (the examples to predict)")
     if args.save is not None:
@@ -710,31 +705,37 @@ def _check_test_only(args) -> None:
         raise ValueError(f"-t/--testonly learns nothing: {', '.join(given)} do(es) not apply")
 
 
-def _test_only(args, config, info, learner, state) -> dict:
-    """VW's ``-t -i``: the positional file read as a test file (the checkpoint's dimension,
-    index base, classes and crosses), scored without learning."""
+def _score(args, path, info, config, learner, state) -> dict:
+    """``path`` read as a test file (the run's dimension, index base, classes and crosses) and
+    scored by ``state`` without learning; ``-p`` gets its scores."""
     chunks = _read(
-        args.train, config["format"], info, config, args.chunk_size, test=True,
+        path, config["format"], info, config, args.chunk_size, test=True,
         crossed=config.get("layout") == "crossed",
     )  # fmt: skip
     start = time.perf_counter()
     test_loss, test_error, predictions = runner.evaluate(learner, state, chunks)
     seconds = time.perf_counter() - start
-    keys = ("learner", "loss", "format", "dim", "constant", "quadratic", "classes")
-    summary = {k: config[k] for k in keys} | {
-        "hyperparameters": config["hyperparameters"],
+    if args.predict is not None:
+        _write_predictions(args, predictions)
+    return {
         "test_loss": test_loss,
         "test_error": test_error,
         "test_examples": len(predictions),
         "examples_per_second": len(predictions) / seconds if seconds else 0.0,
         "seconds": seconds,
     }
-    if args.predict is not None:
-        _write_predictions(args, predictions)
+
+
+def _test_only(args, config, info, learner, state) -> dict:
+    """VW's ``-t -i``: the positional file scored with the checkpoint's weights (:func:`_score`),
+    nothing learned."""
+    keys = ("learner", "loss", "format", "dim", "constant", "quadratic", "classes")
+    summary = {k: config[k] for k in keys} | {"hyperparameters": config["hyperparameters"]}
+    summary |= _score(args, args.train, info, config, learner, state)
     if args.json is not None:
         args.json.write_text(json.dumps(summary, indent=1))
     if not args.quiet:
-        print(f"test: {summary['test_examples']} examples, error {test_error:.4f}")
+        print(f"test: {summary['test_examples']} examples, error {summary['test_error']:.4f}")
     return summary
 
 
