@@ -389,6 +389,15 @@ class LeafRule(NamedTuple):
         accumulator, dual averaging's gradient sum and anchor). ``init`` and ``step`` see them
         flat, as the other fields; the state stores them as trees with the parameters'
         structure and shapes (module docstring, "State layout").
+      coordinatewise: whether every field is parameter-shaped and the step acts coordinate by
+        coordinate on arrays of any shape (ADA-DIAG and its dual averaging). The driver then
+        steps each leaf in its own shape and layout, as Optax does: no flattening (a relayout
+        of a tiled TPU array), no stacking, no padding, no ``vmap``.
+      update_bound: ``None``, or ``update_bound(hyper) -> scalar`` for a rule whose step maps
+        every finite gradient to a finite state and an update bounded entrywise by that value
+        (ADA-DIAG: ``|eta_t|``). The driver then checks the gradient and the bound (a scalar)
+        only, not the update and the state after the step, which would take one more pass over
+        them and a separate select (module docstring, "Bad input").
     """
 
     fields: tuple[str, ...]
@@ -399,6 +408,8 @@ class LeafRule(NamedTuple):
     paddable: bool = False
     group_key: Callable[[str, tuple[int, ...]], Any] | None = None
     param_fields: tuple[str, ...] = ()
+    coordinatewise: bool = False
+    update_bound: Callable[[Any], jax.Array] | None = None
 
 
 def at_step(hyperparam, count, dtype=None):
@@ -467,9 +478,13 @@ def _policy_step(rule: LeafRule, ctx: LeafContext, out_dtype, g, values, x):
     g = jnp.where(valid, g, jnp.zeros((), g.dtype))
     update, new, *rule_ok = rule.step(ctx, g, values, x, valid)
     new = _partitioning.like(new, values)  # a state keeps its layout from step to step
-    parts = jax.tree.leaves(new, is_leaf=_is_sketch)
-    checked = [a for x in parts for a in (_small_fields(x) if _is_sketch(x) else [x])]
-    ok = valid & _all_finite([update.astype(out_dtype), *checked])
+    if rule.update_bound is None:
+        parts = jax.tree.leaves(new, is_leaf=_is_sketch)
+        checked = [a for x in parts for a in (_small_fields(x) if _is_sketch(x) else [x])]
+        ok = valid & _all_finite([update.astype(out_dtype), *checked])
+    else:  # finite by construction, |update| <= bound (rounding is monotone): a scalar check
+        bound = jnp.asarray(rule.update_bound(ctx.hyper))
+        ok = valid & jnp.isfinite(bound.astype(out_dtype))
     if rule_ok:
         ok = ok & rule_ok[0]
     return update, _commit(new, values, ok), jnp.logical_not(ok)
@@ -873,6 +888,29 @@ def _leaf_updates(layout, stepped, flat):
     return out, skipped
 
 
+def _coordinatewise_step(rule, layout, count, hyper, param_leaves, flat, x_leaves):
+    """Every leaf of a coordinatewise rule (``LeafRule.coordinatewise``) stepped in its own shape
+    and layout: ``(updates, skipped, {field: per-leaf values})``. Per leaf one read of the
+    gradient (its finiteness) and one fused pass over the gradient and the state, which XLA
+    updates in place; no flattening, stacking or padding copies the leaves."""
+    out, news = [], []
+    skipped = jnp.zeros((), jnp.int32)
+    for i, g in enumerate(flat):
+        leaf = layout.leaf(i)
+        values = tuple(param_leaves[f][i] for f in rule.fields)
+        x = None if x_leaves is None else jnp.asarray(x_leaves[i]).astype(leaf.dtype)
+        ctx = LeafContext(count, leaf.shape, hyper)
+        out_dtype = _dtype_of(g)
+        u, new, skip = _policy_step(
+            rule, ctx, out_dtype, jnp.asarray(g).astype(leaf.dtype), values, x
+        )
+        out.append(jnp.where(skip, jnp.zeros((), u.dtype), u).astype(out_dtype))
+        news.append(new)
+        skipped = skipped + skip.astype(jnp.int32)
+    per_field = {f: [new[k] for new in news] for k, f in enumerate(rule.fields)}
+    return out, skipped, per_field
+
+
 def leafwise(rule: LeafRule, state_class: type) -> optax.GradientTransformationExtraArgs:
     """A gradient transformation from a per-leaf rule (module docstring).
 
@@ -885,6 +923,8 @@ def leafwise(rule: LeafRule, state_class: type) -> optax.GradientTransformationE
     unknown = set(rule.param_fields) - set(fields)
     if unknown:
         raise ValueError(f"param_fields {sorted(unknown)} are not fields of the rule {fields}")
+    if rule.coordinatewise and set(rule.param_fields) != set(fields):
+        raise ValueError("a coordinatewise rule keeps parameter-shaped fields only")
 
     def init_fn(params):
         params = _materialized(params)
@@ -920,10 +960,16 @@ def leafwise(rule: LeafRule, state_class: type) -> optax.GradientTransformationE
         x_leaves = None if rule.needs_params is None else treedef.flatten_up_to(params)
         count = state.count
         hyper = rule.hyper(count)
-        values = _Fields(rule, layout, treedef, state, param_leaves)
-        stepped = _step_groups(rule, layout, count, hyper, values, flat, x_leaves)
-        out, skipped = _leaf_updates(layout, stepped, flat)
-        new_fields = values.assemble({j: stepped[j][1] for j in stepped})
+        if rule.coordinatewise:
+            out, skipped, per_field = _coordinatewise_step(
+                rule, layout, count, hyper, param_leaves, flat, x_leaves
+            )
+            new_fields = {f: pack_leaves(treedef, v) for f, v in per_field.items()}
+        else:
+            values = _Fields(rule, layout, treedef, state, param_leaves)
+            stepped = _step_groups(rule, layout, count, hyper, values, flat, x_leaves)
+            out, skipped = _leaf_updates(layout, stepped, flat)
+            new_fields = values.assemble({j: stepped[j][1] for j in stepped})
         if not layout.groups:  # nothing stepped: the fields stay as they are
             new_fields = {f: getattr(state, f) for f in fields}
         new_state = state_class(

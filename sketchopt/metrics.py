@@ -131,6 +131,14 @@ class Metric(NamedTuple):
         the solve with ``g``, for a rule that solves with another vector (dual averaging, with
         the gradients' sum); the sketched metric then skips the lift fused into its pass over
         the sketch. ``None``: such a rule calls ``update`` and drops its ``solved``.
+      coordinatewise: whether ``update`` and the operator act coordinate by coordinate, on a
+        leaf of any shape (every state array shaped like the leaf: the diagonal). The rules then
+        step each leaf in its own shape, with no flattening, stacking or padding, which on a TPU
+        or GPU would relayout or copy the leaf (``sketchopt._leafwise``, "Bad input").
+      unit_step: whether a finite ``g`` always gives a finite state and ``|H_t^{-1} g_t| <= 1``
+        entrywise (the diagonal: ``s_t >= |g_t|``, its sum of squares saturating at the dtype's
+        largest value). The rules then bound the update by ``|eta_t|`` and skip checking it and
+        the state after the step: one read of the gradient and one pass, as ``optax.adagrad``.
 
     Examples:
       >>> import jax.numpy as jnp, sketchopt as so
@@ -152,6 +160,8 @@ class Metric(NamedTuple):
     path_key: Callable[[str, tuple[int, ...]], Any] | None = None
     param_shaped: bool = False
     absorb: Callable[..., tuple[Any, Any]] | None = None
+    coordinatewise: bool = False
+    unit_step: bool = False
 
     __eq__ = _validation.value_eq
     __hash__ = _validation.value_hash
@@ -187,7 +197,8 @@ class DiagonalMetricState(NamedTuple):
 
     Attributes:
       rss: ``diag(G_t)^{1/2} = sqrt(sum_s g_s^2)`` per coordinate (the root of the sum of
-        squares, kept with ``hypot`` so that it cannot overflow where the sum of squares would);
+        squares, kept with ``hypot`` so that it cannot overflow where the sum of squares would,
+        and saturating at the dtype's largest finite value where the root itself would);
         ``sqrt(sum_s |g_s|^2)``, real (float32/float64), for complex parameters.
     """
 
@@ -199,8 +210,12 @@ def diagonal(delta: float) -> Metric:
 
     Only the diagonal ``s_t = sqrt(sum_s g_s^2)`` is kept (``O(d)``), so ``H_t^{-1} g`` is
     ``g / (delta + s_t)`` coordinatewise; with ``delta = 0`` coordinates that have seen only zero
-    gradients get a zero step (the safe ``0/0 = 0``). Complex ``g``: ``s_t = sqrt(sum_s |g_s|^2)``
-    (the diagonal of the Hermitian ``sum_s g_s g_s^H``), real.
+    gradients get a zero step (the safe ``0/0 = 0``). ``s_t`` saturates at the dtype's largest
+    finite value (reached only by gradient entries within a factor ``sqrt(2)`` of it, or by
+    ``sum_s g_s^2`` beyond it), so that a finite gradient always gives a finite state and a
+    step ``|g_t| / (delta + s_t) <= 1``: the rules then need no check after the step. Complex
+    ``g``: ``s_t = sqrt(sum_s |g_s|^2)`` (the diagonal of the Hermitian ``sum_s g_s g_s^H``),
+    real.
 
     Args:
       delta: ``delta >= 0``.
@@ -233,11 +248,22 @@ def diagonal(delta: float) -> Metric:
     def update(state, g, valid=True):
         del valid  # hypot(rss, 0) == rss exactly
         g = jnp.abs(g) if jnp.iscomplexobj(g) else g  # complex: |g|
-        state = DiagonalMetricState(jnp.hypot(state.rss, g))
+        rss = jnp.hypot(state.rss, g)
+        state = DiagonalMetricState(jnp.minimum(rss, jnp.finfo(rss.dtype).max))
         return state, operator(state), None
 
     spec = _validation.spec_key("diagonal", delta)
-    return Metric(init, update, operator, "diag", spec, paddable=True, param_shaped=True)
+    return Metric(
+        init,
+        update,
+        operator,
+        "diag",
+        spec,
+        paddable=True,
+        param_shaped=True,
+        coordinatewise=True,
+        unit_step=True,
+    )
 
 
 # ----------------------------------------------------------------------------------------------

@@ -341,6 +341,13 @@ def metric_rule(
         return regularizer.prox(None, eta, op, shape=ctx.shape, center=z) - x, (ms,)
 
     needs = None if (regularizer is None or scale_only) else "mirror_descent with a regularizer"
+    plain = regularizer is None or scale_only
+    bound = None
+    if metric.unit_step and metric.accepts is None and plain:  # |H^{-1} g| <= 1 entrywise
+
+        def bound(hyper):
+            return jnp.ones(()) if scale_only else jnp.abs(hyper[0])
+
     return _leafwise.LeafRule(
         (field,),
         init,
@@ -350,6 +357,8 @@ def metric_rule(
         paddable=metric.paddable and regularizer is None,  # a prox may read the leaf's shape
         group_key=metric.path_key,
         param_fields=(field,) if metric.param_shaped else (),
+        coordinatewise=metric.coordinatewise and plain,
+        update_bound=bound,
     )
 
 
@@ -515,5 +524,6 @@ def dual_averaging(
         paddable=metric.paddable and regularizer is None,
         group_key=metric.path_key,
         param_fields=("metric_state",) * metric.param_shaped + ("grad_sum", "anchor"),
+        coordinatewise=metric.coordinatewise and regularizer is None,
     )
     return _leafwise.leafwise(rule, DualAveragingState)
