@@ -8,6 +8,11 @@ PYTHON ?= python3
 VENV := .venv
 STAMP := $(VENV)/.installed
 DOCS_STAMP := $(VENV)/.docs-installed
+# XLA's TPU compiler (libtpu, the version the installed JAX names) for make test-accelerators, in
+# a folder of its own on PYTHONPATH: in the environment itself every JAX process would look for
+# a TPU at start.
+LIBTPU := $(VENV)/libtpu
+LIBTPU_STAMP := $(LIBTPU)/.installed
 DOCS_BUILD := build/docs
 CI_DIR := build/ci
 # --dist loadgroup: a family's tests are marked to share one worker (tests/conftest.py; not
@@ -28,7 +33,7 @@ $(DOCS_STAMP): $(STAMP) pyproject.toml
 	$(VENV)/bin/pip install --quiet -e '.[docs]'
 	touch $(DOCS_STAMP)
 
-.PHONY: venv run bench readme test test-experiments test-robustness test-benchmarks test-devices test-fast conformance docs lint ci smoke-lowest smoke-wheel
+.PHONY: venv run bench readme test test-experiments test-robustness test-benchmarks test-devices test-accelerators test-fast conformance docs lint ci smoke-lowest smoke-wheel
 venv: $(STAMP)
 
 # Main job: the papers' reproductions at the default size (at most 20 minutes on a 2-core
@@ -55,7 +60,8 @@ readme: $(STAMP)
 # its budget.
 test: $(STAMP)
 	$(VENV)/bin/ruff check .
-	$(PYTEST) -m "not benchmark and not devices and not experiments" --doctest-modules \
+	$(PYTEST) -m "not benchmark and not devices and not experiments and not accelerators" \
+		--doctest-modules \
 		--durations=15 tests sketchopt
 
 # The reproductions of the papers' experiments (experiments/run.py's IN_ALL, tests marked
@@ -83,12 +89,25 @@ test-benchmarks: $(STAMP)
 test-devices: $(STAMP)
 	$(PYTEST) -m devices --durations=5 tests
 
+# Every public transform's update, the README's Flax step and a 4-device sharded step compiled
+# for a TPU v5e slice by XLA's TPU compiler, deviceless (tests/test_accelerators.py; libtpu
+# installed first, the version the installed JAX names): a CI tier after make test.
+test-accelerators: $(STAMP) $(LIBTPU_STAMP)
+	PYTHONPATH=$(LIBTPU) SKETCHOPT_TEST_TIER=accelerators $(PYTEST) -m accelerators \
+		--durations=5 tests/test_accelerators.py
+
+$(LIBTPU_STAMP): $(STAMP)
+	$(VENV)/bin/pip install --quiet --upgrade --target $(LIBTPU) \
+		"$$($(VENV)/bin/python .ci/libtpu_requirement.py)"
+	touch $(LIBTPU_STAMP)
+
 # The development tier: everything but the tests marked slow (experiments, notebooks, the
 # 8-device sharding run, the long float32 drift runs), and the per-family tests for a sample of
 # the families only (tests/conftest.py, FAST_SAMPLE).
 test-fast: $(STAMP)
 	$(VENV)/bin/ruff check .
-	SKETCHOPT_TEST_TIER=fast $(PYTEST) -m "not slow" --doctest-modules --durations=10 tests sketchopt
+	SKETCHOPT_TEST_TIER=fast $(PYTEST) -m "not slow and not accelerators" --doctest-modules \
+		--durations=10 tests sketchopt
 
 # The Optax conformance battery over every public transform (tests/test_conformance.py): a CI tier
 # of its own, after make test, which runs one sample transform's cases of it.
@@ -109,7 +128,8 @@ docs: $(DOCS_STAMP)
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .
 
-ci: test test-experiments test-robustness test-benchmarks test-devices conformance docs smoke-lowest smoke-wheel
+ci: test test-experiments test-robustness test-benchmarks test-devices test-accelerators conformance docs \
+	smoke-lowest smoke-wheel
 
 # The lowest declared versions of every dependency ("lowest direct" resolution, pins written by
 # .ci/lowest_requirements.py) in a separate environment, and the smoke subset of the tests. These

@@ -1,0 +1,171 @@
+"""Updates compiled for a TPU on any machine: XLA's TPU compiler through libtpu's deviceless
+ahead-of-time compile, and what its own cost model counts.
+
+``pip install "jax[tpu]==<the installed jax>"`` (or ``make test-accelerators``, which installs
+the ``libtpu`` that the installed JAX names) brings the compiler; no TPU is needed.
+:func:`topology` gives a TPU slice's devices to place ``jax.ShapeDtypeStruct``\\ s on,
+:func:`compile_update` compiles one optimizer ``update`` for it (the state donated, as a
+training step donates it), and :class:`Program` holds XLA's figures: bytes accessed and flops
+(``cost_analysis()``: a loop body counted once, a ``cond`` at its costliest branch), the
+fusions and while loops of the optimized HLO, and the seconds the compile took.
+
+An optimizer step is bandwidth-bound, so its bytes are its time on the accelerator. One thing
+to know when reading them: XLA's TPU compiler prefetches an array that two kernels read into the
+chip's on-chip memory when it fits there (a ``copy-start`` into memory space ``S(1)``), and
+counts that copy and the reads from it. A guarded update (one read of the gradient for its
+finiteness, then one fused pass) is so counted at 9 arrays, not 5, for leaves of up to some
+100 MB, and at 5 above: :func:`guarded_adagrad` is that floor program, compiled beside the
+learners (``experiments/device_bench.py --parts aot``).
+
+The accelerator code path and the batched factorizations are what a TPU user's update takes:
+the environment variables ``SKETCHOPT_ACCELERATOR_PATH=1`` and ``SKETCHOPT_BATCHED_SOLVES=1`` are
+set here, before sketchopt is imported, unless already set.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import os
+import re
+import time
+from typing import Any
+
+os.environ.setdefault("SKETCHOPT_ACCELERATOR_PATH", "1")
+os.environ.setdefault("SKETCHOPT_BATCHED_SOLVES", "1")
+# libtpu takes a per-machine lock: processes that compile at once (pytest-xdist workers, a
+# benchmark beside the tests) each need this to load it.
+os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
+
+import jax  # noqa: E402
+import jax.numpy as jnp  # noqa: E402
+
+#: The TPU slice compiled for: a v5e with 4 chips (a TPU user's common small slice).
+TOPOLOGY = "v5e:2x2"
+
+
+def available() -> bool:
+    """Whether libtpu (XLA's TPU compiler) is installed."""
+    try:
+        import libtpu  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+@functools.cache
+def topology(name: str = TOPOLOGY):
+    """The devices of a TPU slice, for deviceless compiles (``jax.experimental.topologies``)."""
+    from jax.experimental import topologies
+
+    return topologies.get_topology_desc(topology_name=name, platform="tpu")
+
+
+def device(index: int = 0):
+    """One TPU device of :func:`topology`."""
+    return topology().devices[index]
+
+
+def placed(tree: Any, sharding=None) -> Any:
+    """``tree``'s arrays as ``jax.ShapeDtypeStruct``\\ s on ``sharding`` (one TPU device when
+    ``None``); a leaf that has a ``NamedSharding`` keeps it."""
+    sharding = sharding or jax.sharding.SingleDeviceSharding(device())
+
+    def one(x):
+        own = getattr(x, "sharding", None)
+        keep = own if isinstance(own, jax.sharding.NamedSharding) else sharding
+        return jax.ShapeDtypeStruct(jnp.shape(x), x.dtype, sharding=keep)
+
+    return jax.tree.map(one, tree)
+
+
+_FUSION = re.compile(r"^\s*(?:ROOT )?%\S+ = (?:\([^=]*?\)|\S+) fusion\(", re.M)
+_WHILE = re.compile(r"\bwhile\(")
+
+
+@dataclasses.dataclass(frozen=True)
+class Program:
+    """XLA's figures of one compiled program (module docstring)."""
+
+    bytes_accessed: float
+    flops: float
+    optimal_seconds: float
+    fusions: int
+    while_loops: int
+    compile_seconds: float
+    text: str = dataclasses.field(repr=False, default="")
+
+    def row(self) -> dict:
+        """The figures as a JSON row (the HLO text left out)."""
+        out = dataclasses.asdict(self)
+        del out["text"]
+        return out
+
+
+def program(compiled, compile_seconds: float) -> Program:
+    """:class:`Program` of a ``jax.stages.Compiled``."""
+    cost = compiled.cost_analysis()
+    cost = cost[0] if isinstance(cost, list | tuple) else cost
+    text = compiled.as_text()
+    return Program(
+        bytes_accessed=float(cost.get("bytes accessed", float("nan"))),
+        flops=float(cost.get("flops", float("nan"))),
+        optimal_seconds=float(cost.get("optimal_seconds", float("nan"))),
+        fusions=len(_FUSION.findall(text)),
+        while_loops=len(_WHILE.findall(text)),
+        compile_seconds=compile_seconds,
+        text=text,
+    )
+
+
+def compile_fn(fn, *args, donate_argnums=()) -> Program:
+    """``fn`` traced on ``args`` (``ShapeDtypeStruct``\\ s placed on TPU devices), lowered and
+    compiled for the TPU."""
+    start = time.perf_counter()
+    compiled = jax.jit(fn, donate_argnums=donate_argnums).trace(*args).lower().compile()
+    return program(compiled, time.perf_counter() - start)
+
+
+def compile_update(tx, params, *, donate: bool = True, sharding=None) -> Program:
+    """One ``tx.update(grads, state, params)`` over abstract ``params`` compiled for the TPU,
+    the state donated (``donate``). The parameters keep their ``NamedSharding``\\ s (a mesh of
+    the topology's devices); the rest lie on one device (``sharding`` to say otherwise)."""
+    params = placed(params, sharding)
+    state = jax.eval_shape(tx.init, params)
+    state = placed(state, sharding) if sharding is not None or not _sharded(params) else state
+    return compile_fn(tx.update, params, state, params, donate_argnums=(1,) if donate else ())
+
+
+def _sharded(tree) -> bool:
+    return any(
+        isinstance(getattr(x, "sharding", None), jax.sharding.NamedSharding)
+        for x in jax.tree.leaves(tree)
+    )
+
+
+def guarded_adagrad(learning_rate: float = 0.1, eps: float = 1e-7):
+    """``optax.adagrad``'s step behind the least guard of the non-finite policy: per leaf, one
+    read of the gradient for its finiteness, then one fused pass that steps the leaf or leaves
+    it (its accumulator bit-identical, a zero update). The floor of a guarded diagonal method
+    as XLA counts it (module docstring), compiled beside ``optax.adagrad``."""
+    import optax
+
+    def init(params):
+        return jax.tree.map(lambda p: jnp.full_like(p, 0.1), params)  # optax.adagrad's start
+
+    def one(g, acc):
+        ok = jnp.isfinite(jnp.max(jnp.abs(g)))
+        new = jnp.where(ok, acc + g * g, acc)
+        step = jnp.where(new > 0, jax.lax.rsqrt(new + eps), 0) * g
+        return jnp.where(ok, -learning_rate * step, 0), new
+
+    def update(grads, state, params=None):
+        del params
+        pairs = jax.tree.map(one, grads, state)
+        is_pair = lambda x: isinstance(x, tuple)  # noqa: E731
+        return (
+            jax.tree.map(lambda p: p[0], pairs, is_leaf=is_pair),
+            jax.tree.map(lambda p: p[1], pairs, is_leaf=is_pair),
+        )
+
+    return optax.GradientTransformation(init, update)

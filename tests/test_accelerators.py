@@ -1,0 +1,139 @@
+"""Every update compiled for a TPU, on any machine (``make test-accelerators``).
+
+XLA's TPU compiler (libtpu) compiles without a TPU for a topology's devices
+(``experiments/aot.py``). This tier compiles, on the code path a TPU user's update takes
+(``sketchopt.accelerator_path``, batched factorizations on), and fails on any that does not:
+
+* the ``update`` of every public transform factory, at the Optax conformance battery's
+  hyperparameters (``tests/test_conformance.py``'s ``CASES``), on a small tree of a matrix and
+  a vector; a factory without a case fails :func:`test_every_public_factory_is_compiled`;
+* the README's Flax training step (the digits MLP under ``kron_fd``), forward, backward and
+  update in one program;
+* one step sharded over the topology's 4 devices (the parameters split along a mesh axis, as
+  the devices guide lays them out), whose compiled state keeps every large array split.
+
+``make test`` deselects it (marker ``accelerators``); ``make test-accelerators`` installs the
+``libtpu`` that the installed JAX names and runs it. Elsewhere it is skipped when libtpu is
+missing, except under ``SKETCHOPT_TEST_TIER=accelerators``, where that is an error.
+"""
+
+from __future__ import annotations
+
+import os
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+from jax.sharding import NamedSharding
+from jax.sharding import PartitionSpec as P
+
+import sketchopt as so
+from experiments import aot
+from sketchopt import sharding
+
+pytestmark = pytest.mark.accelerators
+
+if not aot.available():
+    if os.environ.get("SKETCHOPT_TEST_TIER") == "accelerators":
+        raise RuntimeError("libtpu is not installed: make test-accelerators installs it")
+    pytest.skip("libtpu is not installed (make test-accelerators)", allow_module_level=True)
+
+from test_conformance import CASES, _build, public_factories  # noqa: E402
+
+PARAMS = {
+    "w": jax.ShapeDtypeStruct((16, 8), jnp.float32),
+    "b": jax.ShapeDtypeStruct((8,), jnp.float32),
+}
+
+
+def _on_accelerator_path(fn, *args, **kwargs):
+    with so.accelerator_path(), so.batched_solves():
+        return fn(*args, **kwargs)
+
+
+def test_every_public_factory_is_compiled():
+    """The compiled cases are the public factories: a new one without a case fails here."""
+    assert set(CASES) == public_factories()
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_update_compiles_for_tpu(name):
+    """One update of the transform, the state donated, compiles for a TPU v5e."""
+    program = _on_accelerator_path(aot.compile_update, _build(name), PARAMS)
+    assert program.bytes_accessed > 0
+    assert "ENTRY" in program.text
+
+
+def test_readme_flax_step_compiles_for_tpu():
+    """The README's Flax MLP on the digits: loss, gradients and the ``kron_fd`` update as one
+    TPU program (the functional form of its ``nnx.Optimizer`` step)."""
+    from flax import nnx
+
+    model = nnx.Sequential(
+        nnx.Linear(64, 128, rngs=nnx.Rngs(0)), nnx.relu, nnx.Linear(128, 10, rngs=nnx.Rngs(1))
+    )
+    graphdef, params = nnx.split(model, nnx.Param)
+    tx = so.kron_fd(learning_rate=1e-2)
+
+    def train_step(params, opt_state, x, labels):
+        def loss_fn(p):
+            logits = nnx.merge(graphdef, p)(x)
+            return optax.softmax_cross_entropy_with_integer_labels(logits, labels).mean()
+
+        loss, grads = jax.value_and_grad(loss_fn)(params)
+        updates, opt_state = tx.update(grads, opt_state, params)
+        return optax.apply_updates(params, updates), opt_state, loss
+
+    params = aot.placed(params)
+    opt_state = aot.placed(jax.eval_shape(tx.init, params))
+    x = aot.placed(jax.ShapeDtypeStruct((64, 64), jnp.float32))
+    labels = aot.placed(jax.ShapeDtypeStruct((64,), jnp.int32))
+    program = _on_accelerator_path(
+        aot.compile_fn, train_step, params, opt_state, x, labels, donate_argnums=(0, 1)
+    )
+    assert program.flops > 2 * 64 * 64 * 128  # the forward pass at least
+
+
+SHARDED = {
+    "ada_fd": lambda: so.ada_fd(0.1, sketch_size=4, delta=1.0),
+    "ada_fd_dual_averaging": lambda: so.ada_fd_dual_averaging(0.1, sketch_size=4, delta=1.0),
+    "fd_son": lambda: so.fd_son(1.0, sketch_size=4),
+    "kron_fd": lambda: so.kron_fd(1e-3, sketch_size=4),
+    "ada_diag": lambda: so.ada_diag(0.1),
+}
+
+
+@pytest.mark.parametrize("name", sorted(SHARDED))
+def test_sharded_step_compiles_for_tpu(name):
+    """One step over the 4 devices of the v5e slice, ``w`` split along its rows (the devices
+    guide's layout, ``sharding.state_sharding`` as the step's output): it compiles, and every
+    state array of ``w``'s (a sketch, an accumulator, a factor sketch) stays split."""
+    mesh = jax.sharding.Mesh(np.array(aot.topology().devices), ("model",))
+    shardings = {"w": NamedSharding(mesh, P("model", None)), "b": NamedSharding(mesh, P())}
+    params = {
+        "w": jax.ShapeDtypeStruct((64, 32), jnp.float32, sharding=shardings["w"]),
+        "b": jax.ShapeDtypeStruct((32,), jnp.float32, sharding=shardings["b"]),
+    }
+    tx = SHARDED[name]()
+    state = sharding.abstract_state(tx, params)
+    state_shardings = sharding.state_sharding(state, params)
+
+    def step(grads, opt_state, params):
+        return tx.update(grads, opt_state, params)
+
+    with so.accelerator_path(), so.batched_solves():
+        compiled = (
+            jax.jit(step, out_shardings=(shardings, state_shardings), donate_argnums=(1,))
+            .trace(params, state, params)
+            .lower()
+            .compile()
+        )
+    leaves = jax.tree.leaves(state)
+    out = jax.tree.leaves(compiled.output_shardings[1])
+    split = [sh.shard_shape(s.shape) != tuple(s.shape) for s, sh in zip(leaves, out, strict=True)]
+    assert any(split), "no state array is split"
+    for s, is_split in zip(leaves, split, strict=True):
+        if s.shape[-1:] == (64 * 32,) or s.shape == (64, 32):  # w's sketch rows, accumulators
+            assert is_split, f"a {s.shape} state array of w is whole on every device"
