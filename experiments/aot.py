@@ -17,9 +17,10 @@ finiteness, then one fused pass) is so counted at 9 arrays, not 5, for leaves of
 100 MB, and at 5 above: :func:`guarded_adagrad` is that floor program, compiled beside the
 learners (``experiments/device_bench.py --parts aot``).
 
-The accelerator code path and the batched factorizations are what a TPU user's update takes:
-the environment variables ``SKETCHOPT_ACCELERATOR_PATH=1`` and ``SKETCHOPT_BATCHED_SOLVES=1`` are
-set here, before sketchopt is imported, unless already set.
+:func:`compile_fn` traces on the code path a TPU user's update takes (the accelerator path and
+the batched factorizations, ``sketchopt.accelerator_path`` and ``sketchopt.batched_solves``):
+on this CPU the backend's own choice would be the CPU's. Importing this module changes nothing
+in the process but libtpu's lock (below).
 """
 
 from __future__ import annotations
@@ -31,8 +32,6 @@ import re
 import time
 from typing import Any
 
-os.environ.setdefault("SKETCHOPT_ACCELERATOR_PATH", "1")
-os.environ.setdefault("SKETCHOPT_BATCHED_SOLVES", "1")
 # libtpu takes a per-machine lock: processes that compile at once (pytest-xdist workers, a
 # benchmark beside the tests) each need this to load it.
 os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
@@ -94,12 +93,14 @@ class Program:
     while_loops: int
     compile_seconds: float
     text: str = dataclasses.field(repr=False, default="")
+    output_shardings: Any = dataclasses.field(repr=False, default=None)
 
     def row(self) -> dict:
-        """The figures as a JSON row (the HLO text left out)."""
-        out = dataclasses.asdict(self)
-        del out["text"]
-        return out
+        """The figures as a JSON row (the HLO text and the shardings left out)."""
+        skip = ("text", "output_shardings")
+        return {
+            f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name not in skip
+        }
 
 
 def program(compiled, compile_seconds: float) -> Program:
@@ -115,14 +116,19 @@ def program(compiled, compile_seconds: float) -> Program:
         while_loops=len(_WHILE.findall(text)),
         compile_seconds=compile_seconds,
         text=text,
+        output_shardings=compiled.output_shardings,
     )
 
 
-def compile_fn(fn, *args, donate_argnums=()) -> Program:
-    """``fn`` traced on ``args`` (``ShapeDtypeStruct``\\ s placed on TPU devices), lowered and
-    compiled for the TPU."""
+def compile_fn(fn, *args, donate_argnums=(), **jit_kwargs) -> Program:
+    """``fn`` traced on ``args`` (``ShapeDtypeStruct``\\ s placed on TPU devices) on the
+    accelerator code path, lowered and compiled for the TPU."""
+    import sketchopt
+
     start = time.perf_counter()
-    compiled = jax.jit(fn, donate_argnums=donate_argnums).trace(*args).lower().compile()
+    with sketchopt.accelerator_path(), sketchopt.batched_solves():
+        jitted = jax.jit(fn, donate_argnums=donate_argnums, **jit_kwargs)
+        compiled = jitted.trace(*args).lower().compile()
     return program(compiled, time.perf_counter() - start)
 
 

@@ -48,11 +48,6 @@ PARAMS = {
 }
 
 
-def _on_accelerator_path(fn, *args, **kwargs):
-    with so.accelerator_path(), so.batched_solves():
-        return fn(*args, **kwargs)
-
-
 def test_every_public_factory_is_compiled():
     """The compiled cases are the public factories: a new one without a case fails here."""
     assert set(CASES) == public_factories()
@@ -61,7 +56,7 @@ def test_every_public_factory_is_compiled():
 @pytest.mark.parametrize("name", sorted(CASES))
 def test_update_compiles_for_tpu(name):
     """One update of the transform, the state donated, compiles for a TPU v5e."""
-    program = _on_accelerator_path(aot.compile_update, _build(name), PARAMS)
+    program = aot.compile_update(_build(name), PARAMS)
     assert program.bytes_accessed > 0
     assert "ENTRY" in program.text
 
@@ -90,9 +85,7 @@ def test_readme_flax_step_compiles_for_tpu():
     opt_state = aot.placed(jax.eval_shape(tx.init, params))
     x = aot.placed(jax.ShapeDtypeStruct((64, 64), jnp.float32))
     labels = aot.placed(jax.ShapeDtypeStruct((64,), jnp.int32))
-    program = _on_accelerator_path(
-        aot.compile_fn, train_step, params, opt_state, x, labels, donate_argnums=(0, 1)
-    )
+    program = aot.compile_fn(train_step, params, opt_state, x, labels, donate_argnums=(0, 1))
     assert program.flops > 2 * 64 * 64 * 128  # the forward pass at least
 
 
@@ -123,15 +116,11 @@ def test_sharded_step_compiles_for_tpu(name):
     def step(grads, opt_state, params):
         return tx.update(grads, opt_state, params)
 
-    with so.accelerator_path(), so.batched_solves():
-        compiled = (
-            jax.jit(step, out_shardings=(shardings, state_shardings), donate_argnums=(1,))
-            .trace(params, state, params)
-            .lower()
-            .compile()
-        )
+    program = aot.compile_fn(
+        step, params, state, params, out_shardings=(shardings, state_shardings), donate_argnums=(1,)
+    )
     leaves = jax.tree.leaves(state)
-    out = jax.tree.leaves(compiled.output_shardings[1])
+    out = jax.tree.leaves(program.output_shardings[1])
     split = [sh.shard_shape(s.shape) != tuple(s.shape) for s, sh in zip(leaves, out, strict=True)]
     assert any(split), "no state array is split"
     for s, is_split in zip(leaves, split, strict=True):
