@@ -1,7 +1,7 @@
 """The device benchmark (issue "On the accelerators people train on"): what one update costs on
 whatever device JAX finds, side by side with Optax in one process.
 
-    python experiments/device_bench.py [--parts proxy,steps,networks,compile] [--dims 1e6,1e7]
+    python experiments/device_bench.py [--parts proxy,steps,networks,compile,aot] [--dims 1e6,1e7]
                                        [--widths 128,256,1024] [--steps 30] [--paths P,...]
                                        [--sketch-size K] [--out FILE.json]
 
@@ -33,6 +33,12 @@ keeps what it measured):
   that width).
 * ``compile``: the trace and compile seconds of one ``kron_fd`` update over the 24-layer
   width-1536 model (``experiments.networks.scale_part``).
+* ``aot`` (any machine, with libtpu installed: ``make test-accelerators`` puts it in
+  ``.venv/libtpu``, ``PYTHONPATH=.venv/libtpu``): one update of every learner compiled for a TPU
+  v5e by XLA's TPU compiler, deviceless, at each ``--dims`` and on the 24-layer tree, side by
+  side with ``optax.adagrad``, ``optax.adam`` and the guarded floor program
+  (:func:`aot_part`, ``experiments/aot.py``); ``--learners`` picks some. Not in the default
+  ``--parts``: on a GPU it compiles for a TPU all the same.
 
 The device, JAX's version and (on a GPU) CUDA's are recorded beside the numbers.
 """
@@ -234,6 +240,89 @@ def compile_part() -> dict:
     return res
 
 
+#: The ``aot`` part's programs: ``(name, factory, peer)``; ``peer`` is the Optax optimizer its
+#: bytes are compared with. The learners at their defaults but for the sketch size, given
+#: (``sketch_size = 10``, the defaults' own value); ``kron_fd`` on the tree only (a vector is
+#: no Kronecker layer).
+AOT_PROGRAMS = (
+    ("optax.adagrad", lambda: __import__("optax").adagrad(0.1), None),
+    ("optax.adam", lambda: __import__("optax").adam(1e-3), None),
+    ("guarded adagrad", lambda: __import__("experiments.aot").aot.guarded_adagrad(0.1), None),
+    ("ada_diag", lambda: _so().ada_diag(0.1), "optax.adagrad"),
+    ("ada_fd", lambda: _so().ada_fd(0.1, sketch_size=10), "optax.adagrad"),
+    ("ada_fd(fast=True)", lambda: _so().ada_fd(0.1, sketch_size=10, fast=True), "optax.adagrad"),
+    (
+        "ada_fd_dual_averaging",
+        lambda: _so().ada_fd_dual_averaging(0.1, sketch_size=10),
+        "optax.adagrad",
+    ),
+    ("fd_son", lambda: _so().fd_son(1.0, sketch_size=10), "optax.adagrad"),
+    ("rfd_son", lambda: _so().rfd_son(sketch_size=10), "optax.adagrad"),
+    ("oja_son", lambda: _so().oja_son(1.0, sketch_size=10), "optax.adagrad"),
+    ("kron_fd", lambda: _so().kron_fd(1e-3), "optax.adam"),
+)
+
+
+def _so():
+    import sketchopt
+
+    return sketchopt
+
+
+def aot_part(dims: list[int], layers: int = 24, names: tuple[str, ...] | None = None) -> dict:
+    """One update of each :data:`AOT_PROGRAMS` compiled for a TPU v5e by XLA's TPU compiler on
+    this machine (``experiments/aot.py``: deviceless, the state donated, on the accelerator code
+    path), at each ``dims`` (one float32 leaf) and on the speed benchmark's ``layers``-layer
+    tree, with JAX's persistent compilation cache off: XLA's bytes accessed, flops, roofline
+    seconds, fusions, while loops and compile seconds, and the bytes over the peer's."""
+    import jax.numpy as jnp
+
+    from experiments import aot, speed
+
+    jax.config.update("jax_enable_compilation_cache", False)
+    cases = {f"d={d:.0e}": {"w": jax.ShapeDtypeStruct((d,), jnp.float32)} for d in dims}
+    if layers:
+        cases[f"{layers}-layer tree"] = speed._transformer_tree(layers)
+    out = {
+        "provenance": common.provenance(),
+        "topology": aot.TOPOLOGY,
+        "libtpu": _version("libtpu"),
+        "cases": {},
+    }
+    for case, params in cases.items():
+        rows = {}
+        for name, make, peer in AOT_PROGRAMS:
+            if (names and name not in names and peer is not None) or (
+                name == "kron_fd" and "tree" not in case
+            ):
+                continue
+            row = aot.compile_update(make(), params).row()
+            if peer in rows:
+                row["bytes_over_peer"] = row["bytes_accessed"] / rows[peer]["bytes_accessed"]
+                row["fusions_over_peer"] = row["fusions"] / max(1, rows[peer]["fusions"])
+                row["compile_over_peer"] = row["compile_seconds"] / rows[peer]["compile_seconds"]
+                row["peer"] = peer
+            rows[name] = row
+            ratio = f"{row['bytes_over_peer']:6.2f}x {peer}" if peer in rows else ""
+            print(
+                f"[aot] {case:14s} {name:22s} {row['bytes_accessed'] / 1e9:8.3f} GB {ratio:22s} "
+                f"fusions {row['fusions']:4d}, while {row['while_loops']}, compile "
+                f"{row['compile_seconds']:6.1f} s",
+                flush=True,
+            )
+        out["cases"][case] = rows
+    return out
+
+
+def _version(package: str) -> str | None:
+    import importlib.metadata
+
+    try:
+        return importlib.metadata.version(package)
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
 def main(argv=None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--parts", default="proxy,steps,networks,compile")
@@ -248,6 +337,10 @@ def main(argv=None) -> dict:
         default=",".join(p[0] for p in PROXY_PATHS),
         help="the proxy's code paths (a GPU compiles the per-group programs slowly: "
         "'backend' alone measures the batched program there)",
+    )
+    parser.add_argument("--layers", type=int, default=24, help="the aot part's tree (0: none)")
+    parser.add_argument(
+        "--learners", default="", help="the aot part's learners (default: all of AOT_PROGRAMS)"
     )
     parser.add_argument("--out", type=pathlib.Path, default=None)
     args = parser.parse_args(argv)
@@ -273,6 +366,11 @@ def main(argv=None) -> dict:
             sketch_size=args.sketch_size,
         ),
         "compile": compile_part,
+        "aot": lambda: aot_part(
+            [int(float(d)) for d in args.dims.split(",")],
+            layers=args.layers,
+            names=tuple(args.learners.split(",")) if args.learners else None,
+        ),
     }
     for name in args.parts.split(","):
         start = time.perf_counter()

@@ -25,7 +25,7 @@ if str(REPO) not in sys.path:
 
 from experiments import common, run  # noqa: E402
 
-TABLES = ("reproductions", "speed", "streams", "networks")
+TABLES = ("reproductions", "speed", "aot", "streams", "networks")
 
 #: The per-step learners of the speed table, as ``speed.json`` names them.
 SPEED_COLUMNS = (
@@ -104,6 +104,55 @@ def speed(out: pathlib.Path) -> str | None:
     )
     table = common.markdown_table([label for _, label in SPEED_COLUMNS], [cells])
     return "\n\n".join([_source(payload, "experiments/run.py speed"), head, table])
+
+
+def aot(out: pathlib.Path) -> str | None:
+    """XLA's TPU count of one donated update (``experiments/device_bench.py --parts aot``):
+    bytes over the Optax peer's at each size, and the tree's fusions, loops and compile time."""
+    payload = _load(out, "aot")
+    if payload is None or "aot" not in payload:
+        return None
+    payload = payload["aot"]  # device_bench.py's JSON holds each part under its name
+    cases = payload["cases"]
+    tree = next((c for c in cases if "tree" in c), None)
+    names = [n for rows in cases.values() for n, r in rows.items() if "peer" in r]
+    names = list(dict.fromkeys(names))
+
+    def ratio(case, name):
+        row = cases[case].get(name)
+        return "" if row is None else f"{row['bytes_over_peer']:.2f}x"
+
+    rows = []
+    for name in names:
+        any_row = next(rows[name] for rows in cases.values() if name in rows)
+        cells = [f"`{name}` / `{any_row['peer']}`", *(ratio(c, name) for c in cases)]
+        if tree is not None:
+            t = cases[tree].get(name)
+            peer = cases[tree][any_row["peer"]] if t else None
+            cells += (
+                [f"{t['fusions']} / {peer['fusions']}", str(t["while_loops"]),
+                 f"{t['compile_seconds']:.0f} s / {peer['compile_seconds']:.0f} s"]
+                if t else ["", "", ""]
+            )  # fmt: skip
+        rows.append(cells)
+    floor = [
+        f"{r['guarded adagrad']['bytes_accessed'] / r['optax.adagrad']['bytes_accessed']:.2f}x"
+        for r in cases.values()
+    ]
+    rows.append(["guarded floor (one finiteness read, one pass) / `optax.adagrad`", *floor])
+    rows[-1] += [""] * (len(rows[0]) - len(rows[-1]))
+    headers = ["bytes accessed, donated update", *cases]
+    if tree is not None:
+        headers += [f"fusions ({tree})", "while loops", "compile"]
+    p = payload.get("provenance", {})
+    head = (
+        f"One update compiled for a TPU {payload['topology']} by XLA's TPU compiler on this "
+        f"machine (deviceless; jax {p.get('jax', '?')}, libtpu {payload.get('libtpu')}), the "
+        "state donated, on the accelerator code path: XLA's bytes accessed over the Optax "
+        "peer's, float32, `sketch_size = 10`."
+    )
+    table = common.markdown_table(headers, rows)
+    return "\n\n".join([_source(payload, "experiments/device_bench.py --parts aot"), head, table])
 
 
 def _stream_cell(row: dict | None, name: bool = False) -> str:
@@ -217,6 +266,7 @@ def generate(out: pathlib.Path) -> dict[str, str]:
     makers = {
         "reproductions": reproductions,
         "speed": speed,
+        "aot": aot,
         "streams": streams,
         "networks": networks,
     }
