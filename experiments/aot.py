@@ -88,7 +88,7 @@ class Program:
 
     bytes_accessed: float
     flops: float
-    optimal_seconds: float
+    optimal_seconds: float | None
     fusions: int
     while_loops: int
     compile_seconds: float
@@ -111,13 +111,18 @@ def program(compiled, compile_seconds: float) -> Program:
     return Program(
         bytes_accessed=float(cost.get("bytes accessed", float("nan"))),
         flops=float(cost.get("flops", float("nan"))),
-        optimal_seconds=float(cost.get("optimal_seconds", float("nan"))),
+        # XLA's roofline estimate; it comes out negative for programs with loops or conds
+        optimal_seconds=_positive(cost.get("optimal_seconds")),
         fusions=len(_FUSION.findall(text)),
         while_loops=len(_WHILE.findall(text)),
         compile_seconds=compile_seconds,
         text=text,
         output_shardings=compiled.output_shardings,
     )
+
+
+def _positive(value) -> float | None:
+    return float(value) if value is not None and value > 0 else None
 
 
 def compile_fn(fn, *args, donate_argnums=(), **jit_kwargs) -> Program:
