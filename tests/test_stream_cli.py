@@ -4,6 +4,7 @@ its errors."""
 from __future__ import annotations
 
 import json
+import pathlib
 import subprocess
 import sys
 
@@ -115,6 +116,71 @@ def test_module_entry_point_answers_help():
                  "--delta", "--l1", "--l2", "--test", "--predict", "--save", "--resume",
                  "--json"):  # fmt: skip
         assert flag in out.stdout, flag
+    # the usage line names the program as it was called
+    python = pathlib.Path(sys.executable).name
+    assert out.stdout.startswith(f"usage: {python} -m sketchopt.stream "), out.stdout[:80]
+
+
+def test_console_script_names_itself_in_its_usage():
+    script = pathlib.Path(sys.executable).with_name("sketchopt-stream")
+    if not script.exists():
+        pytest.skip("the console script is not installed next to this interpreter")
+    out = subprocess.run([str(script), "--help"], capture_output=True, text=True)
+    assert out.returncode == 0 and out.stdout.startswith("usage: sketchopt-stream "), out.stdout
+    out = subprocess.run([str(script), "--learner", "nope"], capture_output=True, text=True)
+    assert out.returncode == 2 and "sketchopt-stream: error: argument --learner" in out.stderr
+    assert cli.build_parser("sketchopt-stream").format_usage().startswith("usage: sketchopt-st")
+
+
+# cli.py loaded on its own, with JAX, optax and the package's modules made unimportable: --help
+# and argparse's errors must answer without them.
+_NO_JAX_PROBE = """
+import importlib.abc, importlib.util, sys
+class Refuse(importlib.abc.MetaPathFinder):
+    def find_spec(self, name, path=None, target=None):
+        if name.split(".")[0] in ("jax", "jaxlib", "optax", "numpy", "sketchopt", "orbax"):
+            raise ImportError(f"imported {name}")
+sys.meta_path.insert(0, Refuse())
+spec = importlib.util.spec_from_file_location("cli_probe", sys.argv[1])
+cli = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(cli)
+for argv, status in ((["--help"], 0), (["--learner", "nope"], 2), (["a.svm", "--bits"], 2)):
+    try:
+        cli.main(argv)
+    except SystemExit as exit:
+        assert exit.code == status, (argv, exit.code)
+    else:
+        raise AssertionError(argv)
+assert not [m for m in sys.modules if m.split(".")[0] in ("jax", "numpy")], "imported"
+print("parsed without jax")
+"""
+
+
+def test_help_and_argument_errors_import_no_jax():
+    """The parser is built and parses before any import of JAX (``--help`` at once)."""
+    path = pathlib.Path(cli.__file__)
+    out = subprocess.run(
+        [sys.executable, "-c", _NO_JAX_PROBE, str(path)], capture_output=True, text=True
+    )
+    assert out.returncode == 0 and "parsed without jax" in out.stdout, out.stderr[-2000:]
+    assert "usage: sketchopt-stream" in out.stdout  # main(argv) from Python: the script's name
+
+
+def test_the_parsers_names_are_the_learners_and_losses():
+    """The parser's choices and the defaults its help quotes, written out in cli.py so that
+    building it imports no JAX module, are the modules' own."""
+    from sketchopt.stream import second_order
+
+    parser = cli.build_parser()
+    actions = {a.dest: a for a in parser._actions}
+    assert list(actions["learner"].choices) == list(learners.LEARNERS) + list(
+        learners.SECOND_ORDER_NAMES
+    )
+    assert list(actions["loss"].choices) == sorted(learners.LOSSES)
+    text = parser.format_help().replace("\n", " ")
+    assert f"{second_order.NORMALIZED_ALPHA:g} in rescaled" in text
+    assert f"{second_order.ALPHA_SCALE:g} x the running mean" in " ".join(text.split())
+    assert f"{second_order.DELTA_SCALE:g} x the root" in " ".join(text.split())
 
 
 def test_bits_hashes_a_wider_stream_into_two_to_the_b(files):
@@ -269,3 +335,83 @@ def test_a_file_of_labels_one_and_two_learns_and_tests(tmp_path, capsys):
     capsys.readouterr()
     assert run_cli(train, "--test", test) == 2
     assert "labels must be the classes 1 (-1) and 2 (+1); found [3.0]" in capsys.readouterr().err
+
+
+def _strict_json(text):
+    """``text`` parsed as strict JSON: ``NaN``, ``Infinity`` and ``-Infinity`` refused."""
+
+    def refuse(constant):
+        raise ValueError(f"not strict JSON: {constant}")
+
+    return json.loads(text, parse_constant=refuse)
+
+
+@pytest.mark.filterwarnings("ignore:invalid value encountered in subtract:RuntimeWarning")
+def test_the_json_is_strict_null_for_non_finite_figures(tmp_path):
+    """A loss that overflows (squared loss of a label 1e20 in float32) and an infinite
+    ``--bound``: ``null`` in ``--json`` and in the checkpoint's config, never ``NaN`` or
+    ``Infinity``; the resumed run reads them back (the bound infinite again)."""
+    train = tmp_path / "inf.svm"
+    train.write_text("1e20 1:1\n-1 2:1\n1 1:1\n1 2:1\n")
+    out, model = tmp_path / "s.json", tmp_path / "model"
+    assert run_cli(train, "--loss", "squared", "--json", out, "--save", model) == 0
+    summary = _strict_json(out.read_text())
+    assert summary["progressive_loss"] is None and summary["curve"][0]["average_loss"] is None
+    assert summary["examples"] == 4 and summary["progressive_error"] is not None
+    config = _strict_json((model / "config.json").read_text())
+    assert config["curve"][0]["loss_sum"] is None
+    assert run_cli(train, "-i", model, "--json", out) == 0  # resumes from the null figures
+    assert _strict_json(out.read_text())["examples"] == 8
+    son, son_model = ["--learner", "fd_son", "--json", out], tmp_path / "son"
+    assert run_cli(tmp_path / "inf.svm", *son, "--loss", "squared", "--save", son_model) == 0
+    assert _strict_json(out.read_text())["hyperparameters"]["bound"] is None  # none: infinite
+    assert _strict_json((son_model / "config.json").read_text())["hyperparameters"]["bound"] is None
+    assert run_cli(train, "-i", son_model, "--json", out) == 0
+    assert _strict_json(out.read_text())["hyperparameters"]["bound"] is None
+
+
+def test_an_empty_file_is_an_error_that_names_it(tmp_path, capsys, files):
+    empty = tmp_path / "empty.svm"
+    empty.write_text("")
+    out = tmp_path / "s.json"
+    assert run_cli(empty, "--json", out) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: ") and f"{empty}: no examples" in err and "nan" not in err
+    assert not out.exists()
+    empty.write_text("# a comment, no example\n\n")
+    assert run_cli(files / "a.svm", "--test", empty) == 2
+    assert f"{empty}: no examples" in capsys.readouterr().err
+
+
+def test_label_errors_name_every_label(tmp_path, capsys):
+    """A binary run on a file of labels 0, 1 and 2 names all three, not only those outside
+    {-1, +1}."""
+    three = tmp_path / "three.svm"
+    three.write_text("0 1:1\n1 2:1\n2 1:1\n1 1:1\n")
+    assert run_cli(three) == 2
+    err = capsys.readouterr().err
+    assert "found [0.0, 2.0] among the labels [0.0, 1.0, 2.0]" in err and str(three) in err
+    many = tmp_path / "many.svm"
+    many.write_text("".join(f"{k} 1:1\n" for k in range(30)))
+    assert run_cli(many, "--loss", "hinge") == 2
+    err = capsys.readouterr().err
+    assert "among the labels [0.0, 1.0, 2.0," in err and "...] (30 distinct)" in err
+
+
+def test_missing_files_and_model_directories_are_named(tmp_path, capsys, files):
+    """No ``[Errno 2]``, no ``config.json`` the user never named: one line saying what is
+    missing."""
+    missing = tmp_path / "nope.svm"
+    cases = [
+        ([missing], f"no such training file: {missing}"),
+        ([files / "a.svm", "--test", missing], f"no such --test file: {missing}"),
+        ([files / "a.svm", "-t", "-i", tmp_path / "nomodel"], "-t/--testonly: no model directory"),
+        ([files / "a.svm", "-i", tmp_path / "nomodel"], "no model directory"),
+        ([files / "a.svm", "-i", tmp_path], "is not a --save directory (-i/--resume)"),
+        ([files / "a.svm", "--json", tmp_path / "no" / "s.json"], "no directory"),
+    ]
+    for args, message in cases:
+        assert run_cli(*args) == 2, args
+        err = capsys.readouterr().err
+        assert err.startswith("error: ") and message in err, (args, err)
+        assert "Errno" not in err and len(err.strip().splitlines()) == 1, err

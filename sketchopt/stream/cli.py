@@ -76,6 +76,13 @@ Decisions (no VW flag has the same meaning everywhere):
   the root of the running mean of ``|x|^2``; the step outside the sketch is ``eta / delta``),
   ``--rule`` and ``--robust`` pick its update and sketch; ``--seed`` draws Oja-SON's initial
   directions and RP-SON's projections. ``--l1``/``--l2`` do not apply to them.
+* **Errors** (a missing file or model directory, an empty file, labels outside the loss's
+  domain, conflicting flags) are one line on stderr, ``error: ...``, and the exit status 2;
+  ``--help`` and argparse's own errors answer without importing JAX (the modules that need it
+  are imported inside the functions that run the job).
+* **The JSON** (``--json`` and a checkpoint's ``config.json``) is strict: a missing or
+  non-finite figure (a loss that overflowed, an infinite ``--bound``) is ``null``, never
+  ``NaN`` or ``Infinity``; a resumed run reads a ``null`` bound or threshold as infinite.
 """
 
 from __future__ import annotations
@@ -85,18 +92,18 @@ import inspect
 import itertools
 import json
 import math
+import os
 import pathlib
 import sys
 import tempfile
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import jax
-import numpy as np
+if TYPE_CHECKING:
+    from sketchopt.stream import runner
 
-from sketchopt.stream import data, learners, runner, second_order
-from sketchopt.stream.crosses import CrossedExamples, CrossLayout
-from sketchopt.stream.examples import FlatExamples, SparseExamples, binary_classes
+# Nothing here imports JAX, NumPy or the package's JAX modules at import time: ``--help`` and
+# argparse's errors answer at once, and each function imports what it needs when it runs.
 
 __all__ = ["DEFAULT_LEARNING_RATE", "DEFAULT_SKETCH_SIZE", "build_parser", "main", "run"]
 
@@ -118,10 +125,37 @@ DEFAULT_LEARNING_RATE = {
 _CONFIG = "config.json"
 _STATE = "state"
 
+# The parser's choices and the defaults its help quotes, written out so that building it imports
+# no JAX module; ``tests/test_stream_cli.py`` checks them against sketchopt.stream.learners'
+# ``LEARNERS``, ``SECOND_ORDER_NAMES`` and ``LOSSES`` and sketchopt.stream.second_order's.
+_FIRST_ORDER_NAMES = ("ada_diag", "fobos", "truncated_gradient", "rda", "ftrl", "nag")
+_SECOND_ORDER_NAMES = ("oja_son", "fd_son", "rfd_son", "rp_son", "ada_fd")
+_LOSS_NAMES = ("hinge", "logistic", "squared", "squared_hinge")
+_NORMALIZED_ALPHA = 0.5  # second_order.NORMALIZED_ALPHA
+_ALPHA_SCALE = 1 / 16  # second_order.ALPHA_SCALE
+_DELTA_SCALE = 1.0  # second_order.DELTA_SCALE
 
-def build_parser() -> argparse.ArgumentParser:
+#: The program's name when it is not run from a command line of its own (``main(argv)``).
+_PROG = "sketchopt-stream"
+
+
+def _prog(argv=None) -> str:
+    """The program's name as the user called it: ``python -m sketchopt.stream`` when run as a
+    module, the console script's name (``sketchopt-stream``) when run as one; ``main(argv)``
+    called from Python is ``sketchopt-stream``."""
+    called = sys.argv[0] if sys.argv else ""
+    if os.path.basename(called) == "__main__.py":  # python -m sketchopt.stream
+        return f"{os.path.basename(sys.executable) or 'python'} -m sketchopt.stream"
+    if argv is None and called not in ("", "-c", "-m"):
+        return os.path.basename(called)
+    return _PROG
+
+
+def build_parser(prog: str | None = None) -> argparse.ArgumentParser:
+    """The command line's parser (``prog``: the name its usage line gives; default
+    :func:`_prog`'s). Building it imports no JAX module."""
     parser = argparse.ArgumentParser(
-        prog="python -m sketchopt.stream",
+        prog=_prog() if prog is None else prog,
         description="One online pass of a sparse linear learner over a LIBSVM/svmlight file, "
         "with progressive validation (sketchopt.stream).",
     )
@@ -148,7 +182,7 @@ def _add_inputs(parser: argparse.ArgumentParser) -> None:
         default="auto",
         help="the files' format (default auto: VW's when the first example line holds a '|')",
     )
-    names = list(learners.LEARNERS) + list(learners.SECOND_ORDER_NAMES)
+    names = list(_FIRST_ORDER_NAMES) + list(_SECOND_ORDER_NAMES)
     parser.add_argument(
         "--learner", default=None, choices=names, help="the learner (default: ada_diag)"
     )
@@ -156,7 +190,7 @@ def _add_inputs(parser: argparse.ArgumentParser) -> None:
         "--loss",
         "--loss_function",
         default=None,
-        choices=sorted(learners.LOSSES),
+        choices=_LOSS_NAMES,
         help="the loss (default: logistic; labels {-1, +1}, {0, 1} or any two others, the "
         "smaller -1, for the classification losses)",
     )
@@ -233,8 +267,8 @@ def _add_hyperparameters(parser: argparse.ArgumentParser) -> None:
         type=float,
         default=None,
         help="SON's ridge: alpha (oja_son, fd_son, rp_son; default auto: "
-        f"{second_order.NORMALIZED_ALPHA:g} in rescaled coordinates, else "
-        f"{second_order.ALPHA_SCALE:g} x the running mean of |x|^2), "
+        f"{_NORMALIZED_ALPHA:g} in rescaled coordinates, else "
+        f"{_ALPHA_SCALE:g} x the running mean of |x|^2), "
         "alpha0 (rfd_son; default 0)",
     )
     parser.add_argument(
@@ -242,7 +276,7 @@ def _add_hyperparameters(parser: argparse.ArgumentParser) -> None:
         type=float,
         default=None,
         help="delta of ada_diag (default 1e-6) and of ada_fd (default auto: "
-        f"{second_order.DELTA_SCALE:g} x the root of the running mean of |x|^2, scale-free)",
+        f"{_DELTA_SCALE:g} x the root of the running mean of |x|^2, scale-free)",
     )
     parser.add_argument(
         "--bound", type=float, default=math.inf, help="SON's prediction bound C (default: none)"
@@ -337,7 +371,7 @@ def _add_outputs(parser: argparse.ArgumentParser) -> None:
 def _hyperparameters(args) -> dict[str, Any]:
     """The keyword arguments of ``args.learner``'s constructor."""
     name = args.learner
-    if name in learners.SECOND_ORDER_NAMES:
+    if name in _SECOND_ORDER_NAMES:
         return _second_order_hyperparameters(args)
     lr = DEFAULT_LEARNING_RATE[name] if args.learning_rate is None else args.learning_rate
     if args.l2 and name != "ftrl":
@@ -360,6 +394,8 @@ def _hyperparameters(args) -> dict[str, Any]:
 
 def _second_order_hyperparameters(args) -> dict[str, Any]:
     """The keyword arguments of a second-order learner (module docstring)."""
+    from sketchopt.stream import second_order
+
     name = args.learner
     if args.l1 or args.l2:
         raise ValueError(f"--l1/--l2 do not apply to {name}")
@@ -392,7 +428,47 @@ def _second_order_hyperparameters(args) -> dict[str, Any]:
     return options | {"alpha": "auto" if args.alpha is None else args.alpha}
 
 
+def _strict(value):
+    """``value`` for strict JSON: a non-finite float (NaN, an infinity) is ``None``, NumPy's
+    scalars and arrays Python's numbers and lists."""
+    if isinstance(value, dict):
+        return {key: _strict(item) for key, item in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_strict(item) for item in value]
+    if hasattr(value, "tolist"):  # a NumPy (or JAX) scalar or array
+        return _strict(value.tolist())
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    return value
+
+
+def _dumps(value) -> str:
+    """``value`` as strict JSON (:func:`_strict`: ``null`` for a missing or non-finite figure,
+    never ``NaN`` or ``Infinity``)."""
+    return json.dumps(_strict(value), indent=1, allow_nan=False)
+
+
+#: The hyperparameters whose ``null`` in a checkpoint's config is infinite (their default).
+_INFINITE_WHEN_NULL = ("bound", "theta")
+
+
+def _load_config(directory: pathlib.Path) -> dict:
+    """A ``--save`` directory's config, its ``null`` figures read back: an infinite ``--bound``
+    or ``--theta`` (:data:`_INFINITE_WHEN_NULL`), a non-finite curve figure as NaN (a loss sum
+    past an overflow: ``inf - inf`` and ``nan`` give the next line the same NaN)."""
+    config = json.loads((directory / _CONFIG).read_text())
+    hyper = config.get("hyperparameters") or {}
+    for key in _INFINITE_WHEN_NULL:
+        if key in hyper and hyper[key] is None:
+            hyper[key] = math.inf
+    config["curve"] = [
+        {k: math.nan if v is None else v for k, v in line.items()} for line in config["curve"]
+    ]
+    return config
+
+
 def _save(directory: pathlib.Path, config: dict, state, result: runner.StreamResult) -> None:
+    import numpy as np
     import orbax.checkpoint as ocp
 
     directory = directory.resolve()
@@ -401,11 +477,15 @@ def _save(directory: pathlib.Path, config: dict, state, result: runner.StreamRes
     with ocp.StandardCheckpointer() as checkpointer:
         checkpointer.save(directory / _STATE, {"state": state, "progress": progress}, force=True)
         checkpointer.wait_until_finished()
-    (directory / _CONFIG).write_text(json.dumps({**config, "curve": result.curve}, indent=1))
+    (directory / _CONFIG).write_text(_dumps({**config, "curve": result.curve}))
 
 
 def _restore(directory: pathlib.Path, learner, dim: int):
+    import jax
+    import numpy as np
     import orbax.checkpoint as ocp
+
+    from sketchopt.stream import runner, second_order
 
     directory = directory.resolve()
     like = jax.eval_shape(lambda: learner.init(dim))
@@ -446,7 +526,7 @@ def _resolve(args) -> tuple[dict, dict | None]:
         config["hyperparameters"] = _hyperparameters(args)
         config |= {"constant": not args.noconstant, "quadratic": pairs}
         return config, None
-    saved = json.loads((args.resume / _CONFIG).read_text())
+    saved = _load_config(args.resume)
     for key, value in given.items():
         if value is not None and value != saved[key]:
             raise ValueError(f"--{key} {value} differs from the checkpoint's {saved[key]}")
@@ -456,6 +536,8 @@ def _resolve(args) -> tuple[dict, dict | None]:
 
 
 def _format(args, path) -> str:
+    from sketchopt.stream import data
+
     return data.detect_format(path) if args.format == "auto" else args.format
 
 
@@ -464,15 +546,24 @@ def _vw_bits(config) -> int:
 
 
 def _scan(path, fmt: str, config):
-    """The file's scan (every line validated before learning starts)."""
+    """The file's scan (every line validated before learning starts); a file without examples
+    is an error that names it."""
+    from sketchopt.stream import data
+
     if fmt == "vw":
-        return data.scan_vw(path, quadratic=config["quadratic"])
-    if config["quadratic"]:
+        info = data.scan_vw(path, quadratic=config["quadratic"])
+    elif config["quadratic"]:
         raise ValueError("-q/--interactions cross VW namespaces: they need a VW text file")
-    return data.scan_svmlight(path, zero_based=config.get("zero_based") or "auto")
+    else:
+        info = data.scan_svmlight(path, zero_based=config.get("zero_based") or "auto")
+    if info.examples == 0:
+        raise ValueError(f"{path}: no examples (the file is empty or holds only comments)")
+    return info
 
 
 def _feature_dim(fmt: str, info, config) -> int:
+    from sketchopt.stream import data
+
     if fmt == "vw":
         return 2 ** _vw_bits(config)
     return data.stream_dim(info, bits=config["bits"])
@@ -491,6 +582,8 @@ def _crossed(args, config) -> bool:
 def _read(path, fmt, info, config, chunk_size, *, nnz=None, test=False, crossed=False):
     """The file's chunks (padded, or with ``crossed`` the crosses left to the device), with the
     run's constant, crosses and dimension."""
+    from sketchopt.stream import data
+
     if fmt == "vw":
         return data.iter_vw(
             path, chunk_size=chunk_size, bits=_vw_bits(config), quadratic=config["quadratic"],
@@ -509,6 +602,9 @@ def _layout(args, config, chunks, dim):
     """The training chunks in the run's layout. A new run resolves ``--layout auto`` from the
     first chunk and records the layout, the segment width and the padded width in ``config``;
     a resumed run reuses the checkpoint's, so that both halves compute alike, to the bit."""
+    from sketchopt.stream import runner
+    from sketchopt.stream.crosses import CrossedExamples
+
     chunks = iter(chunks)
     first = next(chunks, None)
     if first is None:
@@ -534,6 +630,8 @@ def _layout(args, config, chunks, dim):
 def _cached(chunks, directory: pathlib.Path):
     """``chunks`` as they are, each written to ``directory`` as it passes (the cache of the
     parsed examples that the later passes read, :func:`_replay`)."""
+    import numpy as np
+
     for i, chunk in enumerate(chunks):
         fields = chunk._asdict()
         layout = fields.pop("layout", None)
@@ -545,14 +643,18 @@ def _cached(chunks, directory: pathlib.Path):
         yield chunk
 
 
-_KINDS = {cls.__name__: cls for cls in (SparseExamples, FlatExamples, CrossedExamples)}
-
-
 def _replay(directory: pathlib.Path):
+    """The chunks :func:`_cached` wrote to ``directory``, in their order."""
+    import numpy as np
+
+    from sketchopt.stream.crosses import CrossedExamples, CrossLayout
+    from sketchopt.stream.examples import FlatExamples, SparseExamples
+
+    kinds = {cls.__name__: cls for cls in (SparseExamples, FlatExamples, CrossedExamples)}
     for path in sorted(directory.glob("*.npz")):
         with np.load(path) as stored:
             arrays = {k: stored[k] for k in stored.files if k != "kind"}
-            kind = _KINDS[str(stored["kind"])]
+            kind = kinds[str(stored["kind"])]
         if kind is FlatExamples:
             arrays["width"] = int(arrays["width"])
         if kind is CrossedExamples:
@@ -563,6 +665,10 @@ def _replay(directory: pathlib.Path):
 
 def _passes(args, config, info, fmt, dim, learner, state, start, curve, cache):
     """The training passes; ``cache`` a directory for the parsed chunks when more than one."""
+    import jax
+
+    from sketchopt.stream import runner
+
     holdout = None if args.passes == 1 or args.holdout_off else args.holdout_period
     nnz = config.get("nnz") if config.get("layout") == "padded" else None
     seconds, result = 0.0, None
@@ -598,6 +704,8 @@ def _training_file(args) -> None:
 
 def _write_predictions(args, predictions) -> None:
     """``-p``: one score per example, the sigmoid of it with ``--link logistic``."""
+    import numpy as np
+
     scores = np.asarray(predictions, np.float64)
     if args.link == "logistic":
         scores = 0.5 * (1.0 + np.tanh(0.5 * scores))  # 1 / (1 + exp(-s)), overflow-free
@@ -607,6 +715,9 @@ def _write_predictions(args, predictions) -> None:
 def _prepare(args, config: dict, saved: dict | None):
     """The training file's format and scan, and the run's index base, classes, dimension and
     learner, written into ``config`` (a resumed run keeps the checkpoint's)."""
+    from sketchopt.stream import data, learners
+    from sketchopt.stream.examples import binary_classes
+
     fmt = _format(args, args.train)
     if saved is not None and config["format"] not in (None, fmt):
         raise ValueError(f"{args.train} is {fmt}, the checkpoint's files were {config['format']}")
@@ -637,6 +748,7 @@ def run(args) -> dict:
     _training_file(args)
     if args.testonly:
         _check_test_only(args)
+    _check_inputs(args)
     config, saved = _resolve(args)
     fmt, info, dim, learner = _prepare(args, config, saved)
     state, start, curve = None, None, None
@@ -689,7 +801,7 @@ def run(args) -> dict:
     if args.save is not None:
         _save(args.save, config, result.state, result)
     if args.json is not None:
-        args.json.write_text(json.dumps(summary, indent=1))
+        args.json.write_text(_dumps(summary))
     if not args.quiet:
         _report(summary)
     return summary
@@ -699,15 +811,48 @@ def _check_test_only(args) -> None:
     """``-t`` scores the positional file with a checkpoint's weights: nothing to learn from."""
     if args.resume is None:
         raise ValueError("-t/--testonly needs -i/--resume: the weights to test")
+    if not args.resume.is_dir():
+        raise ValueError(f"-t/--testonly: no model directory {args.resume} (-i/--resume)")
     given = [flag for flag, on in (("--test", args.test is not None), ("--save", args.save),
              ("--passes", args.passes != 1)) if on]  # fmt: skip
     if given:
         raise ValueError(f"-t/--testonly learns nothing: {', '.join(given)} do(es) not apply")
 
 
+def _check_inputs(args) -> None:
+    """Every file the run reads exists (the training file, ``--test``), the outputs' folders
+    too, and ``-i/--resume`` is a ``--save`` directory: what is missing is named in one line,
+    before any reading (or import of JAX) starts."""
+    for flag, path in (("training file", args.train), ("--test file", args.test)):
+        if path is not None and not path.exists():
+            raise ValueError(f"no such {flag}: {path}")
+        if path is not None and path.is_dir():
+            raise ValueError(f"the {flag} {path} is a directory")
+    for flag, path in (("--json", args.json), ("-p/--predict", args.predict)):
+        if path is not None and not path.parent.is_dir():
+            raise ValueError(f"{flag} {path}: no directory {path.parent} to write it in")
+    if args.resume is None:
+        return
+    if not args.resume.is_dir():
+        raise ValueError(f"no model directory {args.resume} (-i/--resume: a --save directory)")
+    if not (args.resume / _CONFIG).is_file():
+        raise ValueError(
+            f"{args.resume} is not a --save directory (-i/--resume): it has no {_CONFIG}"
+        )
+
+
+def _os_error(err: OSError) -> str:
+    """An ``OSError`` in a line: the file and the reason, without ``[Errno N]``."""
+    if err.filename is None:
+        return str(err)
+    return f"{err.filename}: {err.strerror or err}"
+
+
 def _score(args, path, info, config, learner, state) -> dict:
     """``path`` read as a test file (the run's dimension, index base, classes and crosses) and
     scored by ``state`` without learning; ``-p`` gets its scores."""
+    from sketchopt.stream import runner
+
     chunks = _read(
         path, config["format"], info, config, args.chunk_size, test=True,
         crossed=config.get("layout") == "crossed",
@@ -733,7 +878,7 @@ def _test_only(args, config, info, learner, state) -> dict:
     summary = {k: config[k] for k in keys} | {"hyperparameters": config["hyperparameters"]}
     summary |= _score(args, args.train, info, config, learner, state)
     if args.json is not None:
-        args.json.write_text(json.dumps(summary, indent=1))
+        args.json.write_text(_dumps(summary))
     if not args.quiet:
         print(f"test: {summary['test_examples']} examples, error {summary['test_error']:.4f}")
     return summary
@@ -760,11 +905,18 @@ def _report(summary: dict) -> None:
         print(f"test: {summary['test_examples']} examples, error {summary['test_error']:.4f}")
 
 
-def main(argv=None) -> int:
-    args = build_parser().parse_args(argv)
+def main(argv=None, *, prog: str | None = None) -> int:
+    """The command line: ``argv`` (default ``sys.argv[1:]``) parsed -- ``--help`` and argparse's
+    errors answer there, before any import of JAX -- and run; returns the exit status (2 with an
+    ``error: ...`` line on stderr). ``prog``: the name the usage line gives (default
+    :func:`_prog`'s, the name the program was called by)."""
+    args = build_parser(_prog(argv) if prog is None else prog).parse_args(argv)
     try:
         run(args)
-    except (ValueError, FileNotFoundError) as err:
+    except ValueError as err:
         print(f"error: {err}", file=sys.stderr)
+        return 2
+    except OSError as err:  # a file that vanished, a folder that cannot be written, ...
+        print(f"error: {_os_error(err)}", file=sys.stderr)
         return 2
     return 0

@@ -110,6 +110,28 @@ def binary_classes(labels, loss: str) -> tuple[float, float] | None:
     return values[0], values[1]
 
 
+#: The most label values an error message lists (then their count).
+_LISTED_LABELS = 20
+
+
+def _listed(values: list) -> str:
+    """``values`` as a list: the first ``_LISTED_LABELS``, and the count when there are more."""
+    if len(values) <= _LISTED_LABELS:
+        return str(values)
+    shown = ", ".join(str(v) for v in values[:_LISTED_LABELS])
+    return f"[{shown}, ...] ({len(values)} distinct)"
+
+
+def _found(values: set, allowed: set) -> str:
+    """The labels outside ``allowed`` and, when other labels came with them, every distinct
+    label (``found [2.0] among the labels [-1.0, 1.0, 2.0]``): a file of three labels says
+    which three."""
+    bad = sorted(values - allowed)
+    if len(bad) == len(values):
+        return f"found {_listed(bad)}"
+    return f"found {_listed(bad)} among the labels {_listed(sorted(values))}"
+
+
 def check_labels(labels, loss: str, *, source=None, classes=None) -> np.ndarray:
     """Labels as float64 in the domain of ``loss``, or a ``ValueError`` naming the bad ones.
 
@@ -132,9 +154,9 @@ def check_labels(labels, loss: str, *, source=None, classes=None) -> np.ndarray:
         negative, positive = (float(c) for c in classes)
         values = set(np.unique(labels).tolist())
         if not values <= {negative, positive}:
-            bad = sorted(values - {negative, positive})[:5]
+            found = _found(values, {negative, positive})
             raise refuse(
-                f"labels must be the classes {negative:g} (-1) and {positive:g} (+1); found {bad}"
+                f"labels must be the classes {negative:g} (-1) and {positive:g} (+1); {found}"
             )
         return np.where(labels == positive, 1.0, -1.0)
     if loss in CLASSIFICATION_LOSSES:
@@ -142,8 +164,8 @@ def check_labels(labels, loss: str, *, source=None, classes=None) -> np.ndarray:
         if values <= {0.0, 1.0}:
             return np.where(labels > 0, 1.0, -1.0)
         if not values <= {-1.0, 1.0}:
-            bad = sorted(values - {-1.0, 1.0})[:5]
-            raise refuse(f"the {loss} loss takes labels in {{-1, +1}} (or {{0, 1}}); found {bad}")
+            found = _found(values, {-1.0, 1.0})
+            raise refuse(f"the {loss} loss takes labels in {{-1, +1}} (or {{0, 1}}); {found}")
     elif loss != "squared":
         raise ValueError(f"unknown loss {loss!r}; use squared or one of {CLASSIFICATION_LOSSES}")
     return labels
