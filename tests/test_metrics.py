@@ -322,6 +322,29 @@ def test_diagonal_with_zero_delta_is_safe_zero_over_zero():
     np.testing.assert_allclose(op.solve(jnp.asarray([4.0, 5.0, 1.0])), [2.0, 0.0, 1.0])
 
 
+def test_ada_diag_saturates_at_the_float_range_and_steps_at_most_eta():
+    """A gradient entry near the float32 range: the accumulator saturates at the largest finite
+    value (no skip, no ``inf`` state), the other coordinates step as before, every step is at
+    most ``eta`` per coordinate; a non-finite gradient is still skipped bit-identically."""
+    import sketchopt as so
+
+    big = float(jnp.finfo(jnp.float32).max) * 0.9
+    tx = so.ada_diag(0.5, delta=1e-6)
+    state = tx.init({"w": jnp.zeros(3)})
+    for g in ([big, 1.0, -2.0], [big, 3.0, 0.0]):
+        updates, state = tx.update({"w": jnp.asarray(g, jnp.float32)}, state)
+        assert int(state.nonfinite_count) == 0
+    rss = np.asarray(state.metric_state.rss["w"])
+    assert rss[0] == np.finfo(np.float32).max
+    np.testing.assert_allclose(rss[1:], [np.hypot(1.0, 3.0), 2.0], rtol=1e-6)
+    assert np.all(np.abs(np.asarray(updates["w"])) <= 0.5)
+    np.testing.assert_allclose(updates["w"][1], -0.5 * 3.0 / (1e-6 + np.hypot(1.0, 3.0)), rtol=1e-6)
+    skipped, after = tx.update({"w": jnp.asarray([np.nan, 1.0, 1.0], jnp.float32)}, state)
+    assert int(after.nonfinite_count) == 1
+    np.testing.assert_array_equal(skipped["w"], 0.0)
+    np.testing.assert_array_equal(after.metric_state.rss["w"], rss)
+
+
 @pytest.mark.parametrize("name", ["diag", "full", "fd", "fast_rfd"])
 def test_huge_and_tiny_gradients_stay_finite_and_accurate(name):
     """float32 rows of norm 1e30 and 1e-30: finite state, and ``H^{-1} g`` as accurate as the
