@@ -84,8 +84,10 @@ test-benchmarks: $(STAMP)
 	$(PYTEST) -m benchmark --durations=10 tests
 
 # The 8-device sharding run (tests/test_sharding.py, marked devices: every family and mode on 8
-# host CPU devices in a subprocess, then the orbax restore; about two minutes on a 2-core
-# machine, a minute of make test's wall time): a CI tier after make test.
+# host CPU devices in a subprocess, then the orbax restore) and the 2-process run
+# (tests/test_multiprocess.py: jax.distributed on localhost, 4 CPU devices each, against one
+# device, with an Orbax checkpoint written by both); about three minutes on a 2-core machine:
+# a CI tier after make test.
 test-devices: $(STAMP)
 	$(PYTEST) -m devices --durations=5 tests
 
