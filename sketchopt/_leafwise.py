@@ -55,7 +55,9 @@ bit-identical and the transform's ``nonfinite_count`` grows by one -- when its g
 or Inf, or when its step produces a non-finite update or a non-finite state array. The gradient is
 checked first and handed to the rule as ``valid`` (a rule returns its state bit-identical for an
 invalid, zeroed gradient, by selection rather than ``lax.cond``, so that a donated state is never
-copied); the update and the state are checked after the step. The one exception is an array a
+copied); the update and the state are checked after the step, except for a rule that keeps
+them finite by construction and bounds its update (``LeafRule.update_bound``: ADA-DIAG), whose
+step is then one read of the gradient and one fused pass. The one exception is an array a
 state class lists in its ``GUARDED`` attribute: the ``m x d`` rows of a sketch, which its family
 keeps finite by construction (power-of-two scaled units, see :mod:`sketchopt._numerics`) and whose
 re-check, or restoring, would cost a pass over the sketch at every step. Such a sketch is kept or

@@ -134,7 +134,7 @@ class Metric(NamedTuple):
       coordinatewise: whether ``update`` and the operator act coordinate by coordinate, on a
         leaf of any shape (every state array shaped like the leaf: the diagonal). The rules then
         step each leaf in its own shape, with no flattening, stacking or padding, which on a TPU
-        or GPU would relayout or copy the leaf (``sketchopt._leafwise``, "Bad input").
+        or GPU would relayout or copy the leaf (``sketchopt._leafwise.LeafRule.coordinatewise``).
       unit_step: whether a finite ``g`` always gives a finite state and ``|H_t^{-1} g_t| <= 1``
         entrywise (the diagonal: ``s_t >= |g_t|``, its sum of squares saturating at the dtype's
         largest value). The rules then bound the update by ``|eta_t|`` and skip checking it and
