@@ -67,19 +67,21 @@ def device(index: int = 0):
 
 def placed(tree: Any, sharding=None) -> Any:
     """``tree``'s arrays as ``jax.ShapeDtypeStruct``\\ s on ``sharding`` (one TPU device when
-    ``None``); a leaf that has a ``NamedSharding`` keeps it."""
+    ``None``)."""
     sharding = sharding or jax.sharding.SingleDeviceSharding(device())
-
-    def one(x):
-        own = getattr(x, "sharding", None)
-        keep = own if isinstance(own, jax.sharding.NamedSharding) else sharding
-        return jax.ShapeDtypeStruct(jnp.shape(x), x.dtype, sharding=keep)
-
-    return jax.tree.map(one, tree)
+    return jax.tree.map(
+        lambda x: jax.ShapeDtypeStruct(jnp.shape(x), x.dtype, sharding=sharding), tree
+    )
 
 
 _FUSION = re.compile(r"^\s*(?:ROOT )?%\S+ = (?:\([^=]*?\)|\S+) fusion\(", re.M)
 _WHILE = re.compile(r"\bwhile\(")
+
+
+def kernel_counts(text: str) -> tuple[int, int]:
+    """``(fusions, while loops)`` of an optimized HLO module's text; a fusion with a tuple
+    result (several outputs) counts too."""
+    return len(_FUSION.findall(text)), len(_WHILE.findall(text))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -108,13 +110,14 @@ def program(compiled, compile_seconds: float) -> Program:
     cost = compiled.cost_analysis()
     cost = cost[0] if isinstance(cost, list | tuple) else cost
     text = compiled.as_text()
+    fusions, while_loops = kernel_counts(text)
     return Program(
         bytes_accessed=float(cost.get("bytes accessed", float("nan"))),
         flops=float(cost.get("flops", float("nan"))),
         # XLA's roofline estimate; it comes out negative for programs with loops or conds
         optimal_seconds=_positive(cost.get("optimal_seconds")),
-        fusions=len(_FUSION.findall(text)),
-        while_loops=len(_WHILE.findall(text)),
+        fusions=fusions,
+        while_loops=while_loops,
         compile_seconds=compile_seconds,
         text=text,
         output_shardings=compiled.output_shardings,
@@ -137,21 +140,12 @@ def compile_fn(fn, *args, donate_argnums=(), **jit_kwargs) -> Program:
     return program(compiled, time.perf_counter() - start)
 
 
-def compile_update(tx, params, *, donate: bool = True, sharding=None) -> Program:
-    """One ``tx.update(grads, state, params)`` over abstract ``params`` compiled for the TPU,
-    the state donated (``donate``). The parameters keep their ``NamedSharding``\\ s (a mesh of
-    the topology's devices); the rest lie on one device (``sharding`` to say otherwise)."""
-    params = placed(params, sharding)
-    state = jax.eval_shape(tx.init, params)
-    state = placed(state, sharding) if sharding is not None or not _sharded(params) else state
+def compile_update(tx, params, *, donate: bool = True) -> Program:
+    """One ``tx.update(grads, state, params)`` over abstract ``params`` compiled for one TPU
+    device, the state donated (``donate``)."""
+    params = placed(params)
+    state = placed(jax.eval_shape(tx.init, params))
     return compile_fn(tx.update, params, state, params, donate_argnums=(1,) if donate else ())
-
-
-def _sharded(tree) -> bool:
-    return any(
-        isinstance(getattr(x, "sharding", None), jax.sharding.NamedSharding)
-        for x in jax.tree.leaves(tree)
-    )
 
 
 def guarded_adagrad(learning_rate: float = 0.1, eps: float = 1e-7):

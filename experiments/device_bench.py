@@ -100,11 +100,14 @@ def program_counts(compiled_text: str) -> dict:
     kinds: dict[str, int] = {}
     for t in solvers:
         kinds[t] = kinds.get(t, 0) + 1
+    from experiments import aot
+
+    fusions, while_loops = aot.kernel_counts(compiled_text)
     return {
         "solver_calls": len(solvers),
         "solver_targets": kinds,
-        "while_loops": len(re.findall(r"\bwhile\(", compiled_text)),
-        "fusions": len(re.findall(r"^\s*(?:ROOT )?%?\S+ = \S+ fusion\(", compiled_text, re.M)),
+        "while_loops": while_loops,
+        "fusions": fusions,
     }
 
 
@@ -240,37 +243,37 @@ def compile_part() -> dict:
     return res
 
 
-#: The ``aot`` part's programs: ``(name, factory, peer)``; ``peer`` is the Optax optimizer its
-#: bytes are compared with. The learners at their defaults but for the sketch size, given
-#: (``sketch_size = 10``, the defaults' own value); ``kron_fd`` on the tree only (a vector is
-#: no Kronecker layer).
-AOT_PROGRAMS = (
-    ("optax.adagrad", lambda: __import__("optax").adagrad(0.1), None),
-    ("optax.adam", lambda: __import__("optax").adam(1e-3), None),
-    ("guarded adagrad", lambda: __import__("experiments.aot").aot.guarded_adagrad(0.1), None),
-    ("ada_diag", lambda: _so().ada_diag(0.1), "optax.adagrad"),
-    ("ada_fd", lambda: _so().ada_fd(0.1, sketch_size=10), "optax.adagrad"),
-    ("ada_fd(fast=True)", lambda: _so().ada_fd(0.1, sketch_size=10, fast=True), "optax.adagrad"),
-    (
-        "ada_fd_dual_averaging",
-        lambda: _so().ada_fd_dual_averaging(0.1, sketch_size=10),
-        "optax.adagrad",
-    ),
-    ("fd_son", lambda: _so().fd_son(1.0, sketch_size=10), "optax.adagrad"),
-    ("rfd_son", lambda: _so().rfd_son(sketch_size=10), "optax.adagrad"),
-    ("oja_son", lambda: _so().oja_son(1.0, sketch_size=10), "optax.adagrad"),
-    ("kron_fd", lambda: _so().kron_fd(1e-3), "optax.adam"),
-)
+def _aot_programs() -> tuple:
+    """The ``aot`` part's programs: ``(name, factory, peer)``; ``peer`` is the Optax optimizer
+    its bytes are compared with. The learners at their defaults but for the sketch size, given
+    (``sketch_size = 10``, the defaults' own value); ``kron_fd`` on the tree only (a vector is
+    no Kronecker layer)."""
+    import optax
 
+    import sketchopt as so
+    from experiments import aot
 
-def _so():
-    import sketchopt
-
-    return sketchopt
+    return (
+        ("optax.adagrad", lambda: optax.adagrad(0.1), None),
+        ("optax.adam", lambda: optax.adam(1e-3), None),
+        ("guarded adagrad", lambda: aot.guarded_adagrad(0.1), None),
+        ("ada_diag", lambda: so.ada_diag(0.1), "optax.adagrad"),
+        ("ada_fd", lambda: so.ada_fd(0.1, sketch_size=10), "optax.adagrad"),
+        ("ada_fd(fast=True)", lambda: so.ada_fd(0.1, sketch_size=10, fast=True), "optax.adagrad"),
+        (
+            "ada_fd_dual_averaging",
+            lambda: so.ada_fd_dual_averaging(0.1, sketch_size=10),
+            "optax.adagrad",
+        ),
+        ("fd_son", lambda: so.fd_son(1.0, sketch_size=10), "optax.adagrad"),
+        ("rfd_son", lambda: so.rfd_son(sketch_size=10), "optax.adagrad"),
+        ("oja_son", lambda: so.oja_son(1.0, sketch_size=10), "optax.adagrad"),
+        ("kron_fd", lambda: so.kron_fd(1e-3), "optax.adam"),
+    )
 
 
 def aot_part(dims: list[int], layers: int = 24, names: tuple[str, ...] | None = None) -> dict:
-    """One update of each :data:`AOT_PROGRAMS` compiled for a TPU v5e by XLA's TPU compiler on
+    """One update of each of :func:`_aot_programs` compiled for a TPU v5e by XLA's TPU compiler on
     this machine (``experiments/aot.py``: deviceless, the state donated, on the accelerator code
     path), at each ``dims`` (one float32 leaf) and on the speed benchmark's ``layers``-layer
     tree, with JAX's persistent compilation cache off: XLA's bytes accessed, flops, roofline
@@ -291,7 +294,7 @@ def aot_part(dims: list[int], layers: int = 24, names: tuple[str, ...] | None = 
     }
     for case, params in cases.items():
         rows = {}
-        for name, make, peer in AOT_PROGRAMS:
+        for name, make, peer in _aot_programs():
             if (names and name not in names and peer is not None) or (
                 name == "kron_fd" and "tree" not in case
             ):
@@ -340,7 +343,7 @@ def main(argv=None) -> dict:
     )
     parser.add_argument("--layers", type=int, default=24, help="the aot part's tree (0: none)")
     parser.add_argument(
-        "--learners", default="", help="the aot part's learners (default: all of AOT_PROGRAMS)"
+        "--learners", default="", help="the aot part's learners (default: all of _aot_programs)"
     )
     parser.add_argument("--out", type=pathlib.Path, default=None)
     args = parser.parse_args(argv)

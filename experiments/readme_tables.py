@@ -124,7 +124,7 @@ def aot(out: pathlib.Path) -> str | None:
 
     rows = []
     for name in names:
-        any_row = next(rows[name] for rows in cases.values() if name in rows)
+        any_row = next(case[name] for case in cases.values() if name in case)
         cells = [f"`{name}` / `{any_row['peer']}`", *(ratio(c, name) for c in cases)]
         if tree is not None:
             t = cases[tree].get(name)
