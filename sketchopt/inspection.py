@@ -22,6 +22,15 @@ from sketchopt import sketches as _sketches
 __all__ = ["diagnostics"]
 
 
+#: The states of the sketches (used on their own or inside a transform's state).
+_STATES = (
+    _sketches.FrequentDirectionsState,
+    _sketches.OjaState,
+    _sketches.RandomProjectionState,
+    _kron.FactorState,
+)
+
+
 def _fields(node) -> dict[str, Any]:
     return node._asdict() if hasattr(node, "_asdict") else {}
 
@@ -72,9 +81,14 @@ def diagnostics(state: Any) -> dict[str, jax.Array]:
     Returns:
       The dict above (int32 counters and float32 sizes, zero where nothing of the kind is held).
 
+    Raises:
+      ValueError: ``state`` holds no state of a sketchopt transform or sketch at all (an
+        ``optax.adam`` state, say), where every counter would read zero and say nothing. A chain
+        that holds one sketchopt transform among Optax's is read as above.
+
     References:
-      None: monitoring helpers of this package (the non-finite policy, ``DESIGN.md``; RFD's
-      ridge: Luo et al., "Robust Frequent Directions", JMLR 20 (2019), Alg. 2).
+      None: monitoring helpers of this package (the non-finite policy: ``docs/design.md``, "Bad
+      input"; RFD's ridge: Luo et al., "Robust Frequent Directions", JMLR 20 (2019), Alg. 2).
 
     Examples:
       >>> import jax.numpy as jnp, sketchopt
@@ -95,9 +109,12 @@ def diagnostics(state: Any) -> dict[str, jax.Array]:
         "sketch_mass": [],
         "ridge": [jnp.zeros((), jnp.float32)],
     }
+    found = []
 
     def visit(node):
         fields = _fields(node)
+        if isinstance(node, _STATES) or ("nonfinite_count" in fields and "count" in fields):
+            found.append(type(node).__name__)
         if isinstance(node, _sketches.FrequentDirectionsState):
             scale = 2 * jnp.asarray(node.scale_exp, jnp.int32)
             trace = jnp.trace(node.gram, axis1=-2, axis2=-1)
@@ -117,6 +134,12 @@ def diagnostics(state: Any) -> dict[str, jax.Array]:
             totals["skipped_updates"].append(jnp.sum(node.nonfinite_count))
 
     _walk(state, visit)
+    if not found:
+        raise ValueError(
+            f"diagnostics: this state ({type(state).__name__}) holds no state of a sketchopt "
+            "transform or sketch, so there is nothing to report; pass the state of a sketchopt "
+            "transform, alone or inside an Optax chain or wrapper"
+        )
     out = {}
     for key, values in totals.items():
         if key in ("steps", "ridge"):

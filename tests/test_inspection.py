@@ -71,6 +71,26 @@ def test_every_family_reports_its_steps(make):
                       "sketch_mass", "ridge"}  # fmt: skip
 
 
-def test_nothing_sketchopt_gives_zeros():
-    d = so.diagnostics(optax.adam(1e-3).init({"w": jnp.zeros(3)}))
-    assert all(float(v) == 0 for v in d.values())
+@pytest.mark.parametrize(
+    "state",
+    [
+        optax.adam(1e-3).init({"w": jnp.zeros(3)}),
+        optax.chain(optax.clip(1.0), optax.sgd(0.1)).init({"w": jnp.zeros(3)}),
+        {"w": jnp.zeros(3)},
+        (),
+    ],
+    ids=["adam", "optax_chain", "a_tree", "empty"],
+)
+def test_a_state_without_sketchopt_is_refused(state):
+    with pytest.raises(ValueError, match="holds no state of a sketchopt transform"):
+        so.diagnostics(state)
+
+
+def test_one_sketchopt_transform_among_optax_ones_is_read():
+    params = {"w": jnp.zeros(3)}
+    tx = optax.chain(optax.clip_by_global_norm(1.0), so.ada_fd(0.1), optax.scale(-1.0))
+    state = _run(tx, [{"w": jnp.array([1.0, jnp.nan, 0.0])}, {"w": jnp.array([0.6, 0.8, 0.0])}],
+                 params)  # fmt: skip
+    d = jax.jit(so.diagnostics)(state)
+    assert int(d["steps"]) == 2 and int(d["skipped_updates"]) == 1
+    np.testing.assert_allclose(float(d["sketch_mass"]), 1.0, rtol=1e-5)
