@@ -26,6 +26,21 @@ a table of re-exports that links to the home. That plan is handed to the autosum
   home has no entry in it, is a warning of type ``sketchopt.api`` -- an error under ``-W``
   (``make docs``).
 
+**Code spans as cross-references.** The Markdown pages and notebooks are read on GitHub too,
+which shows MyST roles as raw text, so they name objects as plain code spans
+(`` `sketchopt.ada_fd` ``) and other pages as relative Markdown links (``tests/test_docs.py``
+keeps them free of roles). A transform (``CodeSpanReferences``) turns every code span of those
+pages whose text is a dotted path into the package (``sketchopt.NAME[.NAME...]``, ``()`` allowed
+after it) into a Python cross-reference (``py:obj``, the text kept as written), resolved like
+any other: to the object's home, as code without a link where it names an existing object that
+is not public (``sketchopt._solvers.eigh``), and a warning -- an error under ``-W`` -- where it
+names nothing, so that a typo or a renamed function cannot rot in the guides. Code spans in a
+title or inside a link are checked the same way but not linked; a code span that is not only a
+path (``sketchopt.ada_fd(1e-3)``, ``optax.adam``) stays code. The changelog (``HISTORY_DOCS``)
+names objects of past releases: there a path that no longer exists stays code. The same
+transform resolves a Markdown link to a notebook by its real path (``../notebooks/NAME.ipynb``,
+which GitHub follows; ``docs/notebooks`` is a symbolic link to that folder) to the page.
+
 **Summaries.** autosummary's one-line summaries are cut at the first sentence end that is not a
 paper abbreviation ("eq.", "sec.", "Alg.", ...) or inside inline markup (``_extract_summary``).
 
@@ -74,8 +89,10 @@ from typing import Any
 from docutils import nodes
 from docutils.parsers.rst import directives
 from docutils.statemachine import StringList
+from sphinx import addnodes
 from sphinx.application import Sphinx
 from sphinx.domains.python import ObjectEntry
+from sphinx.transforms import SphinxTransform
 from sphinx.util import logging
 from sphinx.util.docutils import SphinxDirective
 
@@ -278,6 +295,112 @@ def _missing_reference(app: Sphinx, env, node, contnode):
         new["reftarget"] = home
         return domain.resolve_xref(env, node["refdoc"], app.builder, reftype, home, new, contnode)
     return None
+
+
+# ------------------------------------------------------------------------------------------------
+# Code spans as cross-references.
+
+#: A code span the pages link: a dotted path into the package, ``()`` allowed after it.
+CODE_PATH = re.compile(r"(sketchopt(?:\.[A-Za-z_]\w*)+)(?:\(\))?")
+#: Sources whose code spans are linked: the Markdown pages and the notebooks (not the docstrings,
+#: which use Sphinx's roles).
+LINKED_SUFFIXES = (".md", ".ipynb")
+
+
+class CodeSpanReferences(SphinxTransform):
+    """A code span naming a path of the package (`` `sketchopt.ada_fd` ``) becomes a Python
+    cross-reference, as ``{py:obj}`` would make it: see the module docstring."""
+
+    default_priority = 500  # after the parser's own transforms, before anything resolves
+
+    def apply(self, **kwargs: Any) -> None:
+        if not str(self.env.doc2path(self.env.docname)).endswith(LINKED_SUFFIXES):
+            return
+        self._links_through_the_notebooks_folder()
+        history = self.env.docname in HISTORY_DOCS
+        for node in list(self.document.findall(nodes.literal)):
+            match = CODE_PATH.fullmatch(node.astext())
+            if match is None:
+                continue
+            target = match.group(1)
+            if history and not _lookup(target)[0]:
+                continue  # a name of an old release, gone since
+            if any(isinstance(a, _NOT_LINKED) for a in _ancestors(node)):
+                if not _lookup(target)[0]:  # a title or a link's text: checked, not linked
+                    logger.warning(
+                        f"code span {target!r} names nothing in the package",
+                        location=node,
+                        type="sketchopt",
+                        subtype="code-span",
+                    )
+                continue
+            xref = addnodes.pending_xref(
+                "",
+                refdomain="py",
+                reftype="obj",
+                reftarget=target,
+                refexplicit=True,  # the text stays as written
+                refwarn=True,  # unresolved warns even without nitpicky
+                refdoc=self.env.docname,
+            )
+            xref["py:module"] = xref["py:class"] = None
+            node["classes"] += ["xref", "py", "py-obj"]
+            node.replace_self(xref)
+            xref += node
+
+
+    def _links_through_the_notebooks_folder(self) -> None:
+        """A Markdown link to a page by its real path (``../notebooks/quickstart.ipynb``, which
+        GitHub follows, where ``docs/notebooks`` is a link to that folder) as a link to the page
+        Sphinx knows by the linked folder (``notebooks/quickstart``)."""
+        real = self.env.temp_data.get("sketchopt_real_docs")
+        if real is None:
+            real = {
+                os.path.realpath(self.env.doc2path(name)): name for name in self.env.found_docs
+            }
+            self.env.temp_data["sketchopt_real_docs"] = real
+        for node in list(self.document.findall(addnodes.download_reference)) + [
+            node
+            for node in self.document.findall(addnodes.pending_xref)
+            if node.get("refdomain") == "doc" and node["reftarget"] not in self.env.found_docs
+        ]:
+            if node.get("reftype") != "myst":
+                continue
+            path = node["reftarget"]  # MyST's absolute real path, or a link's relative one
+            if not os.path.isabs(path):
+                path = os.path.join(os.path.dirname(self.env.doc2path(self.env.docname)), path)
+            paths = [path] + [f"{path}{suffix}" for suffix in LINKED_SUFFIXES]
+            docname = next((real[p] for p in map(os.path.realpath, paths) if p in real), None)
+            if docname is None:
+                continue
+            xref = addnodes.pending_xref(
+                "",
+                *node.children,
+                refdomain="doc",
+                reftype="myst",
+                reftarget=docname,
+                reftargetid=None,
+                refdoc=self.env.docname,
+                refexplicit=node.get("refexplicit", True),
+            )
+            for child in xref.findall(nodes.inline):
+                child["classes"] = [c for c in child["classes"] if c != "download"]
+            node.replace_self(xref)
+
+
+#: Pages that name the objects of past releases (the changelog): a code span naming an object
+#: that no longer exists stays code there, since it is history rather than a typo.
+HISTORY_DOCS = ("changelog",)
+
+#: Where a code span is not turned into a link: inside one already, in a title (the tables of
+#: contents repeat it), in a literal block.
+_NOT_LINKED = (nodes.reference, addnodes.pending_xref, nodes.title, nodes.FixedTextElement)
+
+
+def _ancestors(node):
+    while node.parent is not None:
+        node = node.parent
+        yield node
 
 
 # ------------------------------------------------------------------------------------------------
@@ -520,4 +643,5 @@ def setup(app: Sphinx) -> dict[str, Any]:
     app.connect("autodoc-skip-member", _skip_member)
     app.connect("autodoc-process-signature", _signature_aliases)
     app.add_directive("results-table", ResultsTable)
+    app.add_transform(CodeSpanReferences)
     return {"version": "1", "parallel_read_safe": True, "parallel_write_safe": True}
