@@ -4,7 +4,7 @@ Ada-FD (AdaGrad whose full-matrix proximal term is kept as a frequent-directions
 frequent directions, the sketched online Newton family, the AdaGrad baselines and the classic
 first-order sparse online learners, all as pure-functional Optax gradient transformations.
 
-The package is laid out along its architecture, metric x rule x regularizer (``DESIGN.md``):
+The package is laid out along its architecture, metric x rule x regularizer (``docs/design.md``):
 
 * :mod:`sketchopt.sketches` -- streaming sketches of the gradients (FD, RFD, Oja, random
   projection);
@@ -34,30 +34,260 @@ batched across the driver's groups), ``_arrowhead`` (the arrowhead eigensolver
 behind the FD sketches' structured ``eigh``) and ``_dct`` (RADAGRAD's randomized DCT). No module
 imports one that imports it back (``tests/test_layout.py``). Every transform is also importable
 from the package root.
+
+The root imports nothing at first (PEP 562): ``import sketchopt`` and ``sketchopt.__version__``
+load no JAX, so a command line built on the package (``sketchopt-stream --help``) answers at
+once. A name of the root (``sketchopt.ada_fd``) or a submodule (``sketchopt.son``) imports its
+module on first use; ``__all__``, ``dir(sketchopt)`` and ``from sketchopt import *`` hold the
+names the root held when it imported every module.
 """
 
-# ``baselines`` and ``transforms``: the modules of 0.2, kept importable (CHANGELOG.md, 0.3.0).
-from sketchopt import aliases as aliases
-from sketchopt import backends as backends
-from sketchopt import baselines as baselines
-from sketchopt import first_order as first_order
-from sketchopt import inspection as inspection
-from sketchopt import metrics as metrics
-from sketchopt import operators as operators
-from sketchopt import regularizers as regularizers
-from sketchopt import rules as rules
-from sketchopt import sharding as sharding
-from sketchopt import sketches as sketches
-from sketchopt import transforms as transforms
-from sketchopt.aliases import *  # noqa: F403
-from sketchopt.backends import *  # noqa: F403
-from sketchopt.first_order import *  # noqa: F403
-from sketchopt.inspection import *  # noqa: F403
-from sketchopt.metrics import AdaLRMetricState as AdaLRMetricState
-from sketchopt.metrics import RadagradMetricState as RadagradMetricState
-from sketchopt.metrics import ada_lr_metric as ada_lr_metric
-from sketchopt.metrics import radagrad_metric as radagrad_metric
-from sketchopt.rules import *  # noqa: F403
-from sketchopt.son import *  # noqa: F403
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
 
 __version__ = "0.10.0"
+
+if TYPE_CHECKING:  # what type checkers and editors read; at run time, ``__getattr__`` below
+    from sketchopt import aliases as aliases
+    from sketchopt import backends as backends
+    from sketchopt import baselines as baselines
+    from sketchopt import first_order as first_order
+    from sketchopt import inspection as inspection
+    from sketchopt import kron as kron
+    from sketchopt import metrics as metrics
+    from sketchopt import operators as operators
+    from sketchopt import regularizers as regularizers
+    from sketchopt import rules as rules
+    from sketchopt import sharding as sharding
+    from sketchopt import sketches as sketches
+    from sketchopt import son as son
+    from sketchopt import transforms as transforms
+    from sketchopt.aliases import (
+        ada_diag,
+        ada_diag_dual_averaging,
+        ada_fd,
+        ada_fd_dual_averaging,
+        ada_full,
+        ada_full_dual_averaging,
+        ada_lr,
+        inject_hyperparams,
+        kron_fd,
+        radagrad,
+        s_adagrad,
+        scale_by_ada_diag,
+        scale_by_ada_fd,
+        scale_by_ada_full,
+    )
+    from sketchopt.backends import (
+        accelerator_path,
+        batched_solves,
+        uses_accelerator_path,
+    )
+    from sketchopt.first_order import (
+        FTRLProximalState,
+        RDAState,
+        TruncatedGradientState,
+        fobos_l1,
+        ftrl_proximal,
+        rda_l1,
+        simple_truncation,
+        truncated_gradient,
+    )
+    from sketchopt.inspection import diagnostics
+    from sketchopt.metrics import (
+        AdaLRMetricState,
+        RadagradMetricState,
+        ada_lr_metric,
+        radagrad_metric,
+    )
+    from sketchopt.rules import (
+        DualAveragingState,
+        LeafGroups,
+        MirrorDescentState,
+        ScaleByMetricState,
+        dual_averaging,
+        migrate_state,
+        mirror_descent,
+        pack_leaf_states,
+        per_leaf_states,
+        scale_by_metric,
+        unpack_leaf_states,
+    )
+    from sketchopt.son import (
+        DenseInverseOperator,
+        ONSLeafState,
+        RandomProjectionNewtonOperator,
+        RandomProjectionNewtonState,
+        RescaledOperator,
+        SketchedNewtonOperator,
+        SketchedNewtonState,
+        SONState,
+        fd_son,
+        newton_metric,
+        oja_son,
+        ons,
+        project_bounded_prediction,
+        rfd_son,
+        rp_son,
+    )
+
+# Each root name's module: the ``__all__`` of aliases, backends, first_order, inspection, rules
+# and son, and RADAGRAD's and ADA-LR's metrics (``tests/test_import_time.py`` holds the table to
+# those modules).
+_HOMES = {
+    "aliases": (
+        "ada_diag",
+        "ada_diag_dual_averaging",
+        "ada_fd",
+        "ada_fd_dual_averaging",
+        "ada_full",
+        "ada_full_dual_averaging",
+        "ada_lr",
+        "inject_hyperparams",
+        "kron_fd",
+        "radagrad",
+        "s_adagrad",
+        "scale_by_ada_diag",
+        "scale_by_ada_fd",
+        "scale_by_ada_full",
+    ),
+    "backends": (
+        "accelerator_path",
+        "batched_solves",
+        "uses_accelerator_path",
+    ),
+    "first_order": (
+        "FTRLProximalState",
+        "RDAState",
+        "TruncatedGradientState",
+        "fobos_l1",
+        "ftrl_proximal",
+        "rda_l1",
+        "simple_truncation",
+        "truncated_gradient",
+    ),
+    "inspection": ("diagnostics",),
+    "metrics": (
+        "AdaLRMetricState",
+        "RadagradMetricState",
+        "ada_lr_metric",
+        "radagrad_metric",
+    ),
+    "rules": (
+        "DualAveragingState",
+        "LeafGroups",
+        "MirrorDescentState",
+        "ScaleByMetricState",
+        "dual_averaging",
+        "migrate_state",
+        "mirror_descent",
+        "pack_leaf_states",
+        "per_leaf_states",
+        "scale_by_metric",
+        "unpack_leaf_states",
+    ),
+    "son": (
+        "DenseInverseOperator",
+        "ONSLeafState",
+        "RandomProjectionNewtonOperator",
+        "RandomProjectionNewtonState",
+        "RescaledOperator",
+        "SONState",
+        "SketchedNewtonOperator",
+        "SketchedNewtonState",
+        "fd_son",
+        "newton_metric",
+        "oja_son",
+        "ons",
+        "project_bounded_prediction",
+        "rfd_son",
+        "rp_son",
+    ),
+}
+_HOME = {name: module for module, names in _HOMES.items() for name in names}
+# A new public name: its module's entry above, ``__all__`` below and the ``TYPE_CHECKING`` import.
+
+__all__ = [
+    "AdaLRMetricState",
+    "DenseInverseOperator",
+    "DualAveragingState",
+    "FTRLProximalState",
+    "LeafGroups",
+    "MirrorDescentState",
+    "ONSLeafState",
+    "RDAState",
+    "RadagradMetricState",
+    "RandomProjectionNewtonOperator",
+    "RandomProjectionNewtonState",
+    "RescaledOperator",
+    "SONState",
+    "ScaleByMetricState",
+    "SketchedNewtonOperator",
+    "SketchedNewtonState",
+    "TruncatedGradientState",
+    "accelerator_path",
+    "ada_diag",
+    "ada_diag_dual_averaging",
+    "ada_fd",
+    "ada_fd_dual_averaging",
+    "ada_full",
+    "ada_full_dual_averaging",
+    "ada_lr",
+    "ada_lr_metric",
+    "batched_solves",
+    "diagnostics",
+    "dual_averaging",
+    "fd_son",
+    "fobos_l1",
+    "ftrl_proximal",
+    "inject_hyperparams",
+    "kron_fd",
+    "migrate_state",
+    "mirror_descent",
+    "newton_metric",
+    "oja_son",
+    "ons",
+    "pack_leaf_states",
+    "per_leaf_states",
+    "project_bounded_prediction",
+    "radagrad",
+    "radagrad_metric",
+    "rda_l1",
+    "rfd_son",
+    "rp_son",
+    "s_adagrad",
+    "scale_by_ada_diag",
+    "scale_by_ada_fd",
+    "scale_by_ada_full",
+    "scale_by_metric",
+    "simple_truncation",
+    "truncated_gradient",
+    "unpack_leaf_states",
+    "uses_accelerator_path",
+]
+
+
+def _submodules() -> list[str]:
+    """The public modules and packages of ``sketchopt`` (``baselines`` and ``transforms``: the
+    modules of 0.2, kept importable; CHANGELOG.md, 0.3.0)."""
+    import pkgutil
+
+    return [m.name for m in pkgutil.iter_modules(__path__) if not m.name.startswith("_")]
+
+
+def __getattr__(name: str) -> Any:
+    """A root name or a public submodule, imported at its first use (PEP 562)."""
+    if name in _HOME:
+        value = getattr(importlib.import_module(f"{__name__}.{_HOME[name]}"), name)
+        globals()[name] = value  # the next use is a plain attribute
+        return value
+    if not name.startswith("_") and name in _submodules():
+        return importlib.import_module(f"{__name__}.{name}")  # which binds it here
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    """The module's own dunder names, ``__all__`` and the public submodules."""
+    return sorted({*(n for n in globals() if n.startswith("__")), *__all__, *_submodules()})
