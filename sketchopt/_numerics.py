@@ -3,7 +3,7 @@
 Every quadratic quantity of a sketch (Gram matrices, eigenvalues, ridges) is stored divided by
 ``4**e`` for a power-of-two scale ``e`` chosen from the data, so that rows of norm ``1e30`` or
 ``1e-30`` in float32 neither overflow nor underflow and no non-finite matrix ever reaches an
-eigendecomposition (``DESIGN.md``, "Bad input"). This module holds the few primitives that make
+eigendecomposition (``docs/design.md``, "Bad input"). This module holds the few primitives that make
 that possible, used by every family:
 
 * :func:`ldexp` -- ``x * 2**e``, exact and cheap for one integer exponent;

@@ -1,4 +1,4 @@
-"""One validation rule for every constructor's hyperparameters (``DESIGN.md``, "Bad input").
+"""One validation rule for every constructor's hyperparameters (``docs/design.md``, "Bad input").
 
 * A concrete value (a Python or NumPy number, a concrete ``jax.Array`` of one element) is checked
   at construction and an invalid one raises ``ValueError`` naming the argument, the requirement,

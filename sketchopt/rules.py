@@ -1,6 +1,6 @@
 r"""The update rules: the second axis of metric x rule x regularizer.
 
-Two rules (``DESIGN.md``, "The three axes"), each combinable with any metric of
+Two rules (``docs/design.md``, "The three axes"), each combinable with any metric of
 :mod:`sketchopt.metrics` and any regularizer of :mod:`sketchopt.regularizers`:
 
 * :func:`mirror_descent` -- composite mirror descent (Duchi et al. eq. 4; Ada-FD Alg. 2):

@@ -23,11 +23,11 @@ Implemented sketches (each constructor's docstring cites its papers):
 * :func:`oja` -- Oja's streaming eigenvector sketch of Oja-SON (SON paper eq. 4, Alg. 3).
 * :func:`random_projection` -- the Gaussian random-projection sketch of RP-SON (SON paper sec. 3).
 
-Conventions (``DESIGN.md``): ``sketch_size = tau`` counts the slot for the incoming row, so after a
-shrink at most ``tau - 1`` rows are non-zero; FD is exact (``C = A^T A``) while the rows seen span
-fewer than ``tau`` dimensions and whenever ``tau > d``.
+Conventions (``docs/design.md``, "Exact conventions"): ``sketch_size = tau`` counts the slot for
+the incoming row, so after a shrink at most ``tau - 1`` rows are non-zero; FD is exact
+(``C = A^T A``) while the rows seen span fewer than ``tau`` dimensions and whenever ``tau > d``.
 
-Implementation notes (the "Speed" and "Bad input" sections of ``DESIGN.md``):
+Implementation notes (the "Speed" and "Bad input" sections of ``docs/design.md``):
 
 * No ``tau x d`` SVD is ever taken. The FD family keeps its rows ``B`` together with their small
   Gram matrix ``K = B B^T``. Appending a row ``g`` adds ``B g`` as a new row and column of ``K``
@@ -434,11 +434,12 @@ def _rotate_rows(rot, rows, valid=True, coef=None, base=None):
     return rows if coef is None else (rows, base)
 
 
-# The FD family tracks B B^T through rotations instead of recomputing it (DESIGN.md, "Speed"). Each
-# rotation leaves an eps-sized mismatch between the tracked Gram matrix and the rows, and over
-# 1e5 float32 steps it added up to a 1e-3 loss of orthonormality of the directions; recomputing
-# the Gram matrix exactly from the rows every _GRAM_REFRESH shrinks (one n x n x d product, an
-# amortized 1/32 of a rotation) keeps it near 1e-6. Under vmap the lax.cond becomes a select.
+# The FD family tracks B B^T through rotations instead of recomputing it (docs/design.md,
+# "Speed"). Each rotation leaves an eps-sized mismatch between the tracked Gram matrix and the
+# rows, and over 1e5 float32 steps it added up to a 1e-3 loss of orthonormality of the
+# directions; recomputing the Gram matrix exactly from the rows every _GRAM_REFRESH shrinks (one
+# n x n x d product, an amortized 1/32 of a rotation) keeps it near 1e-6. Under vmap the
+# lax.cond becomes a select.
 _GRAM_REFRESH = 32
 
 

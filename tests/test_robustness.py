@@ -1,4 +1,4 @@
-"""Bad input, for every transform family (``DESIGN.md``, "Bad input"; "Pytrees").
+"""Bad input, for every transform family (``docs/design.md``, "Bad input"; "Pytrees").
 
 * A gradient leaf holding NaN or Inf: that leaf's state comes back bit-identical, its update is
   exactly zero, ``nonfinite_count`` counts it, and the other leaves proceed.

@@ -727,7 +727,7 @@ def test_vmap_and_update_many_equal_separate_updates(name):
 
 @pytest.mark.parametrize("name", ["fd", "rp"])
 def test_state_can_be_donated(name):
-    """A state from ``init`` can be donated to a jitted update (DESIGN.md, "Speed") without
+    """A state from ``init`` can be donated to a jitted update (docs/design.md, "Speed") without
     invalidating the sketch: a second ``init`` afterwards still works."""
     dim, tau = CONFIGS["generic"]
     sketch = make(name, tau)
