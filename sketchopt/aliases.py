@@ -1,16 +1,17 @@
 r"""The named algorithms: one line each on a metric, a rule and an optional regularizer.
 
 Like ``optax.adagrad`` on ``optax.scale_by_rss``, every alias here is the composition of a metric
-of :mod:`sketchopt.metrics` with a rule of :mod:`sketchopt.rules` (``DESIGN.md``, "The three
-axes"):
+of :mod:`sketchopt.metrics` with a rule of :mod:`sketchopt.rules` (``docs/design.md``, "The
+three axes"):
 
 * ADA-FD (Ada-FD paper Alg. 2 / Alg. 1): :func:`ada_fd`, :func:`ada_fd_dual_averaging`,
   :func:`scale_by_ada_fd`, and S-AdaGrad (:func:`s_adagrad`);
 * the AdaGrad baselines (Duchi et al.): :func:`ada_full`, :func:`ada_diag` and their dual
   averaging and ``scale_by_*`` forms;
 * the random-projection baselines (Krummenacher et al. 2016): :func:`radagrad`, :func:`ada_lr`;
-* network layers: :func:`kron_fd`, Shampoo's Kronecker-factored metric with FD/RFD sketches
-  (:func:`sketchopt.metrics.kron_sketched`);
+* network layers: ``kron_fd``, Shampoo's Kronecker-factored metric with FD/RFD sketches: it
+  moved to its family's module, :func:`sketchopt.shampoo.kron_fd` (beside its metric
+  :func:`sketchopt.shampoo.kron_sketched` and the grafts), and is re-exported here;
 * :func:`inject_hyperparams`, ``optax.inject_hyperparams`` for factories with integer sizes.
 
 (Formerly half of ``sketchopt.transforms``; RADAGRAD/ADA-LR were in ``sketchopt.baselines``. Both
@@ -31,6 +32,10 @@ from sketchopt import _leafwise
 from sketchopt import metrics as _metrics
 from sketchopt import sketches as _sketches
 from sketchopt.rules import dual_averaging, mirror_descent, scale_by_metric
+
+# Sketched Shampoo's transform, at its old path (the family's module builds on the rules, as this
+# one does, and imports nothing of it).
+from sketchopt.shampoo import kron_fd as kron_fd
 
 __all__ = [
     "ada_diag",
@@ -538,115 +543,3 @@ def inject_hyperparams(
         return factory(*args, **kwargs)
 
     return wrapped
-
-
-@_leafwise.compiled
-def kron_fd(
-    learning_rate: ScalarOrSchedule,
-    sketch_size: int = 32,
-    *,
-    delta: float = 1e-6,
-    robust: bool = True,
-    exponents: tuple[float, float] = (0.25, 0.25),
-    decay: float | None = None,
-    update_every: int | None = None,
-    refresh_every: int | None = None,
-    start_step: int | None = None,
-    graft: str | None = "rms",
-    graft_decay: float = 0.999,
-    graft_eps: float = 1e-8,
-    block_size: int | None = None,
-    compress: str = "auto",
-    relative_delta: bool = False,
-    stacked: str | tuple[str, ...] = (),
-    factoring: Any = None,
-    graft_rms: float = 0.35,
-    refresh_tolerance: float | None = None,
-) -> optax.GradientTransformationExtraArgs:
-    """Sketched Shampoo for network layers: ``-eta (L_t + delta I)^{-1/4} G_t (R_t + delta
-    I)^{-1/4}`` per matrix-shaped leaf, ``L_t`` and ``R_t`` RFD (``robust``) or FD sketches of
-    ``sum G G^T`` and ``sum G^T G`` with ``sketch_size`` rows each.
-
-    Composite mirror descent on :func:`sketchopt.metrics.kron_sketched`; with both sketches
-    exact (``sketch_size >= max(m, n)``) and no ``decay`` it is full-matrix Shampoo with epsilon
-    ``delta``. Conv kernels ``(kh, kw, cin, cout)`` are ``(kh*kw*cin) x cout``; vectors and
-    scalars take the diagonal step (``factoring``). Momentum is left to Optax:
-    ``optax.chain(sketchopt.kron_fd(...), optax.trace(0.9))`` averages the preconditioned steps.
-
-    The default ``graft="rms"`` sets every layer's step to the root-mean-square ``graft_rms *
-    learning_rate`` (Distributed Shampoo's ``SQRT_N`` grafting, scaled to about Adam's update
-    size as Muon-style optimizers match AdamW's), so that Adam's learning rates carry over, with
-    no per-parameter state. ``graft_rms = 0.35`` put ``kron_fd``'s best rate on Adam's on the
-    three models of the sweep (a digits MLP, the Ada-FD paper's CNN, a small transformer; 0.2
-    and 0.6 missed it by half a decade on one or two of them). Shampoo's step, whose size
-    follows the gradients' scale, is ``graft=None``, and ``graft="adam"`` takes the norm of
-    Adam's step (two floats per parameter more). Evidence: ``python experiments/run.py
-    defaults`` (the learning-rate sweep of the defaults issue) and the documentation's defaults
-    page.
-
-    Args:
-      learning_rate: ``eta``, a float or an Optax schedule.
-      sketch_size: ``k >= 1`` rows per side (default 32: under 2% of Adam's state on a 24-layer
-        width-1536 transformer).
-      delta: the epsilon inside each root (``>= 0``).
-      robust: RFD's ridge (default) or plain FD.
-      exponents, decay, update_every, refresh_every, start_step, graft: see the next entry.
-      graft_decay, graft_eps, graft_rms, block_size, compress, relative_delta, stacked: options
-        of :func:`sketchopt.metrics.kron_sketched`, each off by default (``graft_rms = 0.35`` is
-        the size of the default graft's step).
-      refresh_tolerance: ``None`` (default) or ``tol >= 0``: a sketch skips its
-        eigendecomposition while its basis still diagonalizes the statistic to the relative
-        error ``tol``, counted in the state (:func:`sketchopt.metrics.kron_sketched`).
-      factoring: as :func:`sketchopt.metrics.kron_sketched`. The three step counts
-        ``update_every``, ``refresh_every`` and ``start_step`` fix the compiled program, so they
-        must be static: their default ``None`` (``kron_sketched``'s 1, 1 and 0) is, and so under
-        ``optax.inject_hyperparams(sketchopt.kron_fd, static_args=("sketch_size",))``
-        the defaults work as in every other transform; a value given there must be named in
-        ``static_args`` too (or use :func:`sketchopt.inject_hyperparams`, which keeps every
-        ``int`` static).
-
-    Returns:
-      An ``optax.GradientTransformationExtraArgs``.
-
-    References:
-      Gupta, Koren & Singer (2018), "Shampoo", ICML, Alg. 1; Feinberg et al. (2023), "Sketchy",
-      NeurIPS; Luo et al. (2019), "Robust Frequent Directions", JMLR 20, Alg. 2.
-
-    Examples:
-      Shampoo's own step (``graft=None``):
-
-      >>> import jax.numpy as jnp, sketchopt as so
-      >>> tx = so.kron_fd(0.1, sketch_size=8, delta=0.0, graft=None)
-      >>> params = {"w": jnp.zeros((3, 2)), "b": jnp.zeros(2)}
-      >>> grads = {"w": jnp.array([[4.0, 0], [0, 0], [0, 0]]), "b": jnp.array([3.0, -4.0])}
-      >>> updates, state = tx.update(grads, tx.init(params))
-      >>> updates["w"][0, 0], updates["b"]  # 16^-1/4 4 16^-1/4 = 1; g / |g| per coordinate
-      (Array(-0.1, dtype=float32), Array([-0.1,  0.1], dtype=float32))
-
-      At the defaults every layer's step has the root-mean-square ``0.35 * learning_rate``:
-
-      >>> tx = so.kron_fd(1e-3)
-      >>> updates, state = tx.update(grads, tx.init(params))
-      >>> jnp.sqrt(jnp.mean(updates["w"] ** 2)).round(6)
-      Array(0.00035, dtype=float32)
-    """
-    counts = dict(update_every=update_every, refresh_every=refresh_every, start_step=start_step)
-    metric = _metrics.kron_sketched(
-        sketch_size,
-        delta,
-        robust=robust,
-        exponents=exponents,
-        decay=decay,
-        graft=graft,
-        graft_decay=graft_decay,
-        graft_eps=graft_eps,
-        block_size=block_size,
-        compress=compress,
-        relative_delta=relative_delta,
-        stacked=stacked,
-        factoring=factoring,
-        graft_rms=graft_rms,
-        refresh_tolerance=refresh_tolerance,
-        **{name: value for name, value in counts.items() if value is not None},
-    )
-    return mirror_descent(learning_rate, metric)

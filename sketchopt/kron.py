@@ -5,8 +5,9 @@ Singer 2018, Alg. 1) keeps the left and right statistics ``L_t = sum_s G_s G_s^T
 ``R_t = sum_s G_s^T G_s`` (``n x n``) and steps ``-eta (L_t + eps I)^{-1/4} G_t (R_t + eps
 I)^{-1/4}``. Sketchy (Feinberg et al. 2023) keeps each statistic as a frequent-directions sketch
 of ``k`` rows instead, ``O(k (m + n))`` memory per layer. This module holds the factor sketch and
-its inverse roots; :func:`sketchopt.metrics.kron_sketched` makes them a metric and
-:func:`sketchopt.kron_fd` the named transform.
+its inverse roots, below the driver; the family's module :mod:`sketchopt.shampoo` makes them a
+metric (:func:`sketchopt.shampoo.kron_sketched`), grafts its step and names the transform
+(:func:`sketchopt.shampoo.kron_fd`).
 
 **One factor.** The left statistic is the sum of the outer products of ``G``'s ``n`` columns (and
 the right one of its ``m`` rows): a stream of ``n`` vectors of length ``m`` per step, which an FD
@@ -537,7 +538,7 @@ class InverseRoot(NamedTuple):
 
 
 class KronMetricState(NamedTuple):
-    """State of :func:`sketchopt.metrics.kron_sketched` for one leaf.
+    """State of :func:`sketchopt.shampoo.kron_sketched` for one leaf.
 
     Attributes:
       left: the sketch of ``sum G G^T`` (:class:`sketchopt.kron.FactorState`, ``k x m``

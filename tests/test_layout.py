@@ -106,6 +106,41 @@ def test_names_moved_down_keep_their_old_paths(old):
             assert getattr(new, name).__module__ == old, name
 
 
+# Names that moved up into a family's module (issue 61: sketched Shampoo in one place, as the SON
+# family is in ``son``): old path -> new home. A module above its home re-exports them; one below
+# it (``metrics``) reads them from the home in its module ``__getattr__`` (PEP 562) when first
+# asked, which :func:`_import_graph` does not count as an import (it runs after both modules have
+# loaded), and which may import nothing but the home.
+MOVED_UP = {
+    "sketchopt.metrics": (
+        "sketchopt.shampoo",
+        ("DIAGONAL_GRAFTS", "GRAFTS", "GraftedOperator", "NormalizedOperator", "check_exponents")
+        + ("kron_sketched",),
+    ),
+    "sketchopt.aliases": ("sketchopt.shampoo", ("kron_fd",)),
+}
+
+
+@pytest.mark.parametrize("old", sorted(MOVED_UP))
+def test_names_moved_up_keep_their_old_paths(old):
+    home, names = MOVED_UP[old]
+    module, new = importlib.import_module(old), importlib.import_module(home)
+    for name in names:
+        obj = getattr(new, name)
+        assert getattr(module, name) is obj, name
+        assert getattr(importlib.import_module(old), name) is obj  # ``from old import name``
+        if isinstance(obj, type) or callable(obj):
+            assert obj.__module__ == home, name  # documented once, at the new home
+    graph, lazy = _import_graph(), _getattr_imports(old)
+    if lazy:  # a module below the home: its __getattr__ imports the home only, nothing else does
+        assert set(lazy) == {home} and home not in _reached(graph, old), lazy
+        assert old in _reached(graph, home)
+    else:  # a module above the home: a re-export
+        assert home in graph[old]
+    with pytest.raises(AttributeError, match="no_such_name"):
+        module.no_such_name  # noqa: B018
+
+
 # ----------------------------------------------------------------------------------------------
 # The house: the import graph has no circle, no function is too long.
 
@@ -124,12 +159,25 @@ def _is_type_checking(test: ast.expr) -> bool:
     )
 
 
-def _imported(name: str, source: str, package: str) -> dict[str, int]:
+def _module_getattr(tree: ast.Module) -> ast.FunctionDef | None:
+    """The module-level ``def __getattr__`` (PEP 562) of a parsed module, or ``None``."""
+    for node in tree.body:
+        if isinstance(node, ast.FunctionDef) and node.name == "__getattr__":
+            return node
+    return None
+
+
+def _imported(
+    name: str, source: str, package: str, *, skip_getattr: bool = False
+) -> dict[str, int]:
     """The package modules ``name`` imports, at any depth (inside functions too), each with the
-    line of its first import; the body of ``if TYPE_CHECKING:`` is skipped. ``from a import b``
-    imports the module ``a.b`` where there is one, else ``a``; a name is counted as the deepest
-    package module it names (``import a.b.c`` of a function ``c``: ``a.b``)."""
+    line of its first import; the body of ``if TYPE_CHECKING:`` is skipped, and with
+    ``skip_getattr`` that of the module's ``__getattr__``. ``from a import b`` imports the module
+    ``a.b`` where there is one, else ``a``; a name is counted as the deepest package module it
+    names (``import a.b.c`` of a function ``c``: ``a.b``)."""
     found: dict[str, int] = {}
+    tree = ast.parse(source, name)
+    skipped = _module_getattr(tree) if skip_getattr else None
 
     def add(target: str, line: int) -> None:
         while target and target not in MODULES:
@@ -139,6 +187,8 @@ def _imported(name: str, source: str, package: str) -> dict[str, int]:
 
     def visit(node: ast.AST) -> None:
         for child in ast.iter_child_nodes(node):
+            if child is skipped:
+                continue
             if isinstance(child, ast.If) and _is_type_checking(child.test):
                 for other in child.orelse:
                     visit_node(other)
@@ -163,15 +213,30 @@ def _imported(name: str, source: str, package: str) -> dict[str, int]:
             return
         visit(node)
 
-    visit(ast.parse(source, name))
+    visit(tree)
     return found
 
 
-def _import_graph() -> dict[str, dict[str, int]]:
-    def package(name, path):
-        return name if path.name == "__init__.py" else name.rpartition(".")[0]
+def _package(name: str) -> str:
+    return name if MODULES[name].name == "__init__.py" else name.rpartition(".")[0]
 
-    return {n: _imported(n, p.read_text(), package(n, p)) for n, p in MODULES.items()}
+
+def _import_graph() -> dict[str, dict[str, int]]:
+    """Every package module's imports (:func:`_imported`); a module that serves old paths of
+    names moved up (:data:`MOVED_UP`) without its module ``__getattr__``."""
+    return {
+        n: _imported(n, p.read_text(), _package(n), skip_getattr=n in MOVED_UP)
+        for n, p in MODULES.items()
+    }
+
+
+def _getattr_imports(name: str) -> dict[str, int]:
+    """The package modules the module-level ``__getattr__`` of module ``name`` imports."""
+    source = MODULES[name].read_text()
+    function = _module_getattr(ast.parse(source, name))
+    if function is None:
+        return {}
+    return _imported(name, ast.get_source_segment(source, function), _package(name))
 
 
 def _import_cycle(graph: dict[str, dict[str, int]]) -> list[str] | None:
@@ -221,13 +286,28 @@ def _reached(graph, start):
 # Below the driver: the numerics, the sketches, the arrowhead solver, the group context and the
 # layout rules import neither the driver nor what builds on it.
 BELOW_THE_DRIVER = ("_numerics", "_groups", "_arrowhead", "_layouts", "sketches", "kron")
-ABOVE = ("_leafwise", "sharding", "metrics", "rules", "son", "aliases")
+ABOVE = ("_leafwise", "sharding", "metrics", "rules", "son", "shampoo", "aliases")
 
 
 @pytest.mark.parametrize("low", BELOW_THE_DRIVER)
 def test_the_layers_below_the_driver_import_nothing_above_them(low):
     reached = _reached(_import_graph(), f"sketchopt.{low}")
     assert not reached & {f"sketchopt.{high}" for high in ABOVE}, sorted(reached)
+
+
+# The families' modules sit above the axes they are built on: each imports the metrics and the
+# rules, and nothing of the axes imports a family back (``aliases``, the named algorithms, may
+# re-export a family's transform: ``kron_fd``).
+FAMILIES = ("son", "shampoo")
+AXES = ("sketches", "kron", "operators", "metrics", "rules", "regularizers")
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_the_families_sit_above_the_metrics_and_the_rules(family):
+    graph = _import_graph()
+    assert {"sketchopt.metrics", "sketchopt.rules"} <= set(graph[f"sketchopt.{family}"])
+    for axis in AXES:
+        assert f"sketchopt.{family}" not in _reached(graph, f"sketchopt.{axis}"), axis
 
 
 def test_the_driver_does_not_import_sharding_and_the_learners_share_a_base():
@@ -251,6 +331,20 @@ def test_the_import_graph_counts_deferred_imports():
     )
     found = _imported("sketchopt.stream._probe", source, "sketchopt.stream")
     assert set(found) == {"sketchopt.stream.learners", "sketchopt.kron"}
+    # A module __getattr__ (PEP 562) is an edge unless skipped; a method of that name is not one.
+    lazy = (
+        "def __getattr__(name):\n"
+        "    from sketchopt import shampoo\n"
+        "class A:\n"
+        "    def __getattr__(self, name):\n"
+        "        from sketchopt import son\n"
+    )
+    assert set(_imported("sketchopt.metrics", lazy, "sketchopt")) == {
+        "sketchopt.shampoo",
+        "sketchopt.son",
+    }
+    skipped = _imported("sketchopt.metrics", lazy, "sketchopt", skip_getattr=True)
+    assert set(skipped) == {"sketchopt.son"}
     assert _import_cycle({"a": {"b": 1}, "b": {"c": 2}, "c": {"a": 3}}) == ["a", "b", "c", "a"]
     assert _import_cycle({"a": {"b": 1}, "b": {}}) is None
 
