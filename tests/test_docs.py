@@ -5,8 +5,8 @@ role such as ``{func}`sketchopt.ada_fd``` shows there as raw text. So the pages 
 plain code spans (`` `sketchopt.ada_fd` ``, which ``docs/_ext/sketchopt_docs.py`` links on the
 site) and other pages by relative Markdown links. Checked here, fast (no Sphinx):
 
-* no MyST role outside code (fenced blocks and code spans are skipped, so a ``_{live}`` in a
-  formula's code span is not one);
+* no MyST role outside code (code blocks and code spans are skipped, so a ``_{live}`` in a
+  formula's code span is not one; a directive's Markdown content is checked);
 * every relative link and image of a page points to a file of the repository;
 * no page points to a ``DESIGN.md``: the design record is ``docs/design.md``.
 
@@ -33,22 +33,39 @@ def _pages() -> list[pathlib.Path]:
     return sorted(pages)
 
 
+#: Fenced blocks whose content is code, not Markdown: a plain or language fence, or one of these
+#: directives. Other directives' content (a note, a toctree) is Markdown and checked.
+CODE_DIRECTIVES = ("doctest", "testcode", "testoutput", "code-block", "code", "code-cell")
+
+
 def _prose(path: pathlib.Path) -> list[tuple[int, str]]:
-    """``(line number, line)`` of a page's text outside fenced blocks (a notebook's Markdown
+    """``(line number, line)`` of a page's Markdown outside code blocks (a notebook's Markdown
     cells, numbered within the notebook's Markdown)."""
     if path.suffix == ".ipynb":
         cells = json.loads(path.read_text())["cells"]
         text = "\n".join("".join(c["source"]) for c in cells if c["cell_type"] == "markdown")
     else:
         text = path.read_text()
-    out, fence = [], None
+    out, fence, directives = [], None, []  # the open code fence; the open Markdown directives
+
+    def closes(line: str, opened: str) -> bool:
+        line = line.strip()
+        return line.startswith(opened) and not line.strip(opened[0])
+
     for number, line in enumerate(text.splitlines(), 1):
-        opening = re.match(r"\s*(`{3,}|~{3,}|:{3,})", line)
-        if fence is None and opening:
-            fence = opening.group(1)[0] * len(opening.group(1))
-        elif fence is not None and line.strip().startswith(fence) and not line.strip(fence[0]):
-            fence = None
-        elif fence is None:
+        opening = re.match(r"\s*(`{3,}|~{3,})\s*(\S*)", line)
+        if fence is not None:
+            fence = None if closes(line, fence) else fence
+        elif directives and closes(line, directives[-1]):
+            directives.pop()
+        elif opening:
+            directive = re.fullmatch(r"\{([\w-]+)\}.*", opening.group(2))
+            if directive is None or directive.group(1) in CODE_DIRECTIVES:
+                fence = opening.group(1)
+            else:  # a directive whose content is Markdown
+                directives.append(opening.group(1))
+                out.append((number, line))
+        else:
             out.append((number, line))
     return out
 
@@ -82,6 +99,16 @@ def test_the_role_finder_skips_code_spans():
     assert roles("a compaction `Z <- [F Z]_{live}`, `F <- I`") == []
     assert roles("``{func}`x` `` is how a role is written") == []
     assert roles("plain `sketchopt.ada_fd`") == []
+
+
+def test_code_blocks_are_skipped_and_directives_read(tmp_path):
+    page = tmp_path / "page.md"
+    page.write_text(
+        "```{note}\nsee {func}`a`\n```\nprose {func}`b`\n```python\nx = '{c}`'\n```\n"
+        "````\n```\n{func}`d`\n```\n````\n```{doctest}\n>>> '{e}`'\n```\nafter {mod}`f`\n"
+    )
+    found = [(number, roles(line)) for number, line in _prose(page) if roles(line)]
+    assert found == [(2, ["{func}`"]), (4, ["{func}`"]), (16, ["{mod}`"])]
 
 
 PAGES = _pages()
