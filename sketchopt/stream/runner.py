@@ -211,7 +211,7 @@ def as_flat(
 
 
 def _scan_chunk(learner: LinearLearner, width: int | CrossLayout | None = None):
-    """``(state, chunk, held) -> (state, (loss, error, scored, held_scored))`` per example of the
+    """``(state, chunk, held) -> (state, (loss, error, scored, held_scored, p))`` per example of the
     chunk: a :class:`SparseExamples` chunk, with ``width`` the arrays of a
     :class:`FlatExamples`, with a :class:`~sketchopt.stream.crosses.CrossLayout` those of a
     :class:`~sketchopt.stream.crosses.CrossedExamples`; ``held`` marks the held-out rows
@@ -234,7 +234,7 @@ def _scan_chunk(learner: LinearLearner, width: int | CrossLayout | None = None):
             held_ok = active & held_i & jnp.isfinite(loss)
             loss = jnp.where(ok | held_ok, loss, 0)
             err = jnp.where(ok | held_ok, error(p, label), 0)
-            return state, (loss, err, ok, held_ok)
+            return state, (loss, err, ok, held_ok, p)
 
         return wrapped
 
@@ -370,7 +370,7 @@ def _on_device(chunk):
 
 def _drive(
     learner: LinearLearner, state, chunks: Iterable, progress: Progress, curve, bar,
-    holdout_period: int | None = None,
+    holdout_period: int | None = None, observe: Callable | None = None,
 ) -> tuple[Any, Progress, float, Progress]:  # fmt: skip
     """Runs the chunks; each chunk shape compiles once, outside the timed calls."""
     compiled: dict = {}
@@ -386,12 +386,14 @@ def _drive(
             fn = jax.jit(_scan_chunk(learner, width), donate_argnums=0)
             compiled[key] = fn.lower(state, chunk, held).compile()
         start = time.perf_counter()
-        state, (loss, err, scored, held_scored) = compiled[key](state, chunk, held)
+        state, (loss, err, scored, held_scored, p) = compiled[key](state, chunk, held)
         jax.block_until_ready((state, loss))
         seconds += time.perf_counter() - start
-        loss, err, scored, held_scored = (
-            np.moveaxis(np.asarray(a), 0, -1) for a in (loss, err, scored, held_scored)
+        loss, err, scored, held_scored, p = (
+            np.moveaxis(np.asarray(a), 0, -1) for a in (loss, err, scored, held_scored, p)
         )
+        if observe is not None:
+            observe(p, loss, scored | held_scored)
         progress = _doubling_lines(progress, loss, err, scored, curve)
         if holdout_period:
             held_totals = Progress(
@@ -425,11 +427,16 @@ def run_stream(
     progress: bool = False,
     total: int | None = None,
     holdout_period: int | None = None,
+    observe: Callable | None = None,
 ) -> StreamResult:
     """One online pass of ``learner`` over ``chunks`` (all of one shape) with progressive
     validation; ``state``/``start``/``curve`` continue an earlier run (see the module
     docstring); ``progress`` shows a ``tqdm`` bar (``total`` examples, when known);
-    ``holdout_period`` holds every ``k``-th example out of learning (module docstring)."""
+    ``holdout_period`` holds every ``k``-th example out of learning (module docstring).
+    ``observe(p, loss, scored)``, when given, is called after each chunk with its rows'
+    predictions (made before each row was learned from), losses and whether each was scored
+    (learned from or held out), NumPy arrays of the chunk's rows without its trailing padding
+    (the command line's progressive ``-p`` and ``-P`` lines)."""
     state = learner.init(dim, dtype, key) if state is None else state
     # init runs asynchronously (Oja-SON's is a QR of d x m): it must not land in the timed pass
     state = jax.block_until_ready(state)
@@ -438,7 +445,7 @@ def run_stream(
     bar = _bar(progress, total)
     try:
         state, prog, seconds, held = _drive(
-            learner, state, chunks, start, curve, bar, holdout_period
+            learner, state, chunks, start, curve, bar, holdout_period, observe
         )
     finally:
         if bar is not None:
