@@ -31,7 +31,7 @@ fails before learning starts, not hours into a stream. :func:`iter_svmlight` sca
 **Validation** (a ``ValueError`` naming the file, the line number and the line): whatever
 scikit-learn's reader rejects (a negative index, indices not strictly increasing -- so a file
 cannot hold duplicate indices: duplicates only arise from hashing, and are summed --, a malformed
-``index:value``, an index of ``2**31`` or more); a non-finite value or label; an index 0 in a file
+``index:value``); a non-finite value or label; an index 0 in a file
 read as one-based (``zero_based=False``); labels outside the loss's domain (checked once for the
 whole file by :func:`~sketchopt.stream.examples.check_labels`, which maps ``{0, 1}`` to
 ``{-1, +1}`` for classification losses, and any other two labels by their order,
@@ -43,7 +43,18 @@ and kept (all padding, ``mask`` true); blank and comment-only lines are not exam
 ``bits``, the weights have dimension ``2**bits``, and the data's indices are hashed into it by
 :func:`~sketchopt.stream.examples.hash_indices` (MurmurHash3, colliding features summed) when the
 data's own dimension is larger than ``2**bits``, else kept as they are; without ``bits``, ``dim``
-(given, at least the data's) or the data's own dimension.
+(given, at least the data's) or the data's own dimension. **Any index is hashed**: scikit-learn's
+reader parses indices into a C ``int``, so a block holding an index of ``2**31`` or more (64-bit
+feature ids, as hashed click logs write them) is parsed by this module's own reader instead
+(:func:`_parse_wide`, the same validation), and such an index is hashed by :func:`hash_any`
+(:func:`~sketchopt.stream.examples.hash_indices` of the index folded to 31 bits, below); without
+``bits`` such a file is refused (its dimension would pass ``2**31``: hash it).
+
+**Feature names** (the command line's ``--invert_hash``, VW's): :func:`svmlight_feature_names`
+names each weight index by the file's own index (``"17"``, one-based files as written),
+:func:`vw_feature_names` by VW's names (``namespace^feature``, a default-namespace feature by its
+bare name, a cross ``a^x*b^y``), the first name seen at an index kept when features collide (as
+VW keeps one).
 
 **Vowpal Wabbit's text format** (:func:`read_vw` whole, :func:`iter_vw` in chunks in constant
 memory, :func:`detect_format` tells it from svmlight by the ``|``) is read by a small reader of
@@ -92,6 +103,7 @@ __all__ = [
     "cross_features",
     "cross_layout",
     "detect_format",
+    "hash_any",
     "hash_pairs",
     "iter_svmlight",
     "iter_vw",
@@ -100,6 +112,9 @@ __all__ = [
     "scan_svmlight",
     "scan_vw",
     "stream_dim",
+    "svmlight_feature_names",
+    "vw_feature_names",
+    "vw_tags",
     "weights_dim",
 ]
 
@@ -169,8 +184,8 @@ def _parse(block: bytes) -> _Raw:
 
     try:
         x, y = load_svmlight_file(io.BytesIO(block), zero_based=True, dtype=np.float64)
-    except OverflowError:
-        raise ValueError(f"a feature index above {_MAX_INDEX}") from None
+    except OverflowError:  # an index of 2**31 or more: the 64-bit reader
+        return _parse_wide(block)
     x = scipy.sparse.csr_matrix(x)
     return _Raw(
         np.asarray(x.data, np.float64),
@@ -178,6 +193,54 @@ def _parse(block: bytes) -> _Raw:
         np.asarray(x.indptr, np.int64),
         np.asarray(y, np.float64),
     )
+
+
+def _parse_wide(block: bytes) -> _Raw:
+    """A block of svmlight lines with 64-bit indices (scikit-learn's reader stops at
+    ``2**31 - 1``), validated as scikit-learn validates: ``label [qid:q] index:value ...``, a
+    ``#`` comment to the end of the line, indices non-negative and strictly increasing."""
+    data, indices, indptr, labels = [], [], [0], []
+    for line in block.split(b"\n"):
+        words = line.split(b"#", 1)[0].split()
+        if not words:
+            continue
+        try:
+            labels.append(float(words[0]))
+            pairs = [w.split(b":", 1) for w in words[1:] if not w.startswith(b"qid:")]
+            index = np.asarray([int(k) for k, _ in pairs], np.int64)
+            data.extend(float(v) for _, v in pairs)
+        except (ValueError, OverflowError):
+            raise ValueError(f"cannot read {line.decode('utf-8', 'replace').strip()!r}") from None
+        if index.size and (index.min() < 0 or np.any(np.diff(index) <= 0)):
+            raise ValueError("feature indices must be non-negative and strictly increasing")
+        indices.append(index)
+        indptr.append(indptr[-1] + index.size)
+    return _Raw(
+        np.asarray(data, np.float64),
+        np.concatenate(indices) if indices else np.zeros(0, np.int64),
+        np.asarray(indptr, np.int64),
+        np.asarray(labels, np.float64),
+    )
+
+
+def hash_any(indices, bits: int, seed: int = 0) -> np.ndarray:
+    """Non-negative 64-bit feature indices hashed into ``[0, 2**bits)``: those below ``2**31``
+    by :func:`~sketchopt.stream.examples.hash_indices` (so the files it reads hash as before),
+    a wider one by the same hash of its low 31 bits plus ``0x9E3779B1`` times the 32-bit
+    MurmurHash3 of its high bits (mod ``2**31``): every bit of the index counts."""
+    from sklearn.utils import murmurhash3_32
+
+    indices = np.asarray(indices, np.int64)
+    wide = indices > _MAX_INDEX
+    if not wide.any():
+        return hash_indices(indices, bits, seed)
+    out = np.empty_like(indices)
+    out[~wide] = hash_indices(indices[~wide], bits, seed)
+    high = np.asarray(murmurhash3_32((indices[wide] >> 31).astype(np.int32), seed=seed,
+                                     positive=True), np.int64)  # fmt: skip
+    folded = ((indices[wide] & _MAX_INDEX) + high * 0x9E3779B1) & _MAX_INDEX
+    out[wide] = hash_indices(folded, bits, seed)
+    return out
 
 
 def _problem(raw: _Raw, one_based: bool) -> str | None:
@@ -296,6 +359,11 @@ def stream_dim(info: SvmlightInfo, bits: int | None = None, dim: int | None = No
         if dim is not None and int(dim) != 2**bits:
             raise ValueError(f"dim = {dim} contradicts bits = {bits} (dimension 2**{bits})")
         return 2**bits
+    if dim is None and info.dim > _MAX_INDEX + 1:
+        raise ValueError(
+            f"a feature index of {info.dim - 1}, above 2**31 - 1: hash the features into 2**B "
+            "with bits=B (the command line's -b B)"
+        )
     if dim is not None:
         if int(dim) < info.dim:
             raise ValueError(
@@ -353,7 +421,7 @@ def _to_csr(raw: _Raw, plan: _Plan) -> scipy.sparse.csr_matrix:
     indices = raw.indices if plan.info.zero_based else raw.indices - 1
     data, indptr = raw.data, raw.indptr
     if plan.bits is not None:
-        indices = hash_indices(indices, plan.bits, plan.seed)
+        indices = hash_any(indices, plan.bits, plan.seed)
     elif indices.size and indices.max() >= plan.dim:
         if not plan.drop_unseen:
             raise ValueError(f"a feature index {indices.max()} beyond dim = {plan.dim}")
@@ -479,6 +547,40 @@ def load_svmlight(
     else:
         x, y = scipy.sparse.csr_matrix((0, plan.dim)), np.zeros((0,))
     return _examples(x, y, loss, plan, dtype), weights_dim(plan.dim, plan.constant)
+
+
+def _first_names(indices: np.ndarray, names) -> dict[int, str]:
+    """``{index: name}``, the first of the names at each index (in their order)."""
+    out: dict[int, str] = {}
+    for index, name in zip(indices.tolist(), names, strict=True):
+        out.setdefault(index, name)
+    return out
+
+
+def svmlight_feature_names(
+    path, info: SvmlightInfo, *, bits: int | None = None, dim: int | None = None,
+    hash_seed: int = 0, chunk_bytes: int = 1 << 24,
+) -> dict[int, str]:  # fmt: skip
+    """``{weight index: name}`` of the svmlight file ``path`` read as :func:`iter_svmlight`
+    reads it with ``info``, ``bits`` and ``dim`` (shifted, hashed where it hashes): each name is
+    the file's own index as written (``"1"`` for the first feature of a one-based file), the
+    first one met in the file where hashed features collide."""
+    d = stream_dim(info, bits=bits, dim=dim)
+    hashed = bits is not None and info.dim > d
+    seen: list[np.ndarray] = []
+    for raw in _raw_blocks(path, chunk_bytes, one_based=not info.zero_based):
+        if raw.indices.size:
+            seen.append(raw.indices)
+    if not seen:
+        return {}
+    order = np.concatenate(seen)
+    raw_indices, first = np.unique(order, return_index=True)
+    raw_indices = raw_indices[np.argsort(first, kind="stable")]  # the file's order
+    indices = raw_indices if info.zero_based else raw_indices - 1
+    if hashed:
+        indices = hash_any(indices, int(bits), hash_seed)
+    keep = indices < d
+    return _first_names(indices[keep], (str(i) for i in raw_indices[keep].tolist()))
 
 
 # --------------------------------------------------------------------------------------------
@@ -939,6 +1041,46 @@ def read_vw(
         weighted=any(e.weight != 1.0 for e in parsed), source=name, classes=classes,
     )  # fmt: skip
     return examples, weights_dim(d, constant)
+
+
+def _vw_display(name: str) -> str:
+    """A feature's name as VW writes it: ``namespace^feature``, the default namespace's bare."""
+    return name[1:] if name.startswith("^") else name
+
+
+def vw_tags(source) -> Iterator[str]:
+    """Each example's tag of VW text (``""`` where it has none), in the stream's order: VW's
+    ``-p`` writes it after the prediction."""
+    for example in _vw_parsed(source, _vw_name(source)):
+        yield example.tag
+
+
+def vw_feature_names(source, *, bits: int = 18, quadratic: Iterable[str] = ()) -> dict[int, str]:
+    """``{weight index: name}`` of VW text read as :func:`read_vw` and :func:`iter_vw` read it
+    (``bits``, ``quadratic``): VW's names, ``namespace^feature`` (a default-namespace feature by
+    its bare name) and ``a^x*b^y`` for a cross, the first met in the stream where features
+    collide (as VW's ``--invert_hash`` keeps one name per index). The constant is not named here
+    (the command line adds VW's ``Constant``)."""
+    bits = _check_bits(bits)
+    pairs = _vw_pairs(quadratic)
+    d = 2**bits
+    out: dict[int, str] = {}
+    for example in _vw_parsed(source, _vw_name(source)):
+        names = [_vw_display(n) for group in example.groups.values() for n, _ in group]
+        index, hashes, _, spans = _vw_entries(example, pairs, d)
+        out.update((i, n) for i, n in zip(index.tolist(), names, strict=True) if i not in out)
+        for (a, b), (start_a, n_a, start_b, n_b) in zip(pairs, spans, strict=True):
+            if a == b:
+                i, j = np.triu_indices(n_a)
+                first, second = start_a + i, start_a + j
+            else:
+                first = start_a + np.repeat(np.arange(n_a), n_b)
+                second = start_b + np.tile(np.arange(n_b), n_a)
+            crossed = cross_index(hashes[first], hashes[second], bits).tolist()
+            for k, f, g in zip(crossed, first.tolist(), second.tolist(), strict=True):
+                if k not in out:
+                    out[k] = f"{names[f]}*{names[g]}"
+    return out
 
 
 # --------------------------------------------------------------------------------------------
