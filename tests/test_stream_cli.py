@@ -230,20 +230,23 @@ def test_vw_text_passes_holdout_and_aliases(tmp_path):
     assert "holdout_error" not in json.loads(out.read_text())
     predictions = tmp_path / "p.txt"
     assert run_cli(train, *flags, "-f", model, "-p", predictions) == 0
+    assert predictions.read_text().split("\n")[0].endswith(" ex0")  # VW's "score tag"
     tested = json.loads(out.read_text())
-    scores = np.loadtxt(predictions)
+    scores = np.loadtxt(predictions, usecols=0)
     # VW's -t -i: the test file scored with the saved weights (the crosses on the fly), as --test
     assert run_cli(test, "-t", "-i", model, "-p", predictions, "--json", out) == 0
     alone = json.loads(out.read_text())
     assert alone["test_examples"] == 60 and "progressive_error" not in alone
     assert (alone["test_error"], alone["test_loss"]) == (tested["test_error"], tested["test_loss"])
-    np.testing.assert_array_equal(np.loadtxt(predictions), scores)
+    np.testing.assert_array_equal(np.loadtxt(predictions, usecols=0), scores)
     assert run_cli(test, "-t", "-i", model, "--test", test) == 2  # nothing to learn from
     # VW's spelling of the same: -d, -c -k accepted, --link logistic for probabilities
     probabilities = tmp_path / "prob.txt"
     args = ["-t", "-i", model, "-p", probabilities, "--link", "logistic", "-c", "-k"]
     assert run_cli("-d", test, *args) == 0
-    np.testing.assert_allclose(np.loadtxt(probabilities), 1 / (1 + np.exp(-scores)), rtol=1e-6)
+    np.testing.assert_allclose(
+        np.loadtxt(probabilities, usecols=0), 1 / (1 + np.exp(-scores)), rtol=1e-6
+    )
     assert run_cli("--json", out) == 2  # no training file at all
     assert run_cli(train, "-i", model, "--json", out) == 0  # one more pass from the model
     assert json.loads(out.read_text())["examples"] == 300 + 300

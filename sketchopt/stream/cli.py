@@ -83,11 +83,52 @@ Decisions (no VW flag has the same meaning everywhere):
 * **The JSON** (``--json`` and a checkpoint's ``config.json``) is strict: a missing or
   non-finite figure (a loss that overflowed, an infinite ``--bound``) is ``null``, never
   ``NaN`` or ``Infinity``; a resumed run reads a ``null`` bound or threshold as infinite.
+  :func:`load_model` reads a ``--save`` directory back: its weights and the run's
+  configuration.
+
+VW's outputs and the rest of its flags (:mod:`sketchopt.stream.vw_outputs` writes VW's text):
+
+* ``-p FILE`` (also ``--predictions``, ``--predict``): with ``--test`` (or ``-t``) the test
+  file's scores; on a training run without ``--test`` VW's progressive predictions, one per
+  example as it is met (predicted before it is learned from; every pass, held-out examples
+  included), in the file's order.
+* ``-P N``/``--progress N``: VW's progress lines (its header, columns and schedule: an integer
+  every ``N`` of example weight, a float ``F`` multiplicatively), printed on stderr as the run
+  goes, in place of the progress bar and of the report's table; ``--quiet`` silences them.
+  With ``--passes`` > 1 they cover every scored example of every pass (VW prints the holdout
+  loss, marked ``h``, after the first pass).
+* ``--readable_model FILE`` and ``--invert_hash FILE``: VW's text of the final weights (of the
+  checkpoint's with ``-t -i``), ``--invert_hash`` naming each by the input's feature names
+  (VW's ``namespace^feature`` and ``a*b`` crosses, a LIBSVM file's own indices, ``Constant``);
+  the format, VW 9's ``--predict_only_model`` form, is described in
+  :mod:`sketchopt.stream.vw_outputs`.
+* ``--binary`` (VW's): the predictions of ``-p`` and of the progress lines are the sign of the
+  score (``-1``/``1``), the progress lines' losses the 0/1 loss; learning is unchanged (VW's
+  ``--binary`` too only maps the output), so are the JSON's figures (its ``progressive_error``
+  is that 0/1 loss). Not with ``--link logistic``.
+* ``--random_seed N`` is ``--seed N``: the state of ``oja_son`` (its initial directions) and
+  ``rp_son`` (its projections), the only randomness of a run: the first-order learners, the
+  reading, the hashing and the order of the examples (never shuffled) are deterministic.
+* VW's flags with no exact equivalent here (:data:`VW_ONLY`): ``--save_resume`` is accepted
+  (always on: ``--save`` keeps the whole state, ``-i`` continues bit-identically),
+  ``--power_t 0.5`` and ``--initial_t 0`` (VW's defaults) are accepted as what ``ada_diag``
+  does, other values refused; ``--OjaNewton`` and ``--ftrl`` are refused with their
+  equivalents (``--learner oja_son``, ``--learner ftrl``: not VW's code, so not VW's numbers).
+  ``--l2`` outside ``ftrl`` is refused (no other learner has an L2 term).
+* **The compilation cache**: JAX's persistent compilation cache is on for the command line
+  (only: importing the library never switches it on), in ``$SKETCHOPT_JAX_CACHE_DIR``, else
+  ``$XDG_CACHE_HOME/sketchopt/jax``, else ``~/.cache/sketchopt/jax``, every program kept (JAX's
+  minimum compile time and entry size set to 0), so that a repeated run compiles nothing; where
+  JAX's own ``JAX_COMPILATION_CACHE_DIR`` is set, that cache is used as JAX is configured.
+  ``--no-cache`` turns it off for the run. :func:`main` sets it before the run's first compile
+  and puts JAX's settings back after it.
 """
 
 from __future__ import annotations
 
 import argparse
+import collections
+import contextlib
 import inspect
 import itertools
 import json
@@ -97,7 +138,7 @@ import pathlib
 import sys
 import tempfile
 import time
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 if TYPE_CHECKING:
     from sketchopt.stream import runner
@@ -105,7 +146,19 @@ if TYPE_CHECKING:
 # Nothing here imports JAX, NumPy or the package's JAX modules at import time: ``--help`` and
 # argparse's errors answer at once, and each function imports what it needs when it runs.
 
-__all__ = ["DEFAULT_LEARNING_RATE", "DEFAULT_SKETCH_SIZE", "build_parser", "main", "run"]
+__all__ = [
+    "CACHE_ENV",
+    "DEFAULT_LEARNING_RATE",
+    "DEFAULT_SKETCH_SIZE",
+    "VW_ONLY",
+    "SavedModel",
+    "build_parser",
+    "cache_folder",
+    "compilation_cache",
+    "load_model",
+    "main",
+    "run",
+]
 
 #: The second-order learners' ``m`` when ``--sketch-size`` is not given (VW ``--OjaNewton``'s);
 #: ``oja_son``'s is at most the dimension.
@@ -137,6 +190,43 @@ _DELTA_SCALE = 1.0  # second_order.DELTA_SCALE
 
 #: The program's name when it is not run from a command line of its own (``main(argv)``).
 _PROG = "sketchopt-stream"
+
+
+class _VwOnly(NamedTuple):
+    """One of VW's flags with no exact equivalent here: ``takes`` a value or not, the values
+    ``accepted`` as they are (``None``: any, ``()``: none, refused), and what it means here."""
+
+    takes: bool
+    accepted: tuple[float, ...] | None
+    meaning: str
+
+
+#: VW's flags accepted with VW's meaning only where a learner here has it exactly, else refused
+#: with the equivalent (the module docstring; ``--help`` quotes each ``meaning``).
+VW_ONLY = {
+    "--save_resume": _VwOnly(
+        False, None, "always on: --save keeps the whole state, -i continues bit-identically"
+    ),
+    "--power_t": _VwOnly(
+        True, (0.5,), "0.5 only (VW's default): ada_diag's step is eta / sqrt(sum of g^2); "
+        "no learner here has another power",
+    ),
+    "--initial_t": _VwOnly(
+        True, (0.0,), "0 only (VW's default): the learners' sums start at 0 (ada_diag's "
+        "floor is --delta); no learner here has another initial t",
+    ),
+    "--OjaNewton": _VwOnly(
+        False, (), "refused: use --learner oja_son (its defaults are VW's --OjaNewton "
+        "constants; not VW's code)",
+    ),
+    "--ftrl": _VwOnly(
+        False, (), "refused: use --learner ftrl (FTRL-Proximal: --learning-rate is alpha, "
+        "--beta, --l1, --l2; not VW's code or defaults)",
+    ),
+}  # fmt: skip
+
+#: The environment variable naming the command line's JAX compilation cache folder.
+CACHE_ENV = "SKETCHOPT_JAX_CACHE_DIR"
 
 
 def _prog(argv=None) -> str:
@@ -297,13 +387,24 @@ def _add_hyperparameters(parser: argparse.ArgumentParser) -> None:
         "rp_son: on by default, with alpha and eta VW's --OjaNewton's; rfd_son: off)",
     )
     parser.add_argument(
-        "--seed", type=int, default=0, help="oja_son's and rp_son's random state (default 0)"
+        "--seed",
+        "--random_seed",
+        type=int,
+        default=0,
+        help="the run's only randomness, oja_son's initial directions and rp_son's projections "
+        "(default 0; VW's --random_seed: nothing else is random, nothing is shuffled)",
     )
     parser.add_argument("--beta", type=float, default=1.0, help="FTRL-Proximal's beta (default: 1)")
     parser.add_argument(
         "--l1", type=float, default=0.0, help="L1 strength (truncated gradient: gravity; default 0)"
     )
-    parser.add_argument("--l2", type=float, default=0.0, help="L2 strength, ftrl only (default 0)")
+    parser.add_argument(
+        "--l2",
+        type=float,
+        default=0.0,
+        help="L2 strength, ftrl only (default 0; VW's --l2 with another learner is refused: "
+        "none of the others has an L2 term)",
+    )
     parser.add_argument(
         "--theta",
         type=float,
@@ -319,7 +420,12 @@ def _add_outputs(parser: argparse.ArgumentParser) -> None:
     """Evaluation, predictions, checkpoints, the report and the run's layout."""
     parser.add_argument("--test", type=pathlib.Path, help="test examples: report test_error")
     parser.add_argument(
-        "-p", "--predict", type=pathlib.Path, help="write one score per test example"
+        "-p",
+        "--predict",
+        "--predictions",
+        type=pathlib.Path,
+        help="write one score per line: of each test example with --test or -t, else VW's "
+        "progressive predictions of the training run (each example before it is learned from)",
     )
     parser.add_argument(
         "--link",
@@ -366,6 +472,41 @@ def _add_outputs(parser: argparse.ArgumentParser) -> None:
         "is read and stored)",
     )
     parser.add_argument("--quiet", action="store_true", help="no progress bar or report")
+    parser.add_argument(
+        "--no-cache",
+        action="store_true",
+        help="no persistent compilation cache (default: JAX's, in $SKETCHOPT_JAX_CACHE_DIR or "
+        "the user's cache folder, sketchopt/jax: a repeated run compiles nothing)",
+    )
+    _add_vw_outputs(parser)
+
+
+def _add_vw_outputs(parser: argparse.ArgumentParser) -> None:
+    """VW's text outputs and the VW flags of :data:`VW_ONLY`."""
+    parser.add_argument(
+        "-P",
+        "--progress",
+        metavar="N",
+        help="VW's progress lines on stderr: every N of example weight (an integer), or at "
+        "example weights growing by a factor N (a float, VW's default 2.0)",
+    )
+    parser.add_argument(
+        "--readable_model", type=pathlib.Path, help="VW's text of the final weights, index:weight"
+    )
+    parser.add_argument(
+        "--invert_hash",
+        type=pathlib.Path,
+        help="VW's text of the final weights with the input's feature names, name:index:weight",
+    )
+    parser.add_argument(
+        "--binary",
+        action="store_true",
+        help="VW's --binary: -p and the progress lines predict the sign, -1 or 1 (learning "
+        "unchanged)",
+    )
+    for flag, vw in VW_ONLY.items():
+        kind = {"metavar": "V"} if vw.takes else {"action": "store_const", "const": "on"}
+        parser.add_argument(flag, dest=f"vw_{flag[2:]}", help=f"VW's {flag}: {vw.meaning}", **kind)
 
 
 def _hyperparameters(args) -> dict[str, Any]:
@@ -375,7 +516,10 @@ def _hyperparameters(args) -> dict[str, Any]:
         return _second_order_hyperparameters(args)
     lr = DEFAULT_LEARNING_RATE[name] if args.learning_rate is None else args.learning_rate
     if args.l2 and name != "ftrl":
-        raise ValueError(f"--l2 applies to ftrl only, not to {name}")
+        raise ValueError(
+            f"--l2 applies to ftrl only, not to {name}: no other learner here has an L2 term "
+            "(VW's --l2; the equivalent is --learner ftrl --l2 X, FTRL-Proximal's)"
+        )
     if name == "ada_diag":
         delta = 1e-6 if args.delta is None else args.delta
         return {"learning_rate": lr, "delta": delta, "l1": args.l1}
@@ -663,8 +807,9 @@ def _replay(directory: pathlib.Path):
         yield kind(**arrays)
 
 
-def _passes(args, config, info, fmt, dim, learner, state, start, curve, cache):
-    """The training passes; ``cache`` a directory for the parsed chunks when more than one."""
+def _passes(args, config, info, fmt, dim, learner, state, start, curve, cache, watch):
+    """The training passes; ``cache`` a directory for the parsed chunks when more than one;
+    ``watch`` (:class:`_Watch`) sees each chunk and its predictions."""
     import jax
 
     from sketchopt.stream import runner
@@ -684,9 +829,10 @@ def _passes(args, config, info, fmt, dim, learner, state, start, curve, cache):
         else:
             chunks = _replay(cache)
         result = runner.run_stream(
-            learner, chunks, dim, state=state, start=start, curve=curve,
-            progress=not args.quiet, total=info.examples, key=jax.random.PRNGKey(args.seed),
-            holdout_period=holdout,
+            learner, watch.wrap(chunks), dim, state=state, start=start, curve=curve,
+            progress=not args.quiet and args.progress is None, total=info.examples,
+            key=jax.random.PRNGKey(args.seed), holdout_period=holdout,
+            observe=watch if watch.active else None,
         )  # fmt: skip
         seconds += result.seconds
         state, start, curve = result.state, result.progress, result.curve
@@ -702,14 +848,154 @@ def _training_file(args) -> None:
         raise ValueError("no training file: give it as the first argument or with -d")
 
 
-def _write_predictions(args, predictions) -> None:
-    """``-p``: one score per example, the sigmoid of it with ``--link logistic``."""
+def _write_predictions(args, predictions, path, fmt: str) -> None:
+    """``-p``: one score per example, the sigmoid of it with ``--link logistic``, its sign with
+    ``--binary``, the example's tag after it (VW files, VW's)."""
+    from sketchopt.stream import data, vw_outputs
+
+    tags = list(data.vw_tags(path)) if fmt == "vw" else None
+    text = vw_outputs.format_predictions(predictions, link=args.link, binary=args.binary, tags=tags)
+    args.predict.write_text(text)
+
+
+def _tags_of(path, fmt: str):
+    """The training file's tags pass after pass (VW files; ``None`` otherwise)."""
+    from sketchopt.stream import data
+
+    if fmt != "vw":
+        return None
+
+    def forever():
+        while True:
+            yield from data.vw_tags(path)
+
+    return forever()
+
+
+def _rows_of(chunk):
+    """A training chunk's rows on the host: mask, labels, importance weights and each row's
+    number of features as VW counts them (the constant and the crosses included)."""
     import numpy as np
 
-    scores = np.asarray(predictions, np.float64)
-    if args.link == "logistic":
-        scores = 0.5 * (1.0 + np.tanh(0.5 * scores))  # 1 / (1 + exp(-s)), overflow-free
-    np.savetxt(args.predict, scores, fmt="%.9g")
+    from sketchopt.stream.crosses import CrossedExamples
+    from sketchopt.stream.examples import FlatExamples
+
+    mask = np.asarray(chunk.mask, bool)
+    labels = np.asarray(chunk.labels, np.float64)
+    weights = getattr(chunk, "weights", None)
+    weights = np.ones_like(labels) if weights is None else np.asarray(weights, np.float64)
+    if isinstance(chunk, FlatExamples):
+        features = np.asarray(chunk.stops, np.int64) - np.asarray(chunk.starts, np.int64)
+    elif isinstance(chunk, CrossedExamples):
+        spans = np.asarray(chunk.spans, np.int64)  # (rows, pairs, 4): start, count of a and b
+        a, b = spans[..., 1], spans[..., 3]
+        square = np.asarray(chunk.layout.square, bool)
+        features = np.asarray(chunk.counts, np.int64) + np.where(
+            square, a * (a + 1) // 2, a * b
+        ).sum(-1)
+    else:
+        features = (np.asarray(chunk.values) != 0).sum(-1)
+    return mask, labels, weights, features
+
+
+class _Watch:
+    """The training run's per-example outputs: ``-p``'s progressive predictions (without
+    ``--test``) and ``-P``'s progress lines; a context that opens and closes the file. It sees
+    each chunk as it goes to the runner (:meth:`wrap`) and its predictions after its pass
+    (called as the runner's ``observe``)."""
+
+    def __init__(self, args):
+        self.args = args
+        self.rows: collections.deque = collections.deque()
+        self.file = None
+        self.lines = None
+        self.tags = None
+
+    def __enter__(self):
+        from sketchopt.stream import vw_outputs
+
+        if self.args.predict is not None and self.args.test is None:
+            self.file = open(self.args.predict, "w")  # noqa: SIM115 (closed by __exit__)
+            self.tags = _tags_of(self.args.train, _format(self.args, self.args.train))
+        if self.args.progress is not None and not self.args.quiet:
+            self.lines = vw_outputs.ProgressLines(self.args.progress, binary=self.args.binary)
+        return self
+
+    def __exit__(self, *exc):
+        if self.file is not None:
+            self.file.close()
+
+    @property
+    def active(self) -> bool:
+        return self.file is not None or self.lines is not None
+
+    def wrap(self, chunks):
+        for chunk in chunks:
+            if self.active:
+                self.rows.append(_rows_of(chunk))
+            yield chunk
+
+    def __call__(self, p, loss, scored):
+        from sketchopt.stream import vw_outputs
+
+        mask, labels, weights, features = (a[: p.shape[-1]] for a in self.rows.popleft())
+        if self.file is not None:
+            scores = p[mask]
+            tags = None if self.tags is None else list(itertools.islice(self.tags, len(scores)))
+            self.file.write(
+                vw_outputs.format_predictions(
+                    scores, link=self.args.link, binary=self.args.binary, tags=tags
+                )
+            )
+        if self.lines is not None:
+            keep = scored.astype(bool)
+            self.lines.add(loss[keep], weights[keep], labels[keep], p[keep], features[keep])
+
+
+def _feature_names(path, fmt: str, info, config) -> dict[int, str]:
+    """``--invert_hash``'s names of the weights, from the file ``path`` (VW's or the file's own
+    indices, ``Constant`` for the constant)."""
+    from sketchopt.stream import data
+
+    if fmt == "vw":
+        names = data.vw_feature_names(path, bits=_vw_bits(config), quadratic=config["quadratic"])
+    else:
+        names = data.svmlight_feature_names(path, info, bits=config["bits"], dim=config["dim"])
+    if config["constant"]:
+        names[int(config["dim"])] = "Constant"
+    return names
+
+
+def _write_models(args, config, path, info, learner, state) -> None:
+    """``--readable_model`` and ``--invert_hash`` (:mod:`sketchopt.stream.vw_outputs`), the
+    names read from ``path`` (the training file, or the scored file of ``-t``)."""
+    if args.readable_model is None and args.invert_hash is None:
+        return
+    import numpy as np
+
+    from sketchopt import __version__
+    from sketchopt.stream import vw_outputs
+
+    weights = np.asarray(learner.weights(state), np.float64)
+    if config["loss"] == "squared":
+        labels = (float(min(info.labels)), float(max(info.labels)))
+    else:
+        labels = (-1.0, 1.0)
+    fmt = config["format"]
+    bits = _vw_bits(config) if fmt == "vw" else config["bits"]
+    if bits is None:  # an svmlight file kept unhashed: the bits its dimension needs
+        bits = max(int(config["dim"] - 1).bit_length(), 1)
+    options = f"--learner {config['learner']} --loss_function {config['loss']}"
+    options += "".join(f" -q {q}" for q in config["quadratic"])
+    options += "".join(f" {k}={v}" for k, v in config["hyperparameters"].items())
+    options += "" if config["constant"] else " --noconstant"
+    text = {"version": f"sketchopt {__version__}", "bits": bits, "labels": labels,
+            "options": options}  # fmt: skip
+    if args.readable_model is not None:
+        args.readable_model.write_text(vw_outputs.readable_model(weights, **text))
+    if args.invert_hash is not None:
+        names = _feature_names(path, fmt, info, config)
+        args.invert_hash.write_text(vw_outputs.readable_model(weights, names=names, **text))
 
 
 def _prepare(args, config: dict, saved: dict | None):
@@ -746,6 +1032,7 @@ def _prepare(args, config: dict, saved: dict | None):
 def run(args) -> dict:
     """Runs the command line's job for parsed ``args``; returns the summary."""
     _training_file(args)
+    _check_vw_flags(args)
     if args.testonly:
         _check_test_only(args)
     _check_inputs(args)
@@ -757,11 +1044,31 @@ def run(args) -> dict:
         curve = [dict(line) for line in saved["curve"]]
     if args.testonly:
         return _test_only(args, config, info, learner, state)
-    with tempfile.TemporaryDirectory(prefix="sketchopt-cache-") as cache:
+    with tempfile.TemporaryDirectory(prefix="sketchopt-cache-") as cache, _Watch(args) as watch:
         result, seconds = _passes(
-            args, config, info, fmt, dim, learner, state, start, curve, pathlib.Path(cache)
+            args, config, info, fmt, dim, learner, state, start, curve, pathlib.Path(cache), watch
         )
-    examples = info.examples * args.passes
+    summary = _summary(args, config, fmt, result, seconds, info.examples * args.passes)
+    if args.test is not None:
+        test_fmt = _format(args, args.test)
+        if test_fmt != fmt:
+            raise ValueError(f"{args.test} is {test_fmt}, the training file {fmt}")
+        scored = _score(
+            args, args.test, _scan(args.test, fmt, config), config, learner, result.state
+        )
+        summary.update({k: scored[k] for k in ("test_loss", "test_error", "test_examples")})
+    if args.save is not None:
+        _save(args.save, config, result.state, result)
+    _write_models(args, config, args.train, info, learner, result.state)
+    if args.json is not None:
+        args.json.write_text(_dumps(summary))
+    if not args.quiet:
+        _report(summary, table=args.progress is None)
+    return summary
+
+
+def _summary(args, config, fmt, result, seconds, examples) -> dict:
+    """The training run's summary (the JSON's keys)."""
     summary = {
         "learner": config["learner"],
         "loss": config["loss"],
@@ -788,23 +1095,30 @@ def run(args) -> dict:
             holdout_error=float(result.holdout_error),
             holdout_examples=int(result.holdout.examples),
         )
-    if args.test is not None:
-        test_fmt = _format(args, args.test)
-        if test_fmt != fmt:
-            raise ValueError(f"{args.test} is {test_fmt}, the training file {fmt}")
-        scored = _score(
-            args, args.test, _scan(args.test, fmt, config), config, learner, result.state
-        )
-        summary.update({k: scored[k] for k in ("test_loss", "test_error", "test_examples")})
-    elif args.predict is not None:
-        raise ValueError("--predict needs --test (the examples to predict)")
-    if args.save is not None:
-        _save(args.save, config, result.state, result)
-    if args.json is not None:
-        args.json.write_text(_dumps(summary))
-    if not args.quiet:
-        _report(summary)
     return summary
+
+
+def _check_vw_flags(args) -> None:
+    """VW's flags of :data:`VW_ONLY` given with a value this library has not, ``--binary`` with
+    ``--link logistic`` and a ``-P`` that is no number are refused, saying what to use."""
+    for flag, vw in VW_ONLY.items():
+        value = getattr(args, f"vw_{flag[2:]}")
+        if value is None or vw.accepted is None:
+            continue
+        if not vw.takes:
+            raise ValueError(f"{flag}: {vw.meaning}")
+        try:
+            number = float(value)
+        except ValueError:
+            raise ValueError(f"{flag} {value!r} is not a number") from None
+        if number not in vw.accepted:
+            raise ValueError(f"{flag} {value}: {vw.meaning}")
+    if args.binary and args.link == "logistic":
+        raise ValueError("--binary predicts -1 or 1: it does not go with --link logistic")
+    if args.progress is not None:
+        from sketchopt.stream import vw_outputs
+
+        vw_outputs.progress_schedule(args.progress)
 
 
 def _check_test_only(args) -> None:
@@ -828,7 +1142,13 @@ def _check_inputs(args) -> None:
             raise ValueError(f"no such {flag}: {path}")
         if path is not None and path.is_dir():
             raise ValueError(f"the {flag} {path} is a directory")
-    for flag, path in (("--json", args.json), ("-p/--predict", args.predict)):
+    outputs = (
+        ("--json", args.json),
+        ("-p/--predict", args.predict),
+        ("--readable_model", args.readable_model),
+        ("--invert_hash", args.invert_hash),
+    )
+    for flag, path in outputs:  # fmt: skip
         if path is not None and not path.parent.is_dir():
             raise ValueError(f"{flag} {path}: no directory {path.parent} to write it in")
     if args.resume is None:
@@ -861,7 +1181,7 @@ def _score(args, path, info, config, learner, state) -> dict:
     test_loss, test_error, predictions = runner.evaluate(learner, state, chunks)
     seconds = time.perf_counter() - start
     if args.predict is not None:
-        _write_predictions(args, predictions)
+        _write_predictions(args, predictions, path, config["format"])
     return {
         "test_loss": test_loss,
         "test_error": test_error,
@@ -877,6 +1197,7 @@ def _test_only(args, config, info, learner, state) -> dict:
     keys = ("learner", "loss", "format", "dim", "constant", "quadratic", "classes")
     summary = {k: config[k] for k in keys} | {"hyperparameters": config["hyperparameters"]}
     summary |= _score(args, args.train, info, config, learner, state)
+    _write_models(args, config, args.train, info, learner, state)
     if args.json is not None:
         args.json.write_text(_dumps(summary))
     if not args.quiet:
@@ -884,9 +1205,12 @@ def _test_only(args, config, info, learner, state) -> dict:
     return summary
 
 
-def _report(summary: dict) -> None:
-    print(f"{'examples':>12} {'average loss':>14} {'since last':>12} {'average error':>14}")
-    for line in summary["curve"]:
+def _report(summary: dict, table: bool = True) -> None:
+    """The run's report on stdout: the doubling table (``table``; not with VW's ``-P``
+    lines) and the totals."""
+    if table:
+        print(f"{'examples':>12} {'average loss':>14} {'since last':>12} {'average error':>14}")
+    for line in summary["curve"] if table else ():
         print(
             f"{line['examples']:>12d} {line['average_loss']:>14.6f} {line['since_last']:>12.6f} "
             f"{line['average_error']:>14.6f}"
@@ -905,14 +1229,106 @@ def _report(summary: dict) -> None:
         print(f"test: {summary['test_examples']} examples, error {summary['test_error']:.4f}")
 
 
+class SavedModel(NamedTuple):
+    """A ``--save`` directory read back (:func:`load_model`)."""
+
+    #: The learned weights, NumPy ``(d,)`` (``d`` the run's ``dim``, plus one with the
+    #: constant, its weight last): the weights the learner predicts with (``w . x``).
+    weights: Any
+    #: The run's configuration: ``learner``, ``loss``, ``hyperparameters``, ``dim``, ``bits``,
+    #: ``constant``, ``quadratic``, ``classes``, ``format``, ``zero_based``, ``layout`` and the
+    #: progressive ``curve`` (non-finite figures as NaN, an infinite ``bound`` infinite).
+    config: dict
+    #: The learner's whole state (as ``--resume`` restores it).
+    state: Any
+
+
+def load_model(path) -> SavedModel:
+    """The weights, configuration and state saved by ``sketchopt-stream ... --save DIR`` (also
+    ``-f DIR``) in ``path``. A missing ``path`` is a ``FileNotFoundError``, a folder that is not
+    such a directory a ``ValueError``, each naming it."""
+    import numpy as np
+
+    from sketchopt.stream import data, learners
+
+    directory = pathlib.Path(path)
+    if not directory.exists():
+        raise FileNotFoundError(f"no model directory {directory}")
+    if not (directory / _CONFIG).is_file() or not (directory / _STATE).is_dir():
+        raise ValueError(
+            f"{directory} is not a model directory (sketchopt-stream --save): it has no "
+            f"{_CONFIG} and {_STATE}/"
+        )
+    config = _load_config(directory)
+    hyper = dict(config["hyperparameters"])
+    learner = learners.make_learner(config["learner"], loss=config["loss"], **hyper)
+    state, _ = _restore(directory, learner, data.weights_dim(config["dim"], config["constant"]))
+    return SavedModel(np.asarray(learner.weights(state)), config, state)
+
+
+def cache_folder() -> pathlib.Path:
+    """The command line's JAX compilation cache folder: ``$SKETCHOPT_JAX_CACHE_DIR``, else
+    ``$XDG_CACHE_HOME/sketchopt/jax``, else ``~/.cache/sketchopt/jax``."""
+    given = os.environ.get(CACHE_ENV)
+    if given:
+        return pathlib.Path(given).expanduser()
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return pathlib.Path(base) / "sketchopt" / "jax"
+
+
+#: JAX's settings :func:`compilation_cache` sets, and puts back.
+_CACHE_SETTINGS = ("jax_enable_compilation_cache", "jax_compilation_cache_dir",
+                   "jax_persistent_cache_min_compile_time_secs",
+                   "jax_persistent_cache_min_entry_size_bytes")  # fmt: skip
+
+
+@contextlib.contextmanager
+def compilation_cache(enabled: bool = True):
+    """JAX's persistent compilation cache for what runs inside (the module docstring): on in
+    :func:`cache_folder` with every program kept, or with ``enabled=False`` off; where JAX's
+    own ``JAX_COMPILATION_CACHE_DIR`` is set (and ``$SKETCHOPT_JAX_CACHE_DIR`` is not), JAX's
+    cache as configured. JAX's settings are put back after it (a process that compiles more,
+    as the tests, is left as it was)."""
+    import jax
+    from jax.experimental.compilation_cache import compilation_cache as jax_cache
+
+    if enabled and CACHE_ENV not in os.environ and os.environ.get("JAX_COMPILATION_CACHE_DIR"):
+        yield
+        return
+    settings: dict[str, Any] = {"jax_enable_compilation_cache": False}
+    if enabled:
+        folder = cache_folder()
+        try:
+            folder.mkdir(parents=True, exist_ok=True)
+        except OSError:  # no cache folder to be had (a read-only home): run without
+            pass
+        else:
+            settings = {"jax_enable_compilation_cache": True,
+                        "jax_compilation_cache_dir": str(folder),
+                        "jax_persistent_cache_min_compile_time_secs": 0.0,
+                        "jax_persistent_cache_min_entry_size_bytes": 0}  # fmt: skip
+    before = {name: getattr(jax.config, name) for name in settings}
+    for name, value in settings.items():
+        jax.config.update(name, value)
+    jax_cache.reset_cache()  # a cache this process had already looked at is looked at again
+    try:
+        yield
+    finally:
+        for name, value in before.items():
+            jax.config.update(name, value)
+        jax_cache.reset_cache()
+
+
 def main(argv=None, *, prog: str | None = None) -> int:
     """The command line: ``argv`` (default ``sys.argv[1:]``) parsed -- ``--help`` and argparse's
-    errors answer there, before any import of JAX -- and run; returns the exit status (2 with an
+    errors answer there, before any import of JAX -- and run, with JAX's persistent compilation
+    cache (:func:`compilation_cache`; ``--no-cache`` off); returns the exit status (2 with an
     ``error: ...`` line on stderr). ``prog``: the name the usage line gives (default
     :func:`_prog`'s, the name the program was called by)."""
     args = build_parser(_prog(argv) if prog is None else prog).parse_args(argv)
     try:
-        run(args)
+        with compilation_cache(not args.no_cache):
+            run(args)
     except ValueError as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
