@@ -23,6 +23,7 @@ if TYPE_CHECKING:  # what type checkers and editors read; at run time, ``__getat
     from sketchopt.stream import examples as examples
     from sketchopt.stream import learners as learners
     from sketchopt.stream import second_order as second_order
+    from sketchopt.stream.cli import load_model
     from sketchopt.stream.examples import (
         SparseExamples,
         SparseVector,
@@ -48,6 +49,7 @@ if TYPE_CHECKING:  # what type checkers and editors read; at run time, ``__getat
 
 # Each name's module (``tests/test_import_time.py`` holds the table to those modules).
 _HOMES = {
+    "cli": ("load_model",),
     "examples": (
         "SparseExamples",
         "SparseVector",
@@ -88,6 +90,7 @@ __all__ = [
     "from_csr",
     "from_dense",
     "ftrl",
+    "load_model",
     "make_learner",
     "rda",
     "truncated_gradient",
