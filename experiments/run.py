@@ -19,6 +19,7 @@ name                what                                                        
 ``vw``              sparse streams: Vowpal Wabbit vs sketchopt.stream's learners      ``bench``
 ``networks``        network layers: kron_fd vs Adam, Shampoo, PSGD; transformer, CNN  ``bench``
 ``defaults``        the library's defaults (the defaults issue's sweeps)              ``bench``
+``time_to_target``  steps and seconds to AdamW's loss: kron_fd, Muon, Shampoo, PSGD   ``bench``
 ==================  ================================================================  =========
 
 ``all`` runs the reproductions (``IN_ALL``) and ``bench`` the library's own benchmarks
@@ -120,10 +121,11 @@ EXPERIMENTS = (
     "vw",
     "networks",
     "defaults",
+    "time_to_target",
 )
 #: The library's own benchmarks (``make bench``): run by name or together as ``bench``, outside
 #: ``all``'s time budget.
-BENCHMARKS = ("speed", "vw", "networks", "defaults")
+BENCHMARKS = ("speed", "vw", "networks", "defaults", "time_to_target")
 #: What ``all`` (``make run``) runs: the papers' reproductions, every registered experiment that
 #: is not a benchmark.
 IN_ALL = tuple(name for name in EXPERIMENTS if name not in BENCHMARKS)
