@@ -261,6 +261,35 @@ def networks(out: pathlib.Path) -> str | None:
     return "\n\n".join([_source(payload, "experiments/run.py networks"), head, table])
 
 
+def time_to_target(out: pathlib.Path) -> str | None:
+    """The time-to-target headline: per learner and workload, steps to AdamW's final loss over
+    its N, and (in brackets) the seconds over AdamW's N steps; ``-`` not reached within N.
+    (Registered in :func:`generate` once the README has its ``time_to_target`` block.)"""
+    payload = _load(out, "time_to_target")
+    if payload is None:
+        return None
+    parts = payload["algorithms"]
+    names = list(dict.fromkeys(n for part in parts.values() for n in part["algorithms"]))
+    rows = []
+    for name in names:
+        label, cells = name, []
+        for part in parts.values():
+            r = part["algorithms"].get(name)
+            if r is None:
+                cells.append("not run")
+                continue
+            label = r["label"]
+            cells.append(f"{common.fmt(r['steps_ratio'], 2)} ({common.fmt(r['wall_ratio'], 2)})")
+        rows.append([label, *cells])
+    head = (
+        "Steps to AdamW's final training loss (20-step mean at step N) over N, and in brackets "
+        "wall-clock seconds over AdamW's N steps (median of the seeds; - : not reached by N)."
+    )
+    header = ["learner"] + [f"{w} (N = {p['steps']})" for w, p in parts.items()]
+    table = common.markdown_table(header, rows)
+    return "\n\n".join([_source(payload, "experiments/run.py time_to_target"), head, table])
+
+
 def generate(out: pathlib.Path) -> dict[str, str]:
     """The tables the results in ``out`` give (a table without its JSON is left out)."""
     makers = {

@@ -65,11 +65,19 @@ Targets (the issue's; ``claim_rows``): ``kron_fd`` at its defaults reaches the t
 more steps than the best of Muon, PSGD and Shampoo on at least two of the three workloads; its
 held-out metric at that step within 1% of AdamW's at step ``N`` (or better).
 
-Sizes: ``quick`` (the test): tiny models, ``N = 30``, one seed, a three-point grid, Shampoo and
-PSGD left out (their compilation alone would exceed the test's budget); default: ``N = 200``
-(transformer width 64, 2 layers, context 64, batch 16; CNN batch 32 at 14x14; autoencoder
-batch 64), 3 seeds, the five-point grid; ``full``: ``N = 1000``, width 128, 4 layers, CNN batch
-128. Measured time of the default size: see the module's entry in ``experiments/run.py``.
+Sizes (the run is compile- and overhead-bound at this scale: ``kron_fd``'s training step
+compiles in 10-25 s on the shared 2-core machine, Shampoo's and PSGD's in 10-40 s):
+
+* ``quick`` (the test): tiny models, ``N = 30``, one seed, a three-point grid (grown by the same
+  rule), one ``kron_fd_tuned`` configuration, XLA's backend optimizations off; Muon, Shampoo and
+  PSGD left out (their compilation alone would exceed the test's budget; the default size runs
+  them).
+* default: ``N = 200`` for the transformer (width 64, 2 layers, 2 heads, context 64, batch 16)
+  and the autoencoder (batch 64), ``N = 100`` for the CNN (batch 32: PSGD Kron keeps a full
+  1600 x 1600 factor for the CNN's first dense layer and updates it at every one of its first
+  500 steps, about 0.4 s a step here), 3 seeds, the five-point grid, five ``kron_fd_tuned``
+  configurations (more if the grid grew).
+* ``full``: ``N = 1000`` (the CNN 500, batch 128), the transformer width 128, 4 layers, batch 32.
 """
 
 from __future__ import annotations
@@ -578,9 +586,13 @@ def run_workload(work: Workload, cfg: Config, seed: int) -> dict:
     tuned = tune_lr(steppers, ["adamw"], list(cfg.grid), work, cfg, seed)
     grid = tuned["adamw"]["grid"]
     tuned.update(tune_lr(steppers, [n for n in plan if n != "adamw"], grid, work, cfg, seed))
+    print(
+        f"[{NAME}] {work.name}: rates " + ", ".join(f"{n} {t['lr']:.2g}" for n, t in tuned.items())
+    )
     kron_record, steppers["kron_fd_tuned"] = tune_kron(
         work, cfg, seed, tuned["adamw"]["lr"], min(len(grid), cfg.tuned_cap or len(grid))
     )
+    print(f"[{NAME}] {work.name}: kron_fd tuned: {kron_record['chosen']}")
     labels = {n: label for n, (label, _) in plan.items()}
     labels["kron_fd_tuned"] = f"kron_fd tuned ({kron_record['chosen']})"
     lrs = {n: t["lr"] for n, t in tuned.items()} | {"kron_fd_tuned": kron_record["lr"]}

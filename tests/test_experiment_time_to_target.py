@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 from experiment_support import check_claims, load, quick_run
 
-from experiments import common
+from experiments import common, readme_tables
 from experiments import time_to_target as ttt
 
 
@@ -87,6 +87,12 @@ def test_time_to_target(time_to_target):
     claims = check_claims(payload["claims"], "time_to_target")
     assert [c["id"] for c in ttt.claim_rows(payload)] == list(claims)
     assert {c["verdict"] for c in claims.values()} <= set(common.VERDICTS)
+    # the README's headline renderer reads the same JSON: one row per learner, one column each
+    table = readme_tables.time_to_target(out).split("\n\n")[-1].splitlines()
+    assert table[0].count("(N = ") == len(ttt.WORKLOADS) and len(table) == 2 + 3
+    kron = next(line for line in table if line.startswith("| kron_fd (defaults)"))
+    ratio = payload["algorithms"]["cnn"]["algorithms"]["kron_fd"]["steps_ratio"]
+    assert kron.split(" | ")[2].startswith(common.fmt(ratio, 2))
 
 
 def _check_workload(name: str, part: dict, cfg: dict) -> None:
