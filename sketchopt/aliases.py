@@ -78,6 +78,10 @@ def ada_fd(
 ) -> optax.GradientTransformationExtraArgs:
     """ADA-FD with composite mirror descent: Ada-FD paper Alg. 2, eq. (7).
 
+    Start at ``learning_rate=1``: good rates sit 30-100x above Adam's (the step is about ``eta``
+    in norm, whatever ``d``), and at Adam's usual ``1e-3`` a digits MLP learns nothing (the
+    README's "Choosing a learner", from the defaults page's sweep).
+
     ``x_{t+1} = x_t - (eta/delta) (g_t - V (delta I + S')^{-1} S' V^T g_t)`` where the
     frequent-directions sketch (``sketch_size = tau`` rows including the slot for ``g_t``) already
     includes ``g_t``; i.e. ``x_{t+1} = x_t - eta H_t^{-1} g_t`` with ``H_t = delta I + C_t^{1/2}``.
@@ -139,6 +143,8 @@ def ada_fd_dual_averaging(
     regularizer: Any = None,
 ) -> optax.GradientTransformationExtraArgs:
     """ADA-FD with dual averaging: Ada-FD paper Alg. 1, eq. (6).
+
+    Start at ``learning_rate=1``, as :func:`ada_fd`: good rates sit 30-100x above Adam's.
 
     ``x_{t+1} = x_1 - (eta/delta) (gbar_t - V (delta I + S')^{-1} S' V^T gbar_t)`` with
     ``gbar_t = sum_{s<=t} g_s``, anchored at the initial parameters ``x_1``.
@@ -240,6 +246,9 @@ def ada_diag(
 ) -> optax.GradientTransformationExtraArgs:
     """ADA-DIAG with composite mirror descent (Duchi et al. eq. 4, ``H = delta I + diag(G)^{1/2}``).
 
+    Start at ``learning_rate=0.1``: good rates sit about 3x above Adam's (its step decays as
+    ``1/sqrt(t)``), a hundred times Adam's usual ``1e-3`` (the README's "Choosing a learner").
+
     ``x_{t+1,i} = x_{t,i} - eta g_{t,i} / (delta + sqrt(sum_{s<=t} g_{s,i}^2))`` (with a
     regularizer, its closed-form proximal step in the diagonal metric).
 
@@ -316,6 +325,8 @@ def s_adagrad(
 ) -> optax.GradientTransformationExtraArgs:
     """S-AdaGrad (Feinberg et al. 2023, "Sketchy"): robust ADA-FD whose ridge collects the whole
     shrinkage (the "escaped mass"), not half of it: ``C_t = B^T B + (sum of shrinkage) I``.
+
+    Start at ``learning_rate=1``, as :func:`ada_fd`: good rates sit 30-100x above Adam's.
 
     ``x_{t+1} = x_t - eta (delta I + C_t^{1/2})^{-1} g_t`` as in :func:`ada_fd`, with this
     ``C_t``. Defaults (``sketch_size = 10``, ``delta = 0.1``), the size of the step and why it

@@ -510,6 +510,10 @@ def kron_fd(
     I)^{-1/4}`` per matrix-shaped leaf, ``L_t`` and ``R_t`` RFD (``robust``) or FD sketches of
     ``sum G G^T`` and ``sum G^T G`` with ``sketch_size`` rows each.
 
+    Start at Adam's learning rate (``learning_rate=0.03`` on the digits MLP of the defaults page,
+    Adam's best there too): the default RMS graft gives each layer Adam's update size (the
+    README's "Choosing a learner").
+
     Composite mirror descent on :func:`kron_sketched`; with both sketches
     exact (``sketch_size >= max(m, n)``) and no ``decay`` it is full-matrix Shampoo with epsilon
     ``delta``. Conv kernels ``(kh, kw, cin, cout)`` are ``(kh*kw*cin) x cout``; vectors and

@@ -556,6 +556,10 @@ def fd_son(
 ) -> optax.GradientTransformationExtraArgs:
     """FD-SON: SON Alg. 1 with the frequent-directions sketch (Alg. 2).
 
+    Start at ``alpha=1`` (the default): SON has no learning rate, and ``1/alpha``, its step
+    outside the sketch, is best 30-100x above Adam's best rate on networks (the README's
+    "Choosing a learner", from the defaults page's sweep).
+
     ``A_t = alpha I + S_t^T S_t`` where ``S`` (``sketch_size = m`` rows including the slot of the
     incoming row) is the FD sketch of the to-sketch vectors ``sqrt(curvature_t + eta_t) g_t``;
     the update is ``-A_t^{-1} g_t`` (Woodbury through the sketch, ``O(m d)``). With
@@ -623,6 +627,9 @@ def rfd_son(
 ) -> optax.GradientTransformationExtraArgs:
     """RFD-SON: RFD paper Alg. 3 (Alg. 6, the doubling buffer, with ``fast=True``).
 
+    Start at ``alpha0=1`` (the default): ``1/alpha0``, its first step outside the sketch, is
+    best 30-100x above Adam's best rate on networks (the README's "Choosing a learner").
+
     ``A_t = B_t^T B_t + alpha_t I`` with the robust-frequent-directions sketch of the to-sketch
     vectors: ``alpha_t = alpha0 + 1/2 * (sum of the shrinkage (sigma_m^{(s)})^2 so far)``, non-
     decreasing. The update is ``-A_t^+ g_t``. While ``alpha_t = 0`` (``alpha0 = 0``, RFD0-SON,
@@ -689,6 +696,9 @@ def oja_son(
     diagonal_rescaling: bool = False,
 ) -> optax.GradientTransformationExtraArgs:
     """Oja-SON: SON Alg. 1 with Oja's sketch (Alg. 3, eq. 4).
+
+    Start at ``alpha=1`` (the default), as :func:`fd_son`: ``1/alpha``, its step outside the
+    sketch, is best 30-100x above Adam's best rate on networks.
 
     ``A_t = alpha I + V_t^T (t Lambda_t) V_t`` with Oja's running eigenvectors ``V_t`` (``m x d``,
     orthonormal) and eigenvalues ``Lambda_t`` of the to-sketch vectors; update ``-A_t^{-1} g_t``.
