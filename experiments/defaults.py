@@ -135,6 +135,41 @@ EXEMPT: dict[str, str] = {
     "rfd_son": _SON,
 }
 
+#: Where each learner starts (issue 62): the value of the swept argument, as :data:`SWEEP` passes
+#: it (SON's ``alpha = 1/lr``), that the README's "Choosing a learner" table, the guide
+#: ``docs/guides/choosing.md`` and the first lines of each factory's docstring give. Each is written
+#: as a user types it (``0.03`` names the grid's ``10**-1.5``) and, on this sweep's digits MLP, its
+#: final training loss is within :data:`BAND` of the transform's own best over
+#: :data:`LEARNING_RATES`. ``tests/test_choosing.py`` checks the pages and docstrings against this
+#: mapping, and the mapping against the recorded sweep.
+RECOMMENDED_LEARNING_RATES: dict[str, float] = {
+    "ada_fd": 1.0,
+    "ada_fd_dual_averaging": 1.0,
+    "s_adagrad": 1.0,
+    "ada_diag": 0.1,
+    "fd_son": 1.0,
+    "oja_son": 1.0,
+    "rfd_son": 1.0,
+    "kron_fd": 0.03,
+}
+
+
+def recommended_argument(name: str) -> tuple[str, float]:
+    """The factory argument and value where :data:`RECOMMENDED_LEARNING_RATES` starts ``name``:
+    ``("learning_rate", 1.0)`` for ``ada_fd``, ``("alpha", 1.0)`` for ``fd_son``."""
+    ((argument, value),) = SWEEP.get(name, lambda v: {"learning_rate": v})(
+        RECOMMENDED_LEARNING_RATES[name]
+    ).items()
+    return argument, float(value)
+
+
+def grid_index(rate: float, rates=LEARNING_RATES) -> int:
+    """The index of the grid point ``rate`` names (within 6%: ``0.03`` is ``10**-1.5``)."""
+    hits = [i for i, r in enumerate(rates) if math.isclose(rate, r, rel_tol=0.06)]
+    if len(hits) != 1:
+        raise ValueError(f"{rate:g} names no point of the grid {[f'{r:.2g}' for r in rates]}")
+    return hits[0]
+
 
 # ------------------------------------------------------------------------------------------------
 # The transforms.
