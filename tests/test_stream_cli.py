@@ -4,6 +4,7 @@ its errors."""
 from __future__ import annotations
 
 import json
+import os
 import pathlib
 import subprocess
 import sys
@@ -14,6 +15,16 @@ import scipy.sparse
 from sklearn.datasets import dump_svmlight_file
 
 from sketchopt.stream import cli, data, learners, runner
+
+
+@pytest.fixture(autouse=True)
+def _never_the_users_cache(tmp_path_factory, monkeypatch):
+    """The command line's compilation cache in these tests: the suite's (``conftest.py``'s JAX
+    cache) or, without one, a folder of the test run; never the user's own."""
+    import jax
+
+    if not (os.environ.get("JAX_COMPILATION_CACHE_DIR") or jax.config.jax_compilation_cache_dir):
+        monkeypatch.setenv(cli.CACHE_ENV, str(tmp_path_factory.getbasetemp() / "jax-cache"))
 
 
 def write_stream(path, n, seed, dim=300, nnz=8):

@@ -22,9 +22,13 @@ pyvw = pytest.importorskip("vowpalwabbit.pyvw")
 
 
 @pytest.fixture(autouse=True)
-def _cache_in_tmp(tmp_path, monkeypatch):
-    """The command line's compilation cache in the test's folder, never the user's."""
-    monkeypatch.setenv(cli.CACHE_ENV, str(tmp_path / "jax-cache"))
+def _never_the_users_cache(tmp_path_factory, monkeypatch):
+    """The command line's compilation cache in these tests: the suite's (``conftest.py``'s JAX
+    cache) or, without one, a folder of the test run; never the user's own."""
+    import jax
+
+    if not (os.environ.get("JAX_COMPILATION_CACHE_DIR") or jax.config.jax_compilation_cache_dir):
+        monkeypatch.setenv(cli.CACHE_ENV, str(tmp_path_factory.getbasetemp() / "jax-cache"))
 
 
 def _vw_file(path: pathlib.Path, n: int = 60, seed: int = 0) -> pathlib.Path:
@@ -227,6 +231,7 @@ def test_the_compilation_cache_is_the_command_lines_only(tmp_path, monkeypatch):
     train = _vw_file(tmp_path / "train.vw", n=10)
     before = jax.config.jax_compilation_cache_dir
     folder = tmp_path / "jax-cache"
+    monkeypatch.setenv(cli.CACHE_ENV, str(folder))
     assert cli.main([str(train), "--quiet"]) == 0
     assert any(p.name.startswith("jit_") for p in folder.iterdir())
     assert jax.config.jax_compilation_cache_dir == before

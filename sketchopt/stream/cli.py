@@ -119,7 +119,8 @@ VW's outputs and the rest of its flags (:mod:`sketchopt.stream.vw_outputs` write
   (only: importing the library never switches it on), in ``$SKETCHOPT_JAX_CACHE_DIR``, else
   ``$XDG_CACHE_HOME/sketchopt/jax``, else ``~/.cache/sketchopt/jax``, every program kept (JAX's
   minimum compile time and entry size set to 0), so that a repeated run compiles nothing; where
-  JAX's own ``JAX_COMPILATION_CACHE_DIR`` is set, that cache is used as JAX is configured.
+  JAX's own cache folder is set (``JAX_COMPILATION_CACHE_DIR``, ``jax_compilation_cache_dir``),
+  that cache is used as JAX is configured.
   ``--no-cache`` turns it off for the run. :func:`main` sets it before the run's first compile
   and puts JAX's settings back after it.
 """
@@ -1286,13 +1287,14 @@ _CACHE_SETTINGS = ("jax_enable_compilation_cache", "jax_compilation_cache_dir",
 def compilation_cache(enabled: bool = True):
     """JAX's persistent compilation cache for what runs inside (the module docstring): on in
     :func:`cache_folder` with every program kept, or with ``enabled=False`` off; where JAX's
-    own ``JAX_COMPILATION_CACHE_DIR`` is set (and ``$SKETCHOPT_JAX_CACHE_DIR`` is not), JAX's
-    cache as configured. JAX's settings are put back after it (a process that compiles more,
-    as the tests, is left as it was)."""
+    own cache folder is set (``JAX_COMPILATION_CACHE_DIR`` or ``jax_compilation_cache_dir``)
+    and ``$SKETCHOPT_JAX_CACHE_DIR`` is not, JAX's cache as configured. JAX's settings are put
+    back after it (a process that compiles more, as the tests, is left as it was)."""
     import jax
     from jax.experimental.compilation_cache import compilation_cache as jax_cache
 
-    if enabled and CACHE_ENV not in os.environ and os.environ.get("JAX_COMPILATION_CACHE_DIR"):
+    jax_own = os.environ.get("JAX_COMPILATION_CACHE_DIR") or jax.config.jax_compilation_cache_dir
+    if enabled and CACHE_ENV not in os.environ and jax_own:
         yield
         return
     settings: dict[str, Any] = {"jax_enable_compilation_cache": False}
