@@ -519,7 +519,7 @@ def _sketched_newton_metric(
         root = jnp.sqrt(c)
         sk_state, product = sketch0.absorb(ls.sketch, ghat, valid)
         lr = read(sk_state)
-        # V g from the sketch's own B g (docs/design.md, "Speed": fused work); one more pass only when c = 0.
+        # V g from the sketch's own B g (docs/design.md, Speed: fused work); one more pass if c = 0.
         vg = jax.lax.cond(
             root > 0,
             lambda: lr.project_product(product) / root,
