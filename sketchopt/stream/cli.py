@@ -1030,13 +1030,19 @@ def _prepare(args, config: dict, saved: dict | None):
     return fmt, info, dim, learner
 
 
-def run(args) -> dict:
-    """Runs the command line's job for parsed ``args``; returns the summary."""
+def _check(args) -> None:
+    """What can be checked before any import of JAX: the files, the outputs' folders, the
+    flags that go together (each a ``ValueError`` naming what is wrong)."""
     _training_file(args)
     _check_vw_flags(args)
     if args.testonly:
         _check_test_only(args)
     _check_inputs(args)
+
+
+def run(args) -> dict:
+    """Runs the command line's job for parsed ``args``; returns the summary."""
+    _check(args)
     config, saved = _resolve(args)
     fmt, info, dim, learner = _prepare(args, config, saved)
     state, start, curve = None, None, None
@@ -1329,6 +1335,7 @@ def main(argv=None, *, prog: str | None = None) -> int:
     :func:`_prog`'s, the name the program was called by)."""
     args = build_parser(_prog(argv) if prog is None else prog).parse_args(argv)
     try:
+        _check(args)  # (a missing file is named before JAX is imported)
         with compilation_cache(not args.no_cache):
             run(args)
     except ValueError as err:
