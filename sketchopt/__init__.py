@@ -60,6 +60,7 @@ if TYPE_CHECKING:  # what type checkers and editors read; at run time, ``__getat
     from sketchopt import operators as operators
     from sketchopt import regularizers as regularizers
     from sketchopt import rules as rules
+    from sketchopt import shampoo as shampoo
     from sketchopt import sharding as sharding
     from sketchopt import sketches as sketches
     from sketchopt import son as son
