@@ -87,6 +87,7 @@ time (21 minutes; 1141 s of CPU time): the transformer 821 s, the CNN 222 s, the
 from __future__ import annotations
 
 import dataclasses
+import inspect
 import math
 import pathlib
 import sys
@@ -624,6 +625,13 @@ def run_workload(work: Workload, cfg: Config, seed: int) -> dict:
 # The experiment.
 
 
+def kron_fd_defaults() -> dict:
+    """``sketchopt.kron_fd``'s keyword defaults at the time of the run (what "defaults" ran)."""
+    empty = inspect.Parameter.empty
+    params = inspect.signature(so.kron_fd).parameters
+    return {k: v.default for k, v in params.items() if v.default is not empty}
+
+
 def run(*, quick: bool, full: bool, seed: int, out: pathlib.Path) -> dict:
     size, cfg = common.begin(config, quick=quick, full=full)
     start = time.perf_counter()
@@ -638,7 +646,8 @@ def run(*, quick: bool, full: bool, seed: int, out: pathlib.Path) -> dict:
         "experiment": NAME,
         "size": size,
         "config": {**dataclasses.asdict(cfg), "seed": seed, "window": WINDOW,
-                   "selection_seed": seed + SELECTION_SEED, "max_extend": MAX_EXTEND},
+                   "selection_seed": seed + SELECTION_SEED, "max_extend": MAX_EXTEND,
+                   "kron_fd_defaults": kron_fd_defaults()},
         "algorithms": parts,  # by workload
         "seconds": time.perf_counter() - start,
     }  # fmt: skip

@@ -78,6 +78,7 @@ def test_time_to_target(time_to_target):
     _strict(out / "time_to_target.json")
     cfg = payload["config"]
     assert set(payload["algorithms"]) == set(ttt.WORKLOADS)
+    assert cfg["kron_fd_defaults"]["sketch_size"] >= 1 and "graft" in cfg["kron_fd_defaults"]
     for name, part in payload["algorithms"].items():
         assert (out / f"time_to_target_{name}.png").stat().st_size > 10_000
         _check_workload(name, part, cfg)
