@@ -220,18 +220,34 @@ def _defaults_table(payload: dict) -> list[str]:
             err(got.get("vw_oja_newton")),
             f"{v['best_first_order']} {err(got.get(v['best_first_order']))}",
             f"{v['best_second_order']} {err(got.get(v['best_second_order']))}",
+            _counterparts(got, v.get("counterparts", {})),
             "" if speed is None else f"{speed:.2f}x",
         ])  # fmt: skip
     head = (
         "Test error % with nothing but `--learner` chosen (both tools at their defaults, one "
-        "pass over the same shuffled files; the real files are `../shared/data/`'s, the "
+        "pass over the same files, the real ones and the stand-ins both as downloaded and "
+        "shuffled; the real files are `../shared/data/`'s, the "
         'rows named "-like" generated stand-ins of public files, '
-        "`experiments/vw_standins.py`), and "
+        "`experiments/vw_standins.py`); `ada_diag`, `ftrl` and `oja_son` against VW default, "
+        "`--ftrl` and `--OjaNewton` (margin max(1 point, 3 test examples)), and "
         "`oja_son`'s examples/s over VW `--OjaNewton`'s:"
     )
     header = ["stream", "VW default", "VW `--OjaNewton`", "best first-order",
-              "best second-order", "`oja_son` speed"]  # fmt: skip
+              "best second-order", "counterparts: ours / VW's", "`oja_son` speed"]  # fmt: skip
     return [head, common.markdown_table(header, rows)]
+
+
+def _counterparts(rows: dict, verdicts: dict) -> str:
+    """``ada_diag 5.59 / 5.09, ...``: each counterpart's test error % beside VW's, bold where
+    the margin is missed."""
+    cells = []
+    for ours, v in verdicts.items():
+        a, b = (rows.get(k, {}).get("test_error") for k in (ours, v["vw"]))
+        if None in (a, b):
+            continue
+        text = f"{ours} {100 * a:.2f} / {100 * b:.2f}"
+        cells.append(text if v["met"] else f"**{text}**")
+    return ", ".join(cells)
 
 
 def networks(out: pathlib.Path) -> str | None:

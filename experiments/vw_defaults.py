@@ -4,9 +4,10 @@ user would run both: the section "defaults" of ``experiments/run.py vw`` (issue 
 Each stream is a training file and a test file on disk, read by the command line itself
 (``sketchopt.stream.cli``, nothing but ``--learner`` chosen, besides the file's ``-b``/``-q``
 for VW text files) and by VW (``pyvw``, ``--loss_function logistic`` with the stream's ``-b`` /
-``-q``: the default learner, and ``--OjaNewton`` at its defaults, ``m = 10``), one pass each,
-in the same order: the training lines are shuffled with a fixed seed first (some public files
-are sorted by label). Streams: the benchmark's generated and bundled ones, as VW text files
+``-q``: the default learner, ``--ftrl`` and ``--OjaNewton`` at their defaults, ``m = 10``),
+one pass each, in the same order: the benchmark's streams shuffled with a fixed seed, each real
+file and stand-in twice, as downloaded (some public files are sorted by label) and shuffled
+(:data:`ORDERS`). Streams: the benchmark's generated and bundled ones, as VW text files
 (the form VW reads them in; the command line reads the same files), the generated stand-ins of
 the public files the issue measured on (:mod:`experiments.vw_standins`: one-hot categories, rare
 positives with ``0/1`` labels, features of six orders of scale over ``d = 3.2M``, tf-idf VW
@@ -17,7 +18,10 @@ test file or alone; VW gets an svmlight file as ``label |f index:value ...``, wi
 file has no test file the comparison is on the progressive error (each result's ``metric``
 names the error compared).
 
-The targets (the issue's): with defaults only, the best second-order learner's test error at
+The counterparts' target (issue 62): ``ada_diag``, ``ftrl`` and ``oja_son`` at their defaults
+each at most 1 point (or 3 test examples, whichever is larger) worse than VW default, VW
+``--ftrl`` and VW ``--OjaNewton`` (:data:`COUNTERPARTS`), on every real file in both orders.
+The targets of issue 41: with defaults only, the best second-order learner's test error at
 most VW ``--OjaNewton``'s + 0.5 points (or 3 test examples, whichever is larger), the best
 first-order learner's at most VW default's + the same margin; ``oja_son``'s examples/s at least
 VW ``--OjaNewton``'s (VW's clock counts its parse, ours the compiled pass: both as the main
@@ -49,6 +53,13 @@ DATA = pathlib.Path(__file__).resolve().parents[1].parent / "shared" / "data"
 SEED = 0
 MARGIN_POINTS = 0.005
 MARGIN_EXAMPLES = 3
+#: Each default learner of the command line's three kinds against its VW counterpart at VW's
+#: defaults (issue 62), within max(COUNTERPART_POINTS, MARGIN_EXAMPLES test examples).
+COUNTERPARTS = {"ada_diag": "vw_default", "ftrl": "vw_ftrl", "oja_son": "vw_oja_newton"}
+COUNTERPART_POINTS = 0.01
+#: The orders a real file or stand-in is read in: as downloaded (some public files are sorted
+#: by label) and shuffled with :data:`SEED`.
+ORDERS = ("as downloaded", "shuffled")
 #: How many times a pass whose speed is a target runs (its best examples/s is reported).
 SPEED_REPEATS = 3
 
@@ -230,7 +241,8 @@ def compare(
     crossed = "-q" in vw_args.split()
     timed = {"oja_son", "ada_diag"} if crossed else {"oja_son"}
     vw_timed = {"vw_oja_newton", "vw_default"} if crossed else {"vw_oja_newton"}
-    vw_runs = {"vw_default": vw_args, "vw_oja_newton": f"{vw_args} --OjaNewton"}
+    vw_runs = {"vw_default": vw_args, "vw_ftrl": f"{vw_args} --ftrl",
+               "vw_oja_newton": f"{vw_args} --OjaNewton"}  # fmt: skip
     runs: dict[str, list] = {}
     with tempfile.TemporaryDirectory(prefix="vw-defaults-") as work:
         work = pathlib.Path(work)
@@ -257,6 +269,7 @@ def compare(
         vw, oja = (rows[k].get(metric) for k in ("vw_default", "vw_oja_newton"))
         verdict["first_order_met"] = None not in (first[0], vw) and first[0] <= vw + margin
         verdict["second_order_met"] = None not in (second[0], oja) and second[0] <= oja + margin
+        verdict["counterparts"] = _counterparts(rows, metric, evaluated)
 
         def rate(k):
             return rows.get(k, {}).get("examples_per_second")
@@ -270,6 +283,27 @@ def compare(
             "verdict": verdict}  # fmt: skip
 
 
+def _counterparts(rows: dict, metric: str, evaluated: int) -> dict:
+    """Each of :data:`COUNTERPARTS` run here: whether its error is at most its VW
+    counterpart's plus max(:data:`COUNTERPART_POINTS`, :data:`MARGIN_EXAMPLES` examples)."""
+    margin = max(COUNTERPART_POINTS, MARGIN_EXAMPLES / evaluated)
+    out = {}
+    for ours, theirs in COUNTERPARTS.items():
+        a, b = (rows.get(k, {}).get(metric) for k in (ours, theirs))
+        if ours in rows:
+            out[ours] = {"vw": theirs, "margin": margin,
+                         "met": None not in (a, b) and a <= b + margin}  # fmt: skip
+    return out
+
+
+def _ordered(name: str, lines: list[str], order: str) -> tuple[str, list[str]]:
+    """A file's name and training lines in ``order`` (:data:`ORDERS`): shuffled keeps the
+    name, as downloaded adds ``" (as downloaded)"``."""
+    if order == "shuffled":
+        return name, _shuffled(lines)
+    return f"{name} ({order})", lines
+
+
 def stream_files(stream, work: pathlib.Path):
     """A benchmark stream (``experiments.vw.Stream``) as shuffled VW text files; the arguments
     of :func:`compare`. The command line gets the stream's ``-b``/``-q``."""
@@ -281,27 +315,30 @@ def stream_files(stream, work: pathlib.Path):
             stream.vw_args, flags, train, test)  # fmt: skip
 
 
-def real_files(name, train_path, test_path, work: pathlib.Path):
+def real_files(name, train_path, test_path, work: pathlib.Path, order: str = "shuffled"):
     """A real file (:func:`data_files`; ``test_path`` may be ``None``), LIBSVM or VW text: the
-    training lines shuffled (both tools), written uncompressed for the command line, and as VW
-    reads them (svmlight as ``label |f ...``, labels ``-1/1`` by the training file's
-    classes)."""
+    training lines in ``order`` (:func:`_ordered`, both tools), written uncompressed for the
+    command line, and as VW reads them (svmlight as ``label |f ...``, labels ``-1/1`` by the
+    training file's classes)."""
     from sketchopt.stream import data
     from sketchopt.stream.examples import binary_classes
 
     fmt = data.detect_format(str(train_path))
-    train = _shuffled(_lines(train_path))
+    name, train = _ordered(name, _lines(train_path), order)
     test = _lines(test_path) if test_path is not None else None
     ext = "vw" if fmt == "vw" else "svm"
-    (work / f"{name}.train.{ext}").write_text("\n".join(train) + "\n")
+    path = work / f"{name.replace(' ', '_')}.train.{ext}"
+    path.write_text("\n".join(train) + "\n")
     classes = binary_classes(_labels(train), "logistic")
     convert = vw_signed if fmt == "vw" else svmlight_to_vw
     vw_train = [convert(x, classes) for x in train]
     vw_test = None if test is None else [convert(x, classes) for x in test]
-    return (name, work / f"{name}.train.{ext}", test_path, "-b 18", [], vw_train, vw_test)
+    return (name, path, test_path, "-b 18", [], vw_train, vw_test)
 
 
-def standin_files(name, train: list[str], test: list[str], fmt: str, work: pathlib.Path):
+def standin_files(
+    name, train: list[str], test: list[str], fmt: str, work: pathlib.Path, order="shuffled"
+):  # fmt: skip
     """A generated stand-in (:mod:`experiments.vw_standins`) written as files: an svmlight pair
     as :func:`real_files` takes one, a VW text pair as :func:`stream_files` writes one (both
     tools hash its string features, ``-b 18``, the command line's default too)."""
@@ -310,10 +347,11 @@ def standin_files(name, train: list[str], test: list[str], fmt: str, work: pathl
     for path, lines in zip(paths, (train, test), strict=True):
         path.write_text("\n".join(lines) + "\n")
     if fmt == "svmlight":
-        return real_files(name, *paths, work)
-    train = _shuffled(train)
-    (work / f"{name}.train.vw").write_text("\n".join(train) + "\n")
-    return (name, work / f"{name}.train.vw", paths[1], "-b 18", [], train, test)
+        return real_files(name, *paths, work, order)
+    name, train = _ordered(name, train, order)
+    path = work / f"{name.replace(' ', '_')}.train.vw"
+    path.write_text("\n".join(train) + "\n")
+    return (name, path, paths[1], "-b 18", [], train, test)
 
 
 PASSES = 3
@@ -376,8 +414,8 @@ def run(
     with tempfile.TemporaryDirectory(prefix="vw-defaults-files-") as work:
         work = pathlib.Path(work)
         jobs = [stream_files(s, work) for k, s in streams.items() if k not in skip]
-        jobs += [standin_files(*standin, work) for standin in standins]
-        jobs += [real_files(*found, work) for found in data_files()]
+        jobs += [standin_files(*standin, work, order) for standin in standins for order in ORDERS]
+        jobs += [real_files(*found, work, order) for found in data_files() for order in ORDERS]
         for job in jobs:
             result = compare(*job, pyvw, learners, speed_repeats)
             if job[0] == passes_stream:
@@ -394,7 +432,8 @@ def table(results: list[dict]) -> str:
     from experiments import common
 
     names = [k for k in (*FIRST_ORDER, *SECOND_ORDER) if any(k in r["rows"] for r in results)]
-    header = ["stream", "VW default", "VW --OjaNewton", *names, "first-order", "second-order"]
+    header = ["stream", "VW default", "VW --ftrl", "VW --OjaNewton", *names, "first-order",
+              "second-order", "counterparts (1 point)"]  # fmt: skip
     body = []
     for r in results:
         rows, v = r["rows"], r["verdict"]
@@ -407,9 +446,11 @@ def table(results: list[dict]) -> str:
         met = {True: "met", False: "**not met**", None: "-"}
         progressive = " (progressive)" if r.get("metric") == "progressive_error" else ""
         body.append([
-            r["stream"] + progressive, cell("vw_default"), cell("vw_oja_newton"), *map(cell, names),
+            r["stream"] + progressive, cell("vw_default"), cell("vw_ftrl"), cell("vw_oja_newton"),
+            *map(cell, names),
             f"{v['best_first_order']} ({met[v.get('first_order_met')]})",
             f"{v['best_second_order']} ({met[v.get('second_order_met')]})",
+            ", ".join(f"{k} {met[c['met']]}" for k, c in v.get("counterparts", {}).items()) or "-",
         ])  # fmt: skip
     return common.markdown_table(header, body) + _speed_lines(results)
 

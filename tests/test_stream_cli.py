@@ -79,7 +79,10 @@ def test_json_contract_and_the_runner_agree(files):
 def test_resume_continues_bit_identically(files, layout):
     import orbax.checkpoint as ocp
 
-    flags = ["--learner", "ada_diag", "--l1", "0.01", "--chunk-size", "256", "--layout", layout]
+    # a rate given: ada_diag's default is set by the file a run starts on (the resumed half
+    # keeps the first file's, a run over both files would take both files')
+    flags = ["--learner", "ada_diag", "--learning-rate", "0.5", "--l1", "0.01", "--chunk-size",
+             "256", "--layout", layout]  # fmt: skip
     first, second, whole = (files / f"{name}-{layout}" for name in ("first", "second", "whole"))
     assert run_cli(files / "a.svm", *flags, "--save", first) == 0
     resume = ["--resume", first, "--chunk-size", "256", "--save", second]
@@ -429,3 +432,22 @@ def test_missing_files_and_model_directories_are_named(tmp_path, capsys, files):
         err = capsys.readouterr().err
         assert err.startswith("error: ") and message in err, (args, err)
         assert "Errno" not in err and len(err.strip().splitlines()) == 1, err
+
+
+def test_ada_diags_default_rate_is_vws_normalized_one(tmp_path):
+    """Without ``--learning-rate``, ``ada_diag`` takes ``0.5 / sqrt(N)``, ``N`` the training
+    file's mean normalized squared norm, the constant included (VW default's rate in ADA-DIAG's
+    units), written into the run's configuration so that a resume keeps it; a given rate is
+    kept as given."""
+    path = tmp_path / "b.svm"
+    path.write_text("1 1:1 3:1\n-1 2:1\n1 1:1 2:1 3:1\n" * 4)  # mean non-zeros 2
+    out = tmp_path / "s.json"
+    assert cli.main([str(path), "--quiet", "--json", str(out)]) == 0
+    hyper = json.loads(out.read_text())["hyperparameters"]
+    assert hyper["learning_rate"] == pytest.approx(0.5 / np.sqrt(2 + 1))
+    assert cli.main([str(path), "--quiet", "--noconstant", "--json", str(out)]) == 0
+    assert json.loads(out.read_text())["hyperparameters"]["learning_rate"] == pytest.approx(
+        0.5 / np.sqrt(2)
+    )
+    assert cli.main([str(path), "--quiet", "-l", "0.3", "--json", str(out)]) == 0
+    assert json.loads(out.read_text())["hyperparameters"]["learning_rate"] == 0.3

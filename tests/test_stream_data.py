@@ -565,3 +565,30 @@ def test_detect_format_reads_the_first_example_line(tmp_path):
     svm.write_text("# a comment | with a bar\n\n1 3:1\n")
     vw.write_text("\n1 | a b\n")
     assert data.detect_format(svm) == "svmlight" and data.detect_format(vw) == "vw"
+
+
+def test_scans_measure_the_normalized_norm(tmp_path):
+    """``normalized_norm``: the mean over examples of ``sum_i (x_i / s_i)^2``, ``s_i`` the
+    feature's largest ``|value|`` in the file (VW's normalized update's ``N``), the same in
+    small blocks (merged across them) as whole, and by feature name in VW text."""
+    rng = np.random.default_rng(0)
+    x = scipy.sparse.random(60, 40, density=0.2, random_state=1, format="csr")
+    x.data = rng.normal(size=x.data.shape) * rng.choice([1e-3, 1.0, 1e3], size=x.data.shape)
+    path = tmp_path / "a.svm"
+    dump_svmlight_file(x, rng.choice([-1.0, 1.0], 60), str(path))
+    dense = x.toarray()
+    s = np.abs(dense).max(axis=0)
+    expected = np.sum((dense[:, s > 0] / s[s > 0]) ** 2) / 60
+    for chunk_bytes in (64, 1 << 24):
+        info = scan_svmlight(path, chunk_bytes=chunk_bytes)
+        assert info.normalized_norm == pytest.approx(expected, rel=1e-12)
+    binary = tmp_path / "b.svm"
+    binary.write_text("1 1:1 3:1\n-1 2:1\n1 1:1 2:1 3:1\n")
+    assert scan_svmlight(binary).normalized_norm == pytest.approx(2.0)  # the mean count
+    vw = tmp_path / "c.vw"
+    vw.write_text("1 |a x:2 y:1\n-1 |a x:-4 |b y:3\n")  # a^x max 4; a^y 1; b^y 3
+    expected = ((2 / 4) ** 2 + 1 + 1 + 1) / 2
+    assert data.scan_vw(vw).normalized_norm == pytest.approx(expected)
+    # with -q crosses: times the features after the crosses over those before
+    crossed = data.scan_vw(vw, quadratic=["ab"])
+    assert crossed.normalized_norm == pytest.approx(expected * crossed.total / 4)

@@ -193,6 +193,31 @@ def _passes_follow_vws_holdout(result):
     assert passes["test_error"] < 0.5
 
 
+def _counterparts_hold_on_the_real_files(result):
+    """Issue 62's target: on every real file of ``../shared/data`` (when the folder is there),
+    as downloaded and shuffled, ``ada_diag``, ``ftrl`` and ``oja_son`` at the command line's
+    defaults within max(1 point, 3 test examples) of VW default, ``--ftrl`` and
+    ``--OjaNewton`` at theirs."""
+    from experiments import vw_defaults
+
+    _, _, payload = result
+    real = {name for name, *_ in vw_defaults.data_files()}
+    if payload.get("vw") is None or not real:
+        return
+    rows = [r for r in payload["defaults"] if r["stream"].split(" (")[0] in real]
+    assert {r["stream"] for r in rows} == {
+        f"{name} (as downloaded)" if order != "shuffled" else name
+        for name in real
+        for order in vw_defaults.ORDERS
+    }
+    for r in rows:
+        counterparts = r["verdict"]["counterparts"]
+        assert set(counterparts) == {"ada_diag", "ftrl", "oja_son"}, r["stream"]
+        missed = {k: (r["rows"][k], r["rows"][v["vw"]]) for k, v in counterparts.items()
+                  if not v["met"]}  # fmt: skip
+        assert not missed, (r["stream"], missed)
+
+
 def test_vw_benchmark(result):
     """Every check above on the one quick run: one test function, because pytest-xdist would run
     the module-scoped benchmark (70-80 s) again on each worker that gets one of several tests."""
@@ -204,3 +229,4 @@ def test_vw_benchmark(result):
     _second_order_rows_on_every_stream(result)
     _second_order_scaling_and_targets_recorded(result)
     _passes_follow_vws_holdout(result)
+    _counterparts_hold_on_the_real_files(result)

@@ -133,6 +133,7 @@ class SvmlightInfo(NamedTuple):
     nnz: int  # most non-zeros of one example (explicit zeros not counted)
     zero_based: bool  # resolved: whether the file's indices start at 0
     labels: tuple  # sorted distinct label values, at most MAX_LABELS (the smallest)
+    normalized_norm: float = 0.0  # FeatureScales.normalized_norm: mean sum_i (x_i / s_i)^2
 
 
 class _Raw(NamedTuple):
@@ -315,6 +316,39 @@ def _raw_blocks(path, chunk_bytes: int, one_based: bool) -> Iterator[_Raw]:
 # The scan.
 
 
+class FeatureScales:
+    """Each feature's largest ``|value|`` and sum of squares over a stream, for VW's normalized
+    learning rate (Ross, Mineiro & Langford 2013, "Normalized online learning", Alg. 2's ``N``):
+    :meth:`normalized_norm` is the mean over examples of ``sum_i (x_i / s_i)^2``, ``s_i`` the
+    feature's largest ``|value|`` in the stream (VW takes the running one). Binary features give
+    the mean number of non-zeros. Memory: three numbers a distinct feature."""
+
+    def __init__(self):
+        self.keys = np.zeros((0,), np.int64)
+        self.largest = np.zeros((0,))
+        self.squares = np.zeros((0,))
+        self.examples = 0
+
+    def add(self, indices, values, examples: int) -> None:
+        """One block: ``indices`` and ``values`` of its non-zeros (any integer keys),
+        ``examples`` its example count."""
+        self.examples += examples
+        keys = np.concatenate([self.keys, np.asarray(indices, np.int64)])
+        values = np.abs(np.asarray(values, np.float64))
+        largest = np.concatenate([self.largest, values])
+        squares = np.concatenate([self.squares, values**2])
+        self.keys, inverse = np.unique(keys, return_inverse=True)
+        self.largest = np.zeros(self.keys.shape)
+        np.maximum.at(self.largest, inverse, largest)
+        self.squares = np.bincount(inverse, squares, minlength=self.keys.size)
+
+    def normalized_norm(self) -> float:
+        """``mean_t sum_i (x_ti / s_i)^2`` (0 for an empty stream)."""
+        seen = self.largest > 0
+        total = float(np.sum(self.squares[seen] / self.largest[seen] ** 2))
+        return total / self.examples if self.examples else 0.0
+
+
 class _Scan:
     """Accumulates :class:`SvmlightInfo` over raw blocks."""
 
@@ -324,9 +358,11 @@ class _Scan:
         self.has_zero = False
         self.nnz = 0
         self.labels = np.zeros((0,))
+        self.scales = FeatureScales()
 
     def add(self, raw: _Raw) -> None:
         self.examples += raw.labels.shape[0]
+        self.scales.add(raw.indices, raw.data, raw.labels.shape[0])
         if raw.indices.size:
             self.max_index = max(self.max_index, int(raw.indices.max()))
             self.has_zero = self.has_zero or bool(raw.indices.min() == 0)
@@ -338,9 +374,9 @@ class _Scan:
     def info(self, zero_based) -> SvmlightInfo:
         resolved = self.has_zero if zero_based == "auto" else bool(zero_based)
         dim = max(self.max_index + (1 if resolved else 0), 0)
-        return SvmlightInfo(
-            self.examples, dim, self.nnz, resolved, tuple(float(v) for v in self.labels)
-        )
+        labels = tuple(float(v) for v in self.labels)
+        norm = self.scales.normalized_norm()
+        return SvmlightInfo(self.examples, dim, self.nnz, resolved, labels, norm)
 
 
 def _check_zero_based(zero_based) -> None:
@@ -881,6 +917,9 @@ class VwInfo(NamedTuple):
     weighted: bool  # whether an importance weight other than 1 occurs
     entries: int = 0  # most features of one example before the crosses (repeats counted)
     total: int = 0  # the features of all examples after the crosses (the same bound)
+    #: FeatureScales.normalized_norm over the features by name, times ``total`` over the
+    #: features before the crosses (a cross's normalized square taken as one feature's)
+    normalized_norm: float = 0.0
 
 
 def _pair_count(example: _VwExample, pairs) -> int:
@@ -898,15 +937,29 @@ def scan_vw(source, *, quadratic: Iterable[str] = ()) -> VwInfo:
     their features (with ``quadratic``'s crosses) and the labels found."""
     pairs = _vw_pairs(quadratic)
     examples, nnz, weighted, labels, entries, total = 0, 0, False, set(), 0, 0
+    scales, names, values, batch, base = FeatureScales(), [], [], 0, 0
     for example in _vw_parsed(source, _vw_name(source)):
         examples += 1
         count = _pair_count(example, pairs)
         nnz, total = max(nnz, count), total + count
-        entries = max(entries, sum(len(g) for g in example.groups.values()))
+        features = [f for group in example.groups.values() for f in group]
+        entries, base = max(entries, len(features)), base + len(features)
         weighted = weighted or example.weight != 1.0
         if len(labels) < MAX_LABELS:
             labels.add(example.label)
-    return VwInfo(examples, nnz, tuple(sorted(labels)), weighted, entries, total)
+        names.extend(name for name, _ in features)
+        values.extend(value for _, value in features)
+        batch += 1
+        if len(names) >= _SCALES_BATCH:
+            scales.add(_name_hashes(names), values, batch)
+            names, values, batch = [], [], 0
+    scales.add(_name_hashes(names), values, batch)
+    norm = scales.normalized_norm() * (total / base if base else 1.0)
+    return VwInfo(examples, nnz, tuple(sorted(labels)), weighted, entries, total, norm)
+
+
+#: Features per :meth:`FeatureScales.add` call of :func:`scan_vw`.
+_SCALES_BATCH = 1 << 16
 
 
 def cross_layout(info: VwInfo, quadratic, bits: int, *, constant: bool, width: int | None = None):
