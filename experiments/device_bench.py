@@ -47,7 +47,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import json
 import pathlib
 import re
 import sys
@@ -356,7 +355,7 @@ def main(argv=None) -> dict:
         if name is not None:
             out[name] = part
         if args.out is not None:
-            args.out.write_text(json.dumps(common.to_jsonable(out), indent=1))
+            common.save_json(args.out, out)
 
     paths = tuple(p for p in PROXY_PATHS if p[0] in args.paths.split(","))
     parts = {

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import json
 import pathlib
 import sys
 
@@ -87,7 +86,7 @@ def main(argv=None) -> dict:
         f"trace {kron['trace_seconds']:.1f} s, compile {kron['compile_seconds']:.1f} s"
     )
     if args.out is not None:
-        args.out.write_text(json.dumps(out, indent=1, default=float))
+        common.save_json(args.out, out)
     return out
 
 

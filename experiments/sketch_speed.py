@@ -29,7 +29,6 @@ side by side in one process, are the meaningful part.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import pathlib
 import platform
@@ -47,6 +46,7 @@ import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 import optax  # noqa: E402
 
+from experiments import common  # noqa: E402
 from sketchopt import sketches  # noqa: E402
 
 BASELINE = "adagrad"
@@ -230,8 +230,7 @@ def main(argv=None) -> dict:
         "results": results,
     }
     if args.out is not None:
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(json.dumps(report, indent=2))
+        common.save_json(args.out, report)
         print(f"\nwrote {args.out}")
     return report
 

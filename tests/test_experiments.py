@@ -160,3 +160,20 @@ def test_readme_reproductions_table_is_the_headline_table():
     assert ids in (list(runner.HEADLINE), in_run)
     for row in rows:
         assert any(f"**{v}**" in row for v in common.VERDICTS), row
+
+
+def test_the_benchmarks_write_strict_json():
+    """Every JSON file an experiment or benchmark writes is strict (``null`` for a non-finite
+    figure, never ``NaN`` or ``Infinity``): written by ``common.save_json`` or with
+    ``allow_nan=False``, never by a bare ``json.dumps`` into a file."""
+    import re
+
+    loose = []
+    for path in sorted((REPO / "experiments").glob("*.py")):
+        for number, line in enumerate(path.read_text().splitlines(), 1):
+            if re.search(r"write_text\(json\.dumps\(", line) and "allow_nan=False" not in line:
+                loose.append(f"{path.name}:{number}: {line.strip()}")
+    assert not loose, loose
+    assert common.to_jsonable({"a": float("nan"), "b": [float("inf"), 1.0]}) == {
+        "a": None, "b": [None, 1.0]
+    }  # fmt: skip
