@@ -27,6 +27,9 @@ os.environ.setdefault("JAX_PLATFORMS", "cpu")
 if "xla_force_host_platform_device_count" not in os.environ.get("XLA_FLAGS", ""):
     flags = os.environ.get("XLA_FLAGS", "")
     os.environ["XLA_FLAGS"] = f"{flags} --xla_force_host_platform_device_count=8".strip()
+# The streams guide runs the command line, whose compilation cache would otherwise be the
+# user's (~/.cache/sketchopt/jax): the build's own folder instead.
+os.environ.setdefault("SKETCHOPT_JAX_CACHE_DIR", str(REPO / "build" / "docs-jax-cache"))
 
 import sketchopt  # noqa: E402
 

@@ -103,6 +103,10 @@ def _bound_compiled_program_mappings():
 
 def pytest_configure(config):
     if os.environ.get("SKETCHOPT_TEST_JAX_CACHE") == "off":
+        # the command line's own cache (on by default there) in a folder of the run's, never
+        # the user's ~/.cache/sketchopt/jax
+        config._sketchopt_jax_cache = tempfile.mkdtemp(prefix="sketchopt-cli-cache-")
+        os.environ.setdefault("SKETCHOPT_JAX_CACHE_DIR", config._sketchopt_jax_cache)
         return
     if "JAX_COMPILATION_CACHE_DIR" not in os.environ:  # the controller (or a plain run)
         config._sketchopt_jax_cache = tempfile.mkdtemp(prefix="sketchopt-jax-cache-")
