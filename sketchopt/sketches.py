@@ -391,10 +391,16 @@ def _rotate_rows(rot, rows, valid=True, coef=None, base=None):
         return jnp.concatenate([out, pad]) if n > rot.shape[0] else out
 
     if d <= 2 * block or not blocked:
-        rotated = jnp.where(valid, apply(rows), rows)
         if coef is None:
-            return rotated
-        return rotated, base - jnp.where(valid, jnp.matmul(coef, rows, precision=HIGHEST), 0)
+            return jnp.where(valid, apply(rows), rows)
+        # One product for the rotation and the lift: the sketch is read once for both.
+        k = rot.shape[0]
+        both = jnp.concatenate([rot, coef.reshape(-1, n)])
+        out = jnp.matmul(both, rows, precision=HIGHEST)
+        pad = like_last_axis(jnp.zeros((n - k, d), rows.dtype), rows)
+        rotated = jnp.where(valid, jnp.concatenate([out[:k], pad]) if n > k else out[:k], rows)
+        lifted = out[k:].reshape(coef.shape[:-1] + (d,))
+        return rotated, base - jnp.where(valid, lifted, 0)
 
     def rotate(tile, base_tile):
         out = apply(tile)
@@ -592,7 +598,17 @@ def _fd_shrunk(state, valid, tau, num_shrunk, alpha_fraction, compensate):
 
 
 def _fd_shrink(
-    state, product, valid, lift=None, row=None, *, tau, num_shrunk, alpha_fraction, compensate
+    state,
+    product,
+    valid,
+    lift=None,
+    row=None,
+    *,
+    tau,
+    num_shrunk,
+    alpha_fraction,
+    compensate,
+    fold=False,
 ):
     """FD's shrink (RFD paper Alg. 1 lines 4-5, Alg. 2 lines 4-6): rotate ``B``, shrink it.
 
@@ -601,17 +617,25 @@ def _fd_shrink(
     ``compensation`` by ``delta``; ``product = B g`` becomes ``B' g``. With ``valid`` false the
     rotation is the identity and the state is returned unchanged. With ``lift`` (see
     :class:`Sketch`) also returns ``row - B'^T a``, taken in the pass that rotates the rows.
+    ``fold`` (static; the eager basis on the accelerator path): ``B = F Z`` with any ``F`` (a
+    state the lazy basis left), rotated as ``B' = (rot F) Z`` in the same one matmul, and
+    ``F' = I``.
     """
     n = state.gram.shape[0]
     rot, new = _fd_shrunk(state, valid, tau, num_shrunk, alpha_fraction, compensate)
     rot = jnp.where(valid, rot, jnp.eye(n, dtype=rot.dtype))
     product = rot @ product
-    kept = rot[: tau - 1]  # the rows past tau - 1 of the rotation are zero
+    # over the stored rows: B' = rot B = (rot F) Z
+    rot_z = jnp.matmul(rot, state.transform, precision=HIGHEST) if fold else rot
+    if fold:
+        eye = jnp.eye(n, dtype=state.transform.dtype)
+        new = new._replace(transform=jnp.where(valid, eye, state.transform))
+    kept = rot_z[: tau - 1]  # the rows past tau - 1 of the rotation are zero
     if lift is None:
         return new._replace(rows=_rotate_rows(kept, state.rows, valid)), product
     # new.rows still holds the rows before the rotation: lift reads only the small fields.
-    # B'^T a = B^T (rot^T a); complex: B'^H a = conj(B^T (rot^T conj(a)))
-    coef, base = _residual_terms(conj(lift(new, product)) @ rot, conj(row))
+    # B'^T a = Z^T ((rot F)^T a); complex: B'^H a = conj(Z^T ((rot F)^T conj(a)))
+    coef, base = _residual_terms(conj(lift(new, product)) @ rot_z, conj(row))
     rows, residual = _rotate_rows(kept, state.rows, valid, coef, base)
     return new._replace(rows=rows), product, conj(residual)
 
@@ -847,10 +871,12 @@ def _fd_family(
     refresh_gram = functools.partial(_fd_refresh_gram, n=n, tau=tau)
     rematerialize = functools.partial(_fd_rematerialize, n=n, tau=tau)
 
-    def is_lazy(dim):  # static: from the row length
+    def is_lazy(dim):  # static: from the row length and the code path
         if fast or tau < 2:
             return False
-        return dim >= _LAZY_MIN_DIM if lazy is None else lazy
+        if lazy is None:  # accelerators: the eager basis, one matmul rotating the whole sketch
+            return dim >= _LAZY_MIN_DIM and not _solvers.accelerator_path_active()
+        return lazy
 
     def init(dim, dtype=jnp.float32):
         dim, dtype = flat_size(dim), state_dtype(dtype)
@@ -880,12 +906,15 @@ def _fd_family(
         row = like_last_axis(row.astype(state.rows.dtype), state.rows)
         if is_lazy(row.shape[-1]):
             return absorb_lazy(state, row, valid, lift)
-        state, prod, _ = _fd_append(state, row, valid)
+        # The eager basis on the accelerator path also takes a state the lazy basis left (B = F Z,
+        # a checkpoint of the CPU path): the append goes to F's free slot and the shrink folds F.
+        fold = not fast and lazy is None and _solvers.accelerator_path_active()
+        state, prod, _ = _fd_append(state, row, valid, lazy=fold)
         if not fast:
-            state = refresh_gram(state, valid)  # before the shrink (_fd_refresh_gram)
+            state = refresh_gram(state, valid, lazy=fold)  # before the shrink (_fd_refresh_gram)
             if lift is not None:
-                return Absorbed(*shrink(state, prod, valid, lift, row))
-            return Absorbed(*shrink(state, prod, valid))
+                return Absorbed(*shrink(state, prod, valid, lift, row, fold=fold))
+            return Absorbed(*shrink(state, prod, valid, fold=fold))
         full = state.fill == n
 
         def shrink_full(s, p):  # in a group the leaves not full come back unchanged
