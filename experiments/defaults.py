@@ -150,7 +150,7 @@ RECOMMENDED_LEARNING_RATES: dict[str, float] = {
     "fd_son": 1.0,
     "oja_son": 1.0,
     "rfd_son": 1.0,
-    "kron_fd": 0.03,
+    "kron_fd": 0.01,
 }
 
 

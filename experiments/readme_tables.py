@@ -6,9 +6,10 @@ Each table sits in the README between ``<!-- NAME: start -->`` and ``<!-- NAME: 
 (``NAME`` one of :data:`TABLES`) and is rewritten, with a line saying where its numbers come from
 (the command, ``sketchopt``'s version, the date and the machine, from the JSON's
 ``provenance``), from the JSON that ``experiments/run.py`` wrote: ``reproductions`` from every
-paper reproduction's claims (``make run``), ``speed``, ``streams`` and ``networks`` from the
-benchmarks' (``make bench``). A table whose JSON is not in the folder is left as it is.
-``--check`` rewrites nothing and exits 1 if the README differs from what the results give.
+paper reproduction's claims (``make run``), ``speed``, ``streams``, ``networks`` and
+``time_to_target`` from the benchmarks' (``make bench``). A table whose JSON is not in the
+folder is left as it is. ``--check`` rewrites nothing and exits 1 if the README differs from what
+the results give.
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ if str(REPO) not in sys.path:
 
 from experiments import common, run  # noqa: E402
 
-TABLES = ("reproductions", "speed", "aot", "streams", "networks")
+TABLES = ("reproductions", "speed", "aot", "streams", "networks", "time_to_target")
 
 #: The per-step learners of the speed table, as ``speed.json`` names them.
 SPEED_COLUMNS = (
@@ -279,8 +280,7 @@ def networks(out: pathlib.Path) -> str | None:
 
 def time_to_target(out: pathlib.Path) -> str | None:
     """The time-to-target headline: per learner and workload, steps to AdamW's final loss over
-    its N, and (in brackets) the seconds over AdamW's N steps; ``-`` not reached within N.
-    (Registered in :func:`generate` once the README has its ``time_to_target`` block.)"""
+    its N, and (in brackets) the seconds over AdamW's N steps; ``-`` not reached within N."""
     payload = _load(out, "time_to_target")
     if payload is None:
         return None
@@ -314,6 +314,7 @@ def generate(out: pathlib.Path) -> dict[str, str]:
         "aot": aot,
         "streams": streams,
         "networks": networks,
+        "time_to_target": time_to_target,
     }
     return {name: text for name, make in makers.items() if (text := make(out)) is not None}
 

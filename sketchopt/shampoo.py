@@ -35,9 +35,11 @@ What the family is made of, and where (the layers of ``tests/test_layout.py``):
   Distributed Shampoo's ``SQRT_N`` grafting) and the named transform :func:`kron_fd`, composite
   mirror descent (:func:`sketchopt.rules.mirror_descent`) on that metric.
 
-A network's optimizer, with momentum left to Optax::
+A network's optimizer, at AdamW's learning rate (Nesterov momentum 0.9 included, sketches and
+roots refreshed every 10 steps; ``kron_fd(..., momentum=None, graft=None, update_every=1,
+refresh_every=1)`` is Shampoo's sketched step alone)::
 
-    tx = optax.chain(sketchopt.kron_fd(1e-3), optax.trace(0.9))
+    tx = sketchopt.kron_fd(1e-3)
 
 Old import paths keep working and give the same objects: ``sketchopt.kron_fd`` and
 ``sketchopt.aliases.kron_fd`` (re-exports: :mod:`sketchopt.aliases` builds on the rules as this
@@ -80,6 +82,10 @@ __all__ = [
 
 
 GRAFTS = ("adagrad", "rmsprop", "adam", "rms")
+#: ``kron_fd``'s default ``update_every`` and ``refresh_every``: its sketches absorb a gradient,
+#: and its inverse roots are recomputed, every this many steps (chosen by the time-to-target
+#: benchmark, ``experiments/time_to_target.py``).
+PERIOD = 10
 #: The grafts that keep a diagonal statistic of every parameter (``"rms"`` keeps none).
 DIAGONAL_GRAFTS = ("adagrad", "rmsprop", "adam")
 
@@ -503,33 +509,44 @@ def kron_fd(
     relative_delta: bool = False,
     stacked: str | tuple[str, ...] = (),
     factoring: Any = None,
-    graft_rms: float = 0.35,
+    graft_rms: float = 1.0,
     refresh_tolerance: float | None = None,
+    momentum: float | None = 0.9,
+    nesterov: bool = True,
 ) -> optax.GradientTransformationExtraArgs:
     """Sketched Shampoo for network layers: ``-eta (L_t + delta I)^{-1/4} G_t (R_t + delta
     I)^{-1/4}`` per matrix-shaped leaf, ``L_t`` and ``R_t`` RFD (``robust``) or FD sketches of
-    ``sum G G^T`` and ``sum G^T G`` with ``sketch_size`` rows each.
+    ``sum G G^T`` and ``sum G^T G`` with ``sketch_size`` rows each, with Nesterov momentum.
 
-    Start at Adam's learning rate (``learning_rate=0.03`` on the digits MLP of the defaults page,
-    Adam's best there too): the default RMS graft gives each layer Adam's update size (the
-    README's "Choosing a learner").
+    Start at AdamW's learning rate or half a decade lower (``learning_rate=0.01`` on the digits
+    MLP of the defaults page, where Adam's best is 0.03; on its CNN and transformer the best rate
+    is Adam's): the default RMS graft gives each layer Adam's update size and the momentum is an
+    average, so AdamW's rates carry over (the README's "Choosing a learner").
 
-    Composite mirror descent on :func:`kron_sketched`; with both sketches
-    exact (``sketch_size >= max(m, n)``) and no ``decay`` it is full-matrix Shampoo with epsilon
-    ``delta``. Conv kernels ``(kh, kw, cin, cout)`` are ``(kh*kw*cin) x cout``; vectors and
-    scalars take the diagonal step (``factoring``). Momentum is left to Optax:
-    ``optax.chain(sketchopt.kron_fd(...), optax.trace(0.9))`` averages the preconditioned steps.
+    Composite mirror descent on :func:`kron_sketched`, then momentum on its steps; with both
+    sketches exact (``sketch_size >= max(m, n)``), no ``decay``, ``update_every=1`` and
+    ``refresh_every=1`` the mirror-descent step is full-matrix Shampoo's with epsilon ``delta``
+    (Gupta et al. 2018, Alg. 1), and ``momentum=None, graft=None, update_every=1,
+    refresh_every=1`` is that step alone: Sketchy's sketched Shampoo. Conv kernels ``(kh, kw,
+    cin, cout)`` are ``(kh*kw*cin) x cout``; vectors and scalars take the diagonal step
+    (``factoring``).
 
-    The default ``graft="rms"`` sets every layer's step to the root-mean-square ``graft_rms *
-    learning_rate`` (Distributed Shampoo's ``SQRT_N`` grafting, scaled to about Adam's update
-    size as Muon-style optimizers match AdamW's), so that Adam's learning rates carry over, with
-    no per-parameter state. ``graft_rms = 0.35`` put ``kron_fd``'s best rate on Adam's on the
-    three models of the sweep (a digits MLP, the Ada-FD paper's CNN, a small transformer; 0.2
-    and 0.6 missed it by half a decade on one or two of them). Shampoo's step, whose size
-    follows the gradients' scale, is ``graft=None``, and ``graft="adam"`` takes the norm of
-    Adam's step (two floats per parameter more). Evidence: ``python experiments/run.py
-    defaults`` (the learning-rate sweep of the defaults issue) and the documentation's defaults
-    page.
+    The defaults were chosen by the time-to-target benchmark (``python experiments/run.py
+    time_to_target``: steps and seconds to AdamW's final loss on a byte-level transformer, the
+    Ada-FD paper's MNIST CNN and a deep autoencoder, against AdamW, Muon, Shampoo and PSGD; the
+    networks benchmark page). ``momentum=0.9`` with ``nesterov`` averages the steps (one buffer
+    per parameter, Muon's class: 0.53x Adam's state on a 24-layer width-1536 transformer with
+    the sketches); without it ``kron_fd`` did not reach AdamW's loss on the transformer in the
+    same steps. ``update_every=10`` and ``refresh_every=10`` (``PERIOD``): the sketches and roots
+    every step took 2-10x AdamW's step time on a CPU (a small ``eigh`` per layer and side), every
+    10 steps 1.0-2.5x, and reached the targets in about as many steps. ``graft="rms"`` sets
+    every layer's step to the root-mean-square ``graft_rms * learning_rate`` (Distributed
+    Shampoo's ``SQRT_N`` grafting, Muon-style optimizers' matched update RMS), with no
+    per-parameter state; ``graft_rms = 1.0`` puts the best rate with momentum on AdamW's (0.35,
+    the size without momentum, put it half a decade above). Shampoo's step, whose size follows
+    the gradients' scale, is ``graft=None``, and ``graft="adam"`` takes the norm of Adam's step
+    (one float per parameter more: the best tuned configuration, beyond the state budget of the
+    defaults). Evidence: the networks and defaults pages of the documentation.
 
     Args:
       learning_rate: ``eta``, a float or an Optax schedule.
@@ -537,16 +554,24 @@ def kron_fd(
         width-1536 transformer).
       delta: the epsilon inside each root (``>= 0``).
       robust: RFD's ridge (default) or plain FD.
-      exponents, decay, update_every, refresh_every, start_step, graft: see the next entry.
+      exponents, decay, start_step, graft: see the next entry.
+      update_every, refresh_every: the sketches absorb the gradient, and the roots are
+        recomputed, every this many steps; ``None`` (default): :data:`PERIOD`, 10 (``1``: every
+        step, as :func:`kron_sketched`'s defaults and Shampoo's Alg. 1).
       graft_decay, graft_eps, graft_rms, block_size, compress, relative_delta, stacked: options
-        of :func:`kron_sketched`, each off by default (``graft_rms = 0.35`` is
+        of :func:`kron_sketched`, each off by default (``graft_rms = 1.0`` is
         the size of the default graft's step).
       refresh_tolerance: ``None`` (default) or ``tol >= 0``: a sketch skips its
         eigendecomposition while its basis still diagonalizes the statistic to the relative
         error ``tol``, counted in the state (:func:`kron_sketched`).
+      momentum: ``None`` (no momentum: the mirror-descent step itself) or ``0 <= beta < 1``
+        (default 0.9): the steps averaged (:func:`_averaged_momentum`), one buffer per
+        parameter.
+      nesterov: Nesterov's form of that average (default ``True``; read only with a
+        ``momentum``).
       factoring: as :func:`kron_sketched`. The three step counts
         ``update_every``, ``refresh_every`` and ``start_step`` fix the compiled program, so they
-        must be static: their default ``None`` (``kron_sketched``'s 1, 1 and 0) is, and so under
+        must be static: their default ``None`` (10, 10 and ``kron_sketched``'s 0) is, and so under
         ``optax.inject_hyperparams(sketchopt.kron_fd, static_args=("sketch_size",))``
         the defaults work as in every other transform; a value given there must be named in
         ``static_args`` too (or use :func:`sketchopt.inject_hyperparams`, which keeps every
@@ -560,23 +585,33 @@ def kron_fd(
       NeurIPS; Luo et al. (2019), "Robust Frequent Directions", JMLR 20, Alg. 2.
 
     Examples:
-      Shampoo's own step (``graft=None``):
+      Shampoo's own step (``momentum=None, graft=None``):
 
       >>> import jax.numpy as jnp, sketchopt as so
-      >>> tx = so.kron_fd(0.1, sketch_size=8, delta=0.0, graft=None)
+      >>> tx = so.kron_fd(0.1, sketch_size=8, delta=0.0, graft=None, momentum=None)
       >>> params = {"w": jnp.zeros((3, 2)), "b": jnp.zeros(2)}
       >>> grads = {"w": jnp.array([[4.0, 0], [0, 0], [0, 0]]), "b": jnp.array([3.0, -4.0])}
       >>> updates, state = tx.update(grads, tx.init(params))
       >>> updates["w"][0, 0], updates["b"]  # 16^-1/4 4 16^-1/4 = 1; g / |g| per coordinate
       (Array(-0.1, dtype=float32), Array([-0.1,  0.1], dtype=float32))
 
-      At the defaults every layer's step has the root-mean-square ``0.35 * learning_rate``:
+      At the defaults every layer's step has the root-mean-square ``learning_rate`` before the
+      momentum, whose Nesterov average starts at ``1 - 0.9**2`` of it and grows to it:
 
       >>> tx = so.kron_fd(1e-3)
       >>> updates, state = tx.update(grads, tx.init(params))
       >>> jnp.sqrt(jnp.mean(updates["w"] ** 2)).round(6)
-      Array(0.00035, dtype=float32)
+      Array(0.00019, dtype=float32)
+      >>> for _ in range(50):
+      ...     updates, state = tx.update(grads, state)
+      >>> jnp.sqrt(jnp.mean(updates["w"] ** 2)).round(5)
+      Array(0.001, dtype=float32)
     """
+    nesterov = _validation.flag("nesterov", nesterov)
+    if momentum is not None:
+        momentum = _validation.scalar("momentum", momentum, high=1.0, high_open=True)
+    update_every = PERIOD if update_every is None else update_every
+    refresh_every = PERIOD if refresh_every is None else refresh_every
     counts = dict(update_every=update_every, refresh_every=refresh_every, start_step=start_step)
     metric = kron_sketched(
         sketch_size,
@@ -596,4 +631,20 @@ def kron_fd(
         refresh_tolerance=refresh_tolerance,
         **{name: value for name, value in counts.items() if value is not None},
     )
-    return mirror_descent(learning_rate, metric)
+    tx = mirror_descent(learning_rate, metric)
+    if momentum is None:
+        return tx
+    return optax.chain(tx, _averaged_momentum(momentum, nesterov))
+
+
+def _averaged_momentum(beta, nesterov: bool = False) -> optax.GradientTransformation:
+    """Momentum as an average of the steps, so that it keeps their size: ``m_t = beta m_{t-1}
+    + (1 - beta) u_t``, the step ``m_t / (1 - beta^t)`` (``optax.ema`` with its bias correction),
+    or with ``nesterov`` ``(1 - beta) (u_t + beta m'_t)``, ``m'_t = beta m'_{t-1} + u_t``
+    (``optax.trace(beta, nesterov=True)`` scaled by ``1 - beta``; Sutskever et al. 2013). A step
+    ``u`` repeated every round is stepped at its own size by both, so the learning rates of a
+    method without momentum (Adam's, through the RMS graft) carry over. One buffer per parameter.
+    """
+    if nesterov:
+        return optax.chain(optax.trace(beta, nesterov=True), optax.scale(1 - beta))
+    return optax.ema(beta, debias=True)

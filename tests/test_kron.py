@@ -13,6 +13,12 @@ import pytest
 import sketchopt as so
 from sketchopt import kron, metrics
 
+#: ``kron_fd``'s settings before its defaults were chosen by the time-to-target benchmark (no
+#: momentum, sketches and roots every step): the float64 Shampoo references below step so.
+EVERY_STEP = {"momentum": None, "update_every": 1, "refresh_every": 1}
+#: Shampoo's own sketched step (no graft either).
+SHAMPOO = {"graft": None, **EVERY_STEP}
+
 
 def _mpow(a, power, eps):
     """``(a + eps I)^{-power}`` of a symmetric PSD matrix in float64 (0 on a zero eigenvalue when
@@ -112,9 +118,7 @@ def test_exact_sketches_are_full_matrix_shampoo(shape, robust):
         grads = _grads(shape, 6, seed=sum(shape))
         expected = shampoo(grads, 0.3, 1e-3)
         for block in (None, 2):
-            tx = so.kron_fd(
-                0.3, max(shape), delta=1e-3, robust=robust, block_size=block, graft=None
-            )
+            tx = so.kron_fd(0.3, max(shape), delta=1e-3, robust=robust, block_size=block, **SHAMPOO)
             actual, _ = _run(tx, grads)
             _close(actual, expected)
 
@@ -129,7 +133,7 @@ def test_general_exponents_pseudo_inverse_and_a_conv_kernel():
         _close(_run(tx, grads)[0], expected, rtol=1e-7)
         conv = [g.reshape(2, 3, 1, 5) for g in _grads((6, 5), 4, seed=2)]
         expected = shampoo([np.asarray(g).reshape(6, 5) for g in conv], 0.1, 1e-2)
-        _close(_run(so.kron_fd(0.1, 6, delta=1e-2, graft=None), conv)[0], expected)
+        _close(_run(so.kron_fd(0.1, 6, delta=1e-2, **SHAMPOO), conv)[0], expected)
 
 
 @pytest.mark.parametrize(
@@ -150,7 +154,7 @@ def test_options_against_shampoo_with_the_same_options(options):
     with jax.enable_x64(True):
         grads = _grads((4, 3), 8, seed=3)
         expected = shampoo(grads, 0.2, 1e-2, **options)
-        actual, _ = _run(so.kron_fd(0.2, 4, delta=1e-2, **{"graft": None, **options}), grads)
+        actual, _ = _run(so.kron_fd(0.2, 4, delta=1e-2, **{**SHAMPOO, **options}), grads)
         _close(actual, expected)
 
 
@@ -292,8 +296,8 @@ def test_kron_fd_refreshes_lazily_and_counts_it(batched):
         return jax.jit(lambda: jax.lax.scan(step, tx.init(params), grads))()
 
     with so.batched_solves(batched):
-        lazy_state, lazy = run(so.kron_fd(0.1, 6, delta=1.0, graft=None, refresh_tolerance=0.1))
-    eager_state, eager = run(so.kron_fd(0.1, 6, delta=1.0, graft=None))
+        lazy_state, lazy = run(so.kron_fd(0.1, 6, delta=1.0, **SHAMPOO, refresh_tolerance=0.1))
+    eager_state, eager = run(so.kron_fd(0.1, 6, delta=1.0, **SHAMPOO))
     counts = [np.asarray(g.kept) for g in lazy_state.metric_state.groups]
     assert [c.shape for c in counts] == [(2, 2), (2,)]  # (a, b) stacked; c alone
     # exact streams of 16 and 24 vectors: 3 and 4 blocks of 6 per step and side
@@ -308,7 +312,7 @@ def test_kron_fd_refreshes_lazily_and_counts_it(batched):
 def test_vectors_fall_back_to_the_diagonal_and_long_sides_too():
     with jax.enable_x64(True):
         g = jnp.asarray([3.0, -4.0, 0.0])
-        u, _ = _run(so.kron_fd(1.0, 4, delta=0.0, graft=None), [g, 2 * g])
+        u, _ = _run(so.kron_fd(1.0, 4, delta=0.0, **SHAMPOO), [g, 2 * g])
         np.testing.assert_allclose(u[0], -np.sign(g))
         np.testing.assert_allclose(u[1], -2 * g / np.sqrt(5) / np.abs(np.where(g, g, 1)))
         assert kron.default_factoring("['b']", (3,)) is None
@@ -321,14 +325,14 @@ def test_vectors_fall_back_to_the_diagonal_and_long_sides_too():
             4,
         )
         params = {"e": jnp.zeros((kron.MAX_SIDE + 1, 2))}
-        leaf = so.per_leaf_states(so.kron_fd(1.0, 4, graft=None).init(params).metric_state, params)[
+        leaf = so.per_leaf_states(so.kron_fd(1.0, 4, **SHAMPOO).init(params).metric_state, params)[
             "e"
         ]
         assert leaf.left is None and leaf.diag.shape == (2 * (kron.MAX_SIDE + 1),)
 
 
 def test_nonfinite_gradients_are_skipped_and_huge_or_tiny_ones_are_scale_free():
-    tx = so.kron_fd(1.0, 3, delta=0.0, graft=None)
+    tx = so.kron_fd(1.0, 3, delta=0.0, **SHAMPOO)
     params = {"w": jnp.zeros((5, 4)), "b": jnp.zeros(4)}
     rng = np.random.default_rng(7)
     grads = {"w": jnp.asarray(rng.standard_normal((5, 4)), jnp.float32), "b": jnp.ones(4)}
@@ -358,7 +362,7 @@ def test_nonfinite_gradients_are_skipped_and_huge_or_tiny_ones_are_scale_free():
 def test_bf16_params_keep_a_float32_state_and_hyperparameters_vmap():
     params = jnp.zeros((6, 4), jnp.bfloat16)
     g = jnp.asarray(np.random.default_rng(8).standard_normal((6, 4)), jnp.bfloat16)
-    tx = so.kron_fd(0.1, 2, graft=None)
+    tx = so.kron_fd(0.1, 2, **SHAMPOO)
     state = tx.init(params)
     u, state = tx.update(g, state)
     assert u.dtype == jnp.bfloat16
@@ -366,13 +370,13 @@ def test_bf16_params_keep_a_float32_state_and_hyperparameters_vmap():
         jnp.dtype(jnp.float32)
     }
     g32 = g.astype(jnp.float32)
-    state = so.kron_fd(0.1, 2, graft=None).init(g32)
+    state = so.kron_fd(0.1, 2, **SHAMPOO).init(g32)
     deltas = jnp.asarray([1e-6, 1e-2, 1.0])
-    batched = jax.vmap(lambda d: so.kron_fd(0.1, 2, delta=d, graft=None).update(g32, state)[0])(
+    batched = jax.vmap(lambda d: so.kron_fd(0.1, 2, delta=d, **SHAMPOO).update(g32, state)[0])(
         deltas
     )
     for i, d in enumerate([1e-6, 1e-2, 1.0]):
-        single = so.kron_fd(0.1, 2, delta=d, graft=None).update(g32, state)[0]
+        single = so.kron_fd(0.1, 2, delta=d, **SHAMPOO).update(g32, state)[0]
         np.testing.assert_allclose(batched[i], single, rtol=1e-5, atol=1e-7)
 
 
@@ -413,7 +417,7 @@ def test_stacked_layers_get_one_sketch_each_and_paths_override_the_factoring():
         grads = [{"layers": {"w": jnp.asarray(g)}, "other": jnp.asarray(g)} for g in seq]
         params = jax.tree.map(jnp.zeros_like, grads[0])
         tx = so.kron_fd(
-            0.1, 12, delta=1e-2, stacked="['layers']", graft=None
+            0.1, 12, delta=1e-2, stacked="['layers']", **SHAMPOO
         )  # exact: 12 >= every side
         state, update = tx.init(params), jax.jit(tx.update)
         per_layer = [shampoo([g[i] for g in seq], 0.1, 1e-2) for i in range(3)]
@@ -430,7 +434,7 @@ def test_stacked_layers_get_one_sketch_each_and_paths_override_the_factoring():
         def no_other(path, shape):
             return None if "other" in path else kron.default_factoring(path, shape)
 
-        tx = so.kron_fd(0.1, 5, delta=1e-2, factoring=no_other, graft=None)
+        tx = so.kron_fd(0.1, 5, delta=1e-2, factoring=no_other, **SHAMPOO)
         leaves = so.per_leaf_states(tx.init(params).metric_state, params)
         assert leaves["other"].left is None and leaves["layers"]["w"].left is not None
 
@@ -444,7 +448,7 @@ def test_the_range_finder_compresses_without_changing_what_it_keeps(robust):
     estimated residual."""
     with jax.enable_x64(True):
         grads = _grads((20, 30), 5, seed=10, rank=3)
-        opts = dict(delta=1e-3, robust=robust, graft=None)
+        opts = dict(delta=1e-3, robust=robust, **SHAMPOO)
         ranged, _ = _run(so.kron_fd(0.1, 4, compress="range", **opts), grads)
         blocks, _ = _run(so.kron_fd(0.1, 4, compress="blocks", block_size=30, **opts), grads)
         _close(ranged, blocks, rtol=1e-7)
@@ -488,8 +492,8 @@ def test_the_rms_graft_is_shampoos_direction_at_adams_update_size():
         ]
         params = jax.tree.map(jnp.zeros_like, grads[0])
         lr, rms = 0.1, 0.3
-        tx = so.kron_fd(lr, 12, delta=1e-2, stacked="['layers']", graft_rms=rms)
-        plain = so.kron_fd(lr, 12, delta=1e-2, stacked="['layers']", graft=None)
+        tx = so.kron_fd(lr, 12, delta=1e-2, stacked="['layers']", graft_rms=rms, **EVERY_STEP)
+        plain = so.kron_fd(lr, 12, delta=1e-2, stacked="['layers']", **SHAMPOO)
         state, update = tx.init(params), jax.jit(tx.update)
         assert jax.tree.structure(state) == jax.tree.structure(plain.init(params))
         per_layer = [shampoo([g[i] for g in seq], lr, 1e-2) for i in range(3)]
@@ -513,3 +517,52 @@ def test_the_rms_graft_is_shampoos_direction_at_adams_update_size():
             for leaf in jax.tree.leaves(u):
                 layer = leaf[0] if leaf.ndim == 3 else leaf
                 np.testing.assert_allclose(np.sqrt(np.mean(np.square(layer))), lr * rms)
+
+
+@pytest.mark.parametrize("nesterov", [False, True])
+def test_momentum_averages_shampoos_steps_and_keeps_their_size(nesterov):
+    """``momentum=beta`` averages the steps of ``momentum=None`` (here Shampoo's, float64
+    reference, with sketches and roots every 3 steps): ``m_t / (1 - beta^t)``, ``m_t = beta
+    m_{t-1} + (1 - beta) u_t``, or with ``nesterov`` ``(1 - beta)(u_t + beta m'_t)``, ``m'_t =
+    beta m'_{t-1} + u_t``; a repeated step is kept at its size; one buffer per parameter."""
+    with jax.enable_x64(True):
+        grads = _grads((4, 3), 8, seed=31)
+        options = {"update_every": 3, "refresh_every": 3}
+        steps = shampoo(grads, 0.2, 1e-2, **options)
+        beta = 0.8
+        tx = so.kron_fd(0.2, 4, delta=1e-2, graft=None, momentum=beta, nesterov=nesterov, **options)
+        actual, state = _run(tx, grads)
+        m = np.zeros_like(steps[0])
+        for t, (u, got) in enumerate(zip(steps, actual, strict=True)):
+            if nesterov:
+                m = beta * m + u
+                expected = (1 - beta) * (u + beta * m)
+            else:
+                m = beta * m + (1 - beta) * u
+                expected = m / (1 - beta ** (t + 1))
+            np.testing.assert_allclose(got.reshape(u.shape), expected, rtol=1e-9, atol=1e-12)
+        plain = so.kron_fd(0.2, 4, delta=1e-2, graft=None, momentum=None, **options)
+        extra = common_floats(state) - common_floats(plain.init(grads[0]))
+        assert extra == grads[0].size
+        if not nesterov:  # the RMS graft's step of a repeated gradient is the same every round
+            same = [grads[0]] * 5
+            u_plain, _ = _run(so.kron_fd(0.2, 4, delta=0.0, **EVERY_STEP), same)
+            u_avg, _ = _run(
+                so.kron_fd(0.2, 4, delta=0.0, **EVERY_STEP | {"momentum": 0.9, "nesterov": False}),
+                same,
+            )
+            _close(u_avg, u_plain, rtol=1e-7)
+            _close(u_avg, [u_avg[0]] * 5, rtol=1e-7)
+
+
+def common_floats(state) -> int:
+    """The floating-point entries of a state."""
+    leaves = jax.tree.leaves(state)
+    return sum(x.size for x in leaves if jnp.issubdtype(x.dtype, jnp.floating))
+
+
+def test_momentum_arguments_are_checked():
+    with pytest.raises(ValueError, match="momentum"):
+        so.kron_fd(0.1, 2, momentum=1.0)
+    with pytest.raises(ValueError, match="nesterov"):
+        so.kron_fd(0.1, 2, nesterov=1)
