@@ -101,11 +101,13 @@ __all__ = [
     "Stream",
     "absorb",
     "absorb_lazily",
+    "absorb_sides",
     "apply_left",
     "apply_right",
     "default_factoring",
     "factor_init",
     "inverse_root",
+    "inverse_roots",
     "match_sides",
     "streams",
 ]
@@ -424,7 +426,91 @@ def absorb_lazily(
     return _absorbed(state, stream, block_size, robust, decay, tolerance)
 
 
-def _absorbed(state, stream, block_size, robust, decay, tolerance):
+#: :func:`absorb_sides` and :func:`inverse_roots` step a leaf's sides as one ``vmap`` while the
+#: padded sides' absorption costs at most this many flops (about a millisecond of one core), or
+#: at most twice the sides' own: for a small layer the compile time is the cost, for a large one
+#: the step's.
+SHARED_FLOPS = 2**24
+
+
+def absorb_sides(
+    states: tuple[FactorState, ...],
+    streams: tuple[Stream, ...],
+    *,
+    block_size: int,
+    robust: bool,
+    decay: float | jax.Array | None = None,
+) -> tuple[FactorState, ...]:
+    """:func:`absorb` of each side's stream into its factor: ``(absorb(s, t) for s, t in zip(
+    states, streams))``, to rounding. On one device and where it is cheap (:data:`SHARED_FLOPS`)
+    every side is first zero-padded to one common shape, so that XLA compiles one side's kernels
+    for all of them (it reuses a kernel for an identical fusion: a first step's compile is mostly
+    XLA:CPU's code generation, kernel by kernel), and on the CPU, where no batched factorization
+    across groups is there to join (:mod:`sketchopt._solvers`), the blocks are scanned: one
+    block's kernels for all of them. The padding leaves FD's and RFD's sketch unchanged: zero
+    columns (a longer ``dim``) add nothing to the Gram matrix ``Z Z^T``; zero vectors in a block
+    and zero blocks after the stream add zero eigenvalues below the spectrum, so the ``(k+1)``-th
+    eigenvalue a block shrinks by is unchanged, and a zero block shrinks nothing; zero rows (a
+    larger ``k`` for a side of ``dim < k``, which FD sketches exactly) leave a statistic of rank
+    at most ``dim < k``, so its ``(k+1)``-th eigenvalue is round-off (zeroed) and the padded rows
+    stay zero. Each result is cut back to its side's shape.
+    """
+    states, streams = tuple(states), tuple(streams)
+    shape = _shared_shape(states, streams, block_size)
+    if shape is None:
+        return tuple(
+            absorb(s, t, block_size=block_size, robust=robust, decay=decay)
+            for s, t in zip(states, streams, strict=True)
+        )
+    k, dim, blocks, b = shape
+    scan = not _solvers.batching_active()
+    out = []
+    for state, stream in zip(states, streams, strict=True):
+        rows, count = state.rows, stream.vectors.shape[0]
+        own = count if stream.compressed else max(1, min(int(block_size), count))
+        vectors = stream.vectors.astype(rows.dtype)
+        vectors = jnp.pad(vectors, ((0, -(-count // own) * own - count), (0, 0)))
+        vectors = vectors.reshape(-1, own, vectors.shape[1])
+        vectors = jnp.pad(
+            vectors, ((0, blocks - vectors.shape[0]), (0, b - own), (0, dim - vectors.shape[2]))
+        )
+        padded = Stream(vectors.reshape(blocks * b, dim), stream.exp, stream.residual)
+        rows = jnp.pad(rows, ((0, k - rows.shape[0]), (0, dim - rows.shape[1])))
+        new = _absorbed(state._replace(rows=rows), padded, b, robust, decay, None, scan)[0]
+        out.append(new._replace(rows=_cut(new.rows, state.rows.shape)))
+    return tuple(out)
+
+
+def _cut(a, shape):
+    """``a`` cut back to ``shape`` (its leading corner), ``a`` itself when it has that shape."""
+    return a if a.shape == tuple(shape) else a[tuple(slice(0, n) for n in shape)]
+
+
+def _shared_shape(states, streams, block_size):
+    """``(k, dim, blocks, b)`` that every side of :func:`absorb_sides` is padded to, or ``None``
+    where the sides are stepped one by one: one side, an explicit mesh, differing dtypes or a
+    padded cost above :data:`SHARED_FLOPS` and twice the sides' own."""
+    if len(states) < 2 or _partitioning.explicit_mesh():
+        return None
+    if len({s.rows.dtype for s in states}) > 1:
+        return None
+    sizes = []
+    for state, stream in zip(states, streams, strict=True):
+        count = stream.vectors.shape[0]
+        b = count if stream.compressed else max(1, min(int(block_size), count))
+        sizes.append((state.rows.shape[0], state.rows.shape[1], -(-count // b), b))
+    k, dim, blocks, b = (max(size[i] for size in sizes) for i in range(4))
+
+    def flops(k, dim, blocks, b):  # Gram matrices, eigh calls and rotations of one side
+        return blocks * ((k + b) ** 2 * dim * 2 + (k + b) ** 3)
+
+    shared = len(sizes) * flops(k, dim, blocks, b)
+    if shared > max(SHARED_FLOPS, 2 * sum(flops(*size) for size in sizes)):
+        return None
+    return k, dim, blocks, b
+
+
+def _absorbed(state, stream, block_size, robust, decay, tolerance, scan=False):
     p = _prepared(state, stream, block_size, decay)
     k = p.rows.shape[0]
 
@@ -449,7 +535,7 @@ def _absorbed(state, stream, block_size, robust, decay, tolerance):
         return (rows, alpha, kept + keep.astype(jnp.int32)), None
 
     carry = (p.rows, p.alpha, jnp.zeros((), jnp.int32))
-    if p.vectors.shape[0] <= EXACT_BLOCKS:
+    if p.vectors.shape[0] <= EXACT_BLOCKS and not scan:
         for block in p.vectors:
             carry, _ = step(carry, block)
     else:
@@ -597,6 +683,34 @@ def inverse_root(
     tail = root(log_true(alpha))
     coef = jnp.where(lam > 0, root(log_true(lam + alpha)) - tail, 0)
     return InverseRoot(basis, coef, tail)
+
+
+def inverse_roots(
+    states: tuple[FactorState, ...],
+    powers: tuple[float, ...],
+    eps: float | jax.Array,
+    *,
+    relative: bool = False,
+) -> tuple[InverseRoot, ...]:
+    """:func:`inverse_root` of each side at its power (Shampoo's ``L^{-p}`` and ``R^{-q}``,
+    Gupta et al. 2018, Alg. 1 line 6); on one device each side zero-padded to one common shape
+    first (zero rows and columns add only zero eigenvalues, whose coefficients are 0), so that
+    XLA compiles one side's kernels for all of them, as :func:`absorb_sides` does, and each
+    result cut back to its side's shape."""
+    states = tuple(states)
+    if len(states) < 2 or _partitioning.explicit_mesh():
+        return tuple(
+            inverse_root(s, p, eps, relative=relative) for s, p in zip(states, powers, strict=True)
+        )
+    k = max(s.rows.shape[0] for s in states)
+    dim = max(s.rows.shape[1] for s in states)
+    out = []
+    for state, power in zip(states, powers, strict=True):
+        rows = jnp.pad(state.rows, ((0, k - state.rows.shape[0]), (0, dim - state.rows.shape[1])))
+        root = inverse_root(state._replace(rows=rows), power, eps, relative=relative)
+        basis = _cut(root.basis, state.rows.shape)
+        out.append(InverseRoot(basis, _cut(root.coef, state.rows.shape[:1]), root.tail))
+    return tuple(out)
 
 
 def apply_left(root: InverseRoot, y: jax.Array) -> jax.Array:
