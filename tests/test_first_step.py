@@ -19,7 +19,7 @@ from experiments import first_step as fs
 def test_learner_names_and_their_options():
     assert isinstance(fs.transform("adam"), optax.GradientTransformation)
     default = fs.transform("kron_fd")
-    plain = fs.transform("kron_fd:graft=None,block_size=8")
+    plain = fs.transform("kron_fd:graft=None,block_size=8,momentum=None")
     params = {"w": jnp.ones((3, 2))}
     grads = {"w": jnp.array([[4.0, 0], [0, 0], [0, 0]])}
     # Shampoo's own step is not grafted: its entry is 1 (docstring of kron_fd), the default's not

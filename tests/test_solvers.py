@@ -73,7 +73,9 @@ LEARNERS = {
     "ada_fd_dual_averaging": lambda: so.ada_fd_dual_averaging(0.1, 4, 0.5, robust=False),
     "fd_son": lambda: so.fd_son(1.0, 4),
     "oja_son": lambda: so.oja_son(1.0, 4),
-    "kron_fd": lambda: so.kron_fd(1e-2, 4, graft=None, compress="range"),
+    "kron_fd": lambda: so.kron_fd(
+        1e-2, 4, graft=None, compress="range", momentum=None, update_every=1, refresh_every=1
+    ),
 }
 
 
