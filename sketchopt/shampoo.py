@@ -370,8 +370,9 @@ class _KronSketched:
 
     def roots_of(self, left, right):
         """The inverse roots ``((L + delta I)^{-p}, (R + delta I)^{-q})`` of both sides."""
-        p, q = self.exponents
-        return self.root_of(left, p), self.root_of(right, q)
+        return _kron.inverse_roots(
+            (left, right), self.exponents, self.delta, relative=self.relative_delta
+        )
 
     def diagonal_update(self, v, g, count):
         """The diagonal method's root statistic after ``g`` (overflow-free ``hypot`` forms)."""
@@ -419,15 +420,15 @@ class _KronSketched:
 
     def absorbed(self, mat, count, sides):
         """Both sides' sketches after the gradient ``mat`` (:func:`sketchopt.kron.streams`,
-        :func:`sketchopt.kron.absorb`)."""
+        :func:`sketchopt.kron.absorb_sides`)."""
         key = jax.random.fold_in(jax.random.PRNGKey(0), count)
         streams = _kron.streams(
             mat, sketch_size=self.k, block_size=self.block, compress=self.compress, key=key
         )
         opts = dict(block_size=self.block, robust=self.robust, decay=self.decay)
-        pairs = zip(sides, streams, strict=True)
         if self.refresh_tolerance is None:
-            return tuple(_kron.absorb(side, stream, **opts) for side, stream in pairs), None
+            return _kron.absorb_sides(tuple(sides), tuple(streams), **opts), None
+        pairs = zip(sides, streams, strict=True)
         tol = self.refresh_tolerance
         out = [_kron.absorb_lazily(side, stream, tolerance=tol, **opts) for side, stream in pairs]
         return tuple(side for side, _ in out), jnp.stack([n for _, n in out])
