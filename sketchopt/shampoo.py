@@ -539,8 +539,9 @@ def kron_fd(
     per parameter, Muon's class: 0.53x Adam's state on a 24-layer width-1536 transformer with
     the sketches); without it ``kron_fd`` did not reach AdamW's loss on the transformer in the
     same steps. ``update_every=10`` and ``refresh_every=10`` (``PERIOD``): the sketches and roots
-    every step took 2-10x AdamW's step time on a CPU (a small ``eigh`` per layer and side), every
-    10 steps 1.0-2.5x, and reached the targets in about as many steps. ``graft="rms"`` sets
+    every step took 1.6-10x AdamW's step time on a CPU (small ``eigh`` calls per layer and side),
+    every 10 steps 1.2-2.7x, for a few percent more final loss (on a TPU the refresh's
+    ``lax.cond`` costs while loops: the networks page). ``graft="rms"`` sets
     every layer's step to the root-mean-square ``graft_rms * learning_rate`` (Distributed
     Shampoo's ``SQRT_N`` grafting, Muon-style optimizers' matched update RMS), with no
     per-parameter state; ``graft_rms = 1.0`` puts the best rate with momentum on AdamW's (0.35,
