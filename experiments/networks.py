@@ -260,8 +260,10 @@ def _kron(robust: bool, sketch_size: int):
                 delta=1e-8,
                 robust=robust,
                 decay=0.999,
+                update_every=1,  # the sketches every step, the roots every 10 (as recorded)
                 refresh_every=10,
                 graft="adam",
+                momentum=None,  # the momentum is the trace below
             ),
             optax.trace(0.9),
         )
@@ -576,8 +578,11 @@ def scale_part(cfg: Config, *, quick: bool = False) -> dict:
     k = 32
     variants = {
         "adam": optax.adam(1e-3),
-        # RFD, roots every step, no graft: explicit, whatever kron_fd's defaults become
-        "kron_fd": so.kron_fd(1e-3, k, robust=True, graft=None),
+        # the sketches alone (RFD, roots every step, no graft, no momentum): explicit, whatever
+        # kron_fd's defaults become (its defaults' momentum buffer is one float a parameter)
+        "kron_fd": so.kron_fd(
+            1e-3, k, robust=True, graft=None, momentum=None, update_every=1, refresh_every=1
+        ),
         "kron_networks": _kron(True, k)(1e-3),  # + decay, cached roots, Adam graft, momentum
     }
     if quick:  # one compilation less in the test

@@ -69,8 +69,9 @@ def _line(avg, since, counter, weight, label, predict, features) -> str:
 
 
 class ProgressLines:
-    """VW's progress lines (module docstring), fed chunk by chunk (:meth:`add`), printed to
-    ``out`` (default ``sys.stderr``, where VW prints them) as they fall due."""
+    """VW's progress lines (module docstring), fed chunk by chunk
+    (:meth:`~ProgressLines.add`), printed to ``out`` (default ``sys.stderr``, where VW prints
+    them) as they fall due."""
 
     def __init__(self, spec: str = "2.0", *, binary: bool = False, out: TextIO | None = None):
         self.additive, self.step = progress_schedule(spec)
