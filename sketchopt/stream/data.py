@@ -789,18 +789,25 @@ def _hasher_index(hashes: np.ndarray, d: int) -> np.ndarray:
     return np.where(signed == -(2**31), special, np.abs(signed) % d).astype(np.int64)
 
 
+def _pair_positions(pair, span):
+    """The positions, in an example's entries (:func:`_vw_entries`), of the two factors of each
+    cross of namespaces ``pair = (a, b)`` whose entries ``span = (start_a, n_a, start_b, n_b)``
+    holds: a namespace crossed with itself gives the unordered pairs ``i <= j`` (VW's default,
+    the module docstring), two namespaces every ``(i, j)``."""
+    (a, b), (start_a, n_a, start_b, n_b) = pair, span
+    if a == b:
+        i, j = np.triu_indices(n_a)
+        return start_a + i, start_a + j
+    return start_a + np.repeat(np.arange(n_a), n_b), start_b + np.tile(np.arange(n_b), n_a)
+
+
 def _vw_crossed_row(example: _VwExample, pairs, d: int, bits: int):
     """One example's (column, value) pairs, its crosses included (duplicates not yet summed):
     the host's form of :mod:`sketchopt.stream.crosses`."""
     index, hashes, values, spans = _vw_entries(example, pairs, d)
     columns, products = [index], [values]
-    for (a, b), (start_a, n_a, start_b, n_b) in zip(pairs, spans, strict=True):
-        if a == b:
-            i, j = np.triu_indices(n_a)
-            first, second = start_a + i, start_a + j
-        else:
-            first = start_a + np.repeat(np.arange(n_a), n_b)
-            second = start_b + np.tile(np.arange(n_b), n_a)
+    for pair, span in zip(pairs, spans, strict=True):
+        first, second = _pair_positions(pair, span)
         columns.append(cross_index(hashes[first], hashes[second], bits))
         products.append(values[first] * values[second])
     return np.concatenate(columns), np.concatenate(products)
@@ -1136,13 +1143,8 @@ def vw_feature_names(source, *, bits: int = 18, quadratic: Iterable[str] = ()) -
         names = [_vw_display(n) for group in example.groups.values() for n, _ in group]
         index, hashes, _, spans = _vw_entries(example, pairs, d)
         out.update((i, n) for i, n in zip(index.tolist(), names, strict=True) if i not in out)
-        for (a, b), (start_a, n_a, start_b, n_b) in zip(pairs, spans, strict=True):
-            if a == b:
-                i, j = np.triu_indices(n_a)
-                first, second = start_a + i, start_a + j
-            else:
-                first = start_a + np.repeat(np.arange(n_a), n_b)
-                second = start_b + np.tile(np.arange(n_b), n_a)
+        for pair, span in zip(pairs, spans, strict=True):
+            first, second = _pair_positions(pair, span)
             crossed = cross_index(hashes[first], hashes[second], bits).tolist()
             for k, f, g in zip(crossed, first.tolist(), second.tolist(), strict=True):
                 if k not in out:
