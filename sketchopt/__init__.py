@@ -31,7 +31,8 @@ context the sketches consult inside the driver's ``vmap`` over a group of leaves
 (the state layout rules under a mesh, which :mod:`sketchopt.sharding` publishes), ``_leafwise``
 (the one per-leaf driver every transform runs on), ``_solvers`` (the small factorizations,
 batched across the driver's groups), ``_arrowhead`` (the arrowhead eigensolver
-behind the FD sketches' structured ``eigh``) and ``_dct`` (RADAGRAD's randomized DCT). No module
+behind the FD sketches' structured ``eigh``), ``_dct`` (RADAGRAD's randomized DCT) and ``_lazy``
+(the lazy package roots, this one's and :mod:`sketchopt.stream`'s). No module
 imports one that imports it back (``tests/test_layout.py``). Every transform is also importable
 from the package root.
 
@@ -44,8 +45,9 @@ names the root held when it imported every module.
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from sketchopt import _lazy
 
 __version__ = "0.10.0"
 
@@ -207,7 +209,6 @@ _HOMES = {
         "rp_son",
     ),
 }
-_HOME = {name: module for module, names in _HOMES.items() for name in names}
 # A new public name: its module's entry above, ``__all__`` below and the ``TYPE_CHECKING`` import.
 
 __all__ = [
@@ -270,25 +271,4 @@ __all__ = [
 ]
 
 
-def _submodules() -> list[str]:
-    """The public modules and packages of ``sketchopt`` (``baselines`` and ``transforms``: the
-    modules of 0.2, kept importable; CHANGELOG.md, 0.3.0)."""
-    import pkgutil
-
-    return [m.name for m in pkgutil.iter_modules(__path__) if not m.name.startswith("_")]
-
-
-def __getattr__(name: str) -> Any:
-    """A root name or a public submodule, imported at its first use (PEP 562)."""
-    if name in _HOME:
-        value = getattr(importlib.import_module(f"{__name__}.{_HOME[name]}"), name)
-        globals()[name] = value  # the next use is a plain attribute
-        return value
-    if not name.startswith("_") and name in _submodules():
-        return importlib.import_module(f"{__name__}.{name}")  # which binds it here
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-
-
-def __dir__() -> list[str]:
-    """The module's own dunder names, ``__all__`` and the public submodules."""
-    return sorted({*(n for n in globals() if n.startswith("__")), *__all__, *_submodules()})
+__getattr__, __dir__ = _lazy.attach(__name__, _HOMES, __all__)

@@ -16,8 +16,9 @@ at once.
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from sketchopt import _lazy
 
 if TYPE_CHECKING:  # what type checkers and editors read; at run time, ``__getattr__`` below
     from sketchopt.stream import examples as examples
@@ -73,7 +74,6 @@ _HOMES = {
         "SketchedState",
     ),
 }
-_HOME = {name: module for module, names in _HOMES.items() for name in names}
 # A new public name: its module's entry above, ``__all__`` below and the ``TYPE_CHECKING`` import.
 
 __all__ = [
@@ -97,24 +97,4 @@ __all__ = [
 ]
 
 
-def _submodules() -> list[str]:
-    """The public modules of ``sketchopt.stream``."""
-    import pkgutil
-
-    return [m.name for m in pkgutil.iter_modules(__path__) if not m.name.startswith("_")]
-
-
-def __getattr__(name: str) -> Any:
-    """A name of the package or one of its modules, imported at its first use (PEP 562)."""
-    if name in _HOME:
-        value = getattr(importlib.import_module(f"{__name__}.{_HOME[name]}"), name)
-        globals()[name] = value  # the next use is a plain attribute
-        return value
-    if not name.startswith("_") and name in _submodules():
-        return importlib.import_module(f"{__name__}.{name}")  # which binds it here
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-
-
-def __dir__() -> list[str]:
-    """The module's own dunder names, ``__all__`` and the public modules."""
-    return sorted({*(n for n in globals() if n.startswith("__")), *__all__, *_submodules()})
+__getattr__, __dir__ = _lazy.attach(__name__, _HOMES, __all__)
