@@ -362,6 +362,52 @@ def metric_rule(
     )
 
 
+def momentum_rule(
+    rule: _leafwise.LeafRule, beta, nesterov: bool, field: str = "momentum"
+) -> _leafwise.LeafRule:
+    """``rule`` with its steps averaged by momentum, one parameter-shaped buffer ``field`` per
+    leaf (kept in the state dtype, at least float32), so that a step ``u`` repeated every round
+    is taken at its own size and a method's learning rate carries over:
+
+    * ``nesterov``: ``m'_t = beta m'_{t-1} + u_t``, the step ``(1 - beta) (u_t + beta m'_t)``
+      (``optax.trace(beta, nesterov=True)`` scaled by ``1 - beta``: Nesterov's accelerated
+      gradient as Optax writes it; Sutskever, Martens, Dahl & Hinton 2013);
+    * otherwise ``m_t = beta m_{t-1} + (1 - beta) u_t``, the step ``m_t / (1 - beta^(t+1))``
+      (``optax.ema(beta, debias=True)``, Adam's first moment; ``t`` the transform's count).
+
+    Inside the driver, unlike an ``optax.chain`` after the transform: a leaf skipped as
+    non-finite or refused keeps its buffer bit for bit and steps zero (module docstring of
+    ``sketchopt._leafwise``, "Bad input"), and the buffer is float32 under bfloat16 parameters.
+    The average of steps bounded by ``b`` is bounded by ``b``, so the rule's ``update_bound``
+    still holds; zero padding stays exact.
+    """
+
+    def init(spec, param):
+        return (*rule.init(spec, param), jnp.zeros(spec.size, spec.dtype))
+
+    def step(ctx, g, values, x, valid):
+        *inner, m = values
+        out = rule.step(ctx, g, tuple(inner), x, valid)
+        u, inner = out[0], out[1]
+        kept = valid if len(out) == 2 else out[2]
+        b = jnp.asarray(beta, m.dtype)
+        if nesterov:
+            m_new = b * m + u
+            u = (1 - b) * (u + b * m_new)
+        else:
+            m_new = b * m + (1 - b) * u
+            u = m_new / (1 - b ** (ctx.count + 1).astype(m.dtype))
+        m_new = jnp.where(kept, m_new, m)
+        return (jnp.where(kept, u, jnp.zeros((), u.dtype)), (*inner, m_new), *out[2:])
+
+    return rule._replace(
+        fields=(*rule.fields, field),
+        init=init,
+        step=step,
+        param_fields=(*rule.param_fields, field),
+    )
+
+
 def init_metric(metric: _metrics.Metric, spec: _leafwise.LeafSpec):
     """A metric's state for one leaf: ``init(shape, dtype)``, with the leaf's index for a seeded
     metric and its path for a path-aware one (``Metric.seeded``, ``Metric.path_key``)."""

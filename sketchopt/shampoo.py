@@ -61,6 +61,7 @@ import optax
 from optax import ScalarOrSchedule
 
 from sketchopt import _leafwise, _numerics, _validation
+from sketchopt import rules as _rules
 from sketchopt import kron as _kron
 from sketchopt._numerics import flat_size, state_dtype
 from sketchopt.metrics import KronMetricState, Metric, check_delta, refuse_complex
@@ -70,6 +71,7 @@ from sketchopt.rules import mirror_descent
 __all__ = [
     "GRAFTS",
     "GraftedOperator",
+    "KronFDState",
     "KronMetricState",
     "NormalizedOperator",
     "kron_fd",
@@ -567,8 +569,8 @@ def kron_fd(
         eigendecomposition while its basis still diagonalizes the statistic to the relative
         error ``tol``, counted in the state (:func:`kron_sketched`).
       momentum: ``None`` (no momentum: the mirror-descent step itself) or ``0 <= beta < 1``
-        (default 0.9): the steps averaged (:func:`_averaged_momentum`), one buffer per
-        parameter.
+        (default 0.9): the steps averaged (:func:`sketchopt.rules.momentum_rule`), one
+        float32 buffer per parameter, inside the non-finite guard (state :class:`KronFDState`).
       nesterov: Nesterov's form of that average (default ``True``; read only with a
         ``momentum``).
       factoring: as :func:`kron_sketched`. The three step counts
@@ -633,20 +635,19 @@ def kron_fd(
         refresh_tolerance=refresh_tolerance,
         **{name: value for name, value in counts.items() if value is not None},
     )
-    tx = mirror_descent(learning_rate, metric)
     if momentum is None:
-        return tx
-    return optax.chain(tx, _averaged_momentum(momentum, nesterov))
+        return mirror_descent(learning_rate, metric)
+    learning_rate = _validation.step_size("learning_rate", learning_rate)
+    rule = _rules.metric_rule(metric, learning_rate)
+    return _leafwise.leafwise(_rules.momentum_rule(rule, momentum, nesterov), KronFDState)
 
 
-def _averaged_momentum(beta, nesterov: bool = False) -> optax.GradientTransformation:
-    """Momentum as an average of the steps, so that it keeps their size: ``m_t = beta m_{t-1}
-    + (1 - beta) u_t``, the step ``m_t / (1 - beta^t)`` (``optax.ema`` with its bias correction),
-    or with ``nesterov`` ``(1 - beta) (u_t + beta m'_t)``, ``m'_t = beta m'_{t-1} + u_t``
-    (``optax.trace(beta, nesterov=True)`` scaled by ``1 - beta``; Sutskever et al. 2013). A step
-    ``u`` repeated every round is stepped at its own size by both, so the learning rates of a
-    method without momentum (Adam's, through the RMS graft) carry over. One buffer per parameter.
-    """
-    if nesterov:
-        return optax.chain(optax.trace(beta, nesterov=True), optax.scale(1 - beta))
-    return optax.ema(beta, debias=True)
+class KronFDState(NamedTuple):
+    """State of :func:`kron_fd` with ``momentum``: the metric states of
+    :class:`sketchopt.MirrorDescentState` and the momentum buffer, a tree like the parameters
+    (float32 under lower-precision parameters; a skipped leaf's buffer is kept as it was)."""
+
+    count: jax.Array
+    metric_state: Any
+    momentum: Any
+    nonfinite_count: jax.Array

@@ -566,3 +566,25 @@ def test_momentum_arguments_are_checked():
         so.kron_fd(0.1, 2, momentum=1.0)
     with pytest.raises(ValueError, match="nesterov"):
         so.kron_fd(0.1, 2, nesterov=1)
+
+
+def test_momentum_is_inside_the_nonfinite_guard_and_float32():
+    """A leaf whose gradient is non-finite steps zero and keeps its momentum buffer bit for bit
+    (the buffer lives in the driver's state, not in an ``optax.chain`` after it); under bfloat16
+    parameters the buffer is float32 and the updates bfloat16."""
+    params = {"w": jnp.ones((4, 3), jnp.bfloat16), "b": jnp.zeros(3, jnp.bfloat16)}
+    tx = so.kron_fd(1e-2, 2)
+    state = tx.init(params)
+    assert isinstance(state, so.shampoo.KronFDState)
+    assert {x.dtype for x in jax.tree.leaves(state.momentum)} == {jnp.dtype(jnp.float32)}
+    grads = jax.tree.map(lambda p: jnp.full(p.shape, 0.5, p.dtype), params)
+    update = jax.jit(tx.update)
+    _, state = update(grads, state)
+    bad = dict(grads, w=grads["w"].at[1, 2].set(jnp.nan))
+    updates, new = update(bad, state)
+    assert updates["w"].dtype == jnp.bfloat16
+    assert np.all(np.asarray(updates["w"], np.float32) == 0)
+    assert np.any(np.asarray(updates["b"], np.float32) != 0)
+    np.testing.assert_array_equal(new.momentum["w"], state.momentum["w"])
+    assert not np.array_equal(new.momentum["b"], state.momentum["b"])
+    assert int(new.nonfinite_count) == 1
