@@ -354,12 +354,50 @@ def _stack(values: Sequence[Any], layout: Callable[[Any], Any] | None):
 
 class LeafContext(NamedTuple):
     """What a leaf step may read besides its own state: the transform's step ``count`` (the
-    number of earlier updates, as Optax schedules take it), the leaf's static ``shape`` and the
-    hyperparameters the rule evaluated once for all leaves (``hyper``)."""
+    number of earlier updates, as Optax schedules take it), the leaf's static ``shape``, the
+    hyperparameters the rule evaluated once for all leaves (``hyper``) and, for a rule with
+    :class:`Phases`, the static variant of this update's branch (``phase``; ``None`` without)."""
 
     count: jax.Array
     shape: tuple[int, ...]
     hyper: Any
+    phase: Any = None
+
+
+class Phases(NamedTuple):
+    """Static variants of a rule's step that follow the step count (``kron_sketched``'s
+    sketches absorbing every ``N`` steps and its roots recomputed every ``K``).
+
+    The driver steps the whole update under one ``lax.switch(index(count), ...)`` whose branch
+    ``i`` traces every leaf with ``LeafContext.phase = variants[i]``: each branch is one
+    straight program whose factorizations join the update's batched calls, and the steps
+    between refreshes run none of them. (A ``lax.cond`` per leaf would keep each leaf's
+    factorizations out of the batched calls: on a TPU one while loop per leaf group.)
+
+    Attributes:
+      variants: the hashable static values, one per branch (each one reachable).
+      index: ``index(count) -> int32``, the branch of the update at step ``count``.
+    """
+
+    variants: tuple
+    index: Callable[[jax.Array], jax.Array]
+
+
+class LeafTail(NamedTuple):
+    """A coordinatewise stage after a rule's step (momentum on its steps), applied to each leaf's
+    update in the leaf's own shape and layout: no stacking, flattening or padding copies its
+    buffer (a parameter-shaped field of the step would be stacked per group and written back).
+
+    Attributes:
+      field: the state field that holds the stage's buffer, a tree like the parameters in
+        their state dtype (at least float32), zeros at ``init``.
+      step: ``step(ctx, u, buffer, skipped) -> (u, buffer)`` on one leaf's update (state dtype,
+        zero where the leaf was ``skipped``) and buffer; with ``skipped`` true it must return a
+        zero update and the buffer bit-identical.
+    """
+
+    field: str
+    step: Callable[..., tuple[jax.Array, jax.Array]]
 
 
 class LeafRule(NamedTuple):
@@ -400,6 +438,10 @@ class LeafRule(NamedTuple):
         (ADA-DIAG: ``|eta_t|``). The driver then checks the gradient and the bound (a scalar)
         only, not the update and the state after the step, which would take one more pass over
         them and a separate select (module docstring, "Bad input").
+      phases: ``None``, or the :class:`Phases` of a step whose program follows the step count:
+        the update is one ``lax.switch`` over them, each leaf's step reading ``ctx.phase``.
+      tail: ``None``, or a :class:`LeafTail` applied to every leaf's update after the step
+        (outside the ``switch`` of ``phases``).
     """
 
     fields: tuple[str, ...]
@@ -412,6 +454,8 @@ class LeafRule(NamedTuple):
     param_fields: tuple[str, ...] = ()
     coordinatewise: bool = False
     update_bound: Callable[[Any], jax.Array] | None = None
+    phases: Phases | None = None
+    tail: LeafTail | None = None
 
 
 def at_step(hyperparam, count, dtype=None):
@@ -698,7 +742,7 @@ class _Fields:
         return fields
 
 
-def _group_step(rule, layout, steps, count, hyper, fields, flat, x_leaves):
+def _group_step(rule, layout, steps, ctx, fields, flat, x_leaves):
     """One step of the group ``steps = (j,)``: ``{j: (us, values, skipped)}``
     (:func:`_run_group`)."""
     (j,) = steps
@@ -708,11 +752,11 @@ def _group_step(rule, layout, steps, count, hyper, fields, flat, x_leaves):
     xs = None
     if x_leaves is not None:
         xs = jnp.stack([_flatten(x_leaves[i], spec, leaf.dtype) for i in members])
-    ctx = LeafContext(count, leaf.shape, hyper)
+    ctx = ctx._replace(shape=leaf.shape)
     return {j: _run_group(rule, ctx, _dtype_of(flat[members[0]]), gs, fields.group(j), xs)}
 
 
-def _merged_step(rule, layout, steps, count, hyper, fields, flat, x_leaves):
+def _merged_step(rule, layout, steps, ctx, fields, flat, x_leaves):
     """One padded step of the groups ``steps`` (see :func:`step_plan`).
 
     Returns ``{group: (us, values, skipped)}`` as :func:`_run_group` gives them, with each
@@ -735,7 +779,7 @@ def _merged_step(rule, layout, steps, count, hyper, fields, flat, x_leaves):
             xs.append(stacked(x_leaves, members))
         own.append(fields.group(j))
         values.append(_padded(own[-1], fresh))
-    ctx = LeafContext(count, (width,), hyper)
+    ctx = ctx._replace(shape=(width,))
     us, new, skip = _run_group(
         rule,
         ctx,
@@ -753,7 +797,7 @@ def _merged_step(rule, layout, steps, count, hyper, fields, flat, x_leaves):
     return out
 
 
-def _step_groups(rule, layout, count, hyper, fields, flat, x_leaves):
+def _step_groups(rule, layout, count, hyper, fields, flat, x_leaves, phase=None):
     """Every group stepped (:func:`step_plan`): ``{group: (us, values, skipped)}``.
 
     The groups' steps run in lockstep (:func:`sketchopt._solvers.run_lockstep`): each is traced
@@ -767,8 +811,7 @@ def _step_groups(rule, layout, count, hyper, fields, flat, x_leaves):
             rule,
             layout,
             s,
-            count,
-            hyper,
+            LeafContext(count, (), hyper, phase),
             fields,
             flat,
             x_leaves,
@@ -876,18 +919,32 @@ def _initial_field(rule, f, params, treedef, layout, leaf_spec, per_leaf_values)
     return LeafGroups(tuple(groups), layout)
 
 
-def _leaf_updates(layout, stepped, flat):
-    """Each leaf's update from its stepped group, in the leaf's shape, layout and dtype, and how
-    many leaves were skipped (the policy of the module docstring, "Bad input")."""
-    out = [None] * len(flat)
-    skipped = jnp.zeros((), jnp.int32)
+def _leaf_updates(layout, stepped, num_leaves):
+    """Each leaf's update from its stepped group, in the leaf's shape and layout (the state
+    dtype), and whether it was skipped (the policy of the module docstring, "Bad input")."""
+    out, skips = [None] * num_leaves, [None] * num_leaves
     for j, members in enumerate(layout.groups):
         us, _, skip = stepped[j]
-        skipped = skipped + jnp.sum(skip, dtype=jnp.int32)
         for k, i in enumerate(members):
-            u = _unflatten(us[k], layout.shapes[i], layout.specs[j])
-            out[i] = u.astype(_dtype_of(flat[i]))
-    return out, skipped
+            out[i] = _unflatten(us[k], layout.shapes[i], layout.specs[j])
+            skips[i] = skip[k]
+    return out, skips
+
+
+def _tail_step(tail, ctx, out, skips, treedef, field):
+    """:class:`LeafTail`'s step on every leaf's update: the new updates and the new field."""
+    try:
+        buffers = treedef.flatten_up_to(field)
+    except (ValueError, TypeError):
+        raise ValueError(
+            f"the optimizer state's {tail.field!r} was built for parameters of another "
+            f"structure ({jax.tree.structure(field)}, the gradients: {treedef})"
+        ) from None
+    stepped = [
+        tail.step(ctx._replace(shape=u.shape), u, b, s)
+        for u, b, s in zip(out, buffers, skips, strict=True)
+    ]
+    return [u for u, _ in stepped], treedef.unflatten([b for _, b in stepped])
 
 
 def _coordinatewise_step(rule, layout, count, hyper, param_leaves, flat, x_leaves):
@@ -927,6 +984,8 @@ def leafwise(rule: LeafRule, state_class: type) -> optax.GradientTransformationE
         raise ValueError(f"param_fields {sorted(unknown)} are not fields of the rule {fields}")
     if rule.coordinatewise and set(rule.param_fields) != set(fields):
         raise ValueError("a coordinatewise rule keeps parameter-shaped fields only")
+    if rule.coordinatewise and (rule.phases is not None or rule.tail is not None):
+        raise ValueError("a coordinatewise rule has no phases and no tail")
 
     def init_fn(params):
         params = _materialized(params)
@@ -942,6 +1001,9 @@ def leafwise(rule: LeafRule, state_class: type) -> optax.GradientTransformationE
             name: _initial_field(rule, f, params, treedef, layout, leaf_spec, per_leaf_values)
             for f, name in enumerate(fields)
         }
+        if rule.tail is not None:
+            zeros = [jnp.zeros_like(p, layout.leaf(i).dtype) for i, p in enumerate(leaves)]
+            columns[rule.tail.field] = treedef.unflatten(zeros)
         zero = jnp.zeros((), jnp.int32)
         return state_class(count=zero, nonfinite_count=zero, **columns)
 
@@ -968,12 +1030,29 @@ def leafwise(rule: LeafRule, state_class: type) -> optax.GradientTransformationE
             )
             new_fields = {f: pack_leaves(treedef, v) for f, v in per_field.items()}
         else:
-            values = _Fields(rule, layout, treedef, state, param_leaves)
-            stepped = _step_groups(rule, layout, count, hyper, values, flat, x_leaves)
-            out, skipped = _leaf_updates(layout, stepped, flat)
-            new_fields = values.assemble({j: stepped[j][1] for j in stepped})
+
+            def stepped_fields(phase=None):
+                values = _Fields(rule, layout, treedef, state, param_leaves)
+                stepped = _step_groups(rule, layout, count, hyper, values, flat, x_leaves, phase)
+                out, skips = _leaf_updates(layout, stepped, len(flat))
+                return out, skips, values.assemble({j: stepped[j][1] for j in stepped})
+
+            if rule.phases is None or not layout.groups:
+                out, skips, new_fields = stepped_fields()
+            else:  # one switch for the whole update (Phases)
+                branches = [functools.partial(stepped_fields, v) for v in rule.phases.variants]
+                index = rule.phases.index(count)
+                out, skips, new_fields = jax.lax.switch(index, branches)
+            if rule.tail is not None:
+                ctx = LeafContext(count, (), hyper)
+                out, new_fields[rule.tail.field] = _tail_step(
+                    rule.tail, ctx, out, skips, treedef, getattr(state, rule.tail.field)
+                )
+            out = [u.astype(_dtype_of(g)) for u, g in zip(out, flat, strict=True)]
+            skipped = sum((s.astype(jnp.int32) for s in skips), jnp.zeros((), jnp.int32))
         if not layout.groups:  # nothing stepped: the fields stay as they are
-            new_fields = {f: getattr(state, f) for f in fields}
+            tail = () if rule.tail is None else (rule.tail.field,)
+            new_fields = {f: getattr(state, f) for f in (*fields, *tail)}
         new_state = state_class(
             count=optax.safe_increment(count),
             nonfinite_count=state.nonfinite_count + skipped,

@@ -112,6 +112,11 @@ class Metric(NamedTuple):
       hyper: ``None``, or ``hyper(count) -> pytree``: values of the metric that follow the step
         count (SON's ``eta_t`` and ``sigma_t``), evaluated once per update by the rules and
         passed as ``update(state, g, valid, hyper=...)``.
+      phases: ``None``, or a ``sketchopt._leafwise.Phases`` for a metric whose update takes
+        different static forms by the step count (:func:`sketchopt.shampoo.kron_sketched`'s
+        periods): the rules step the whole update under one ``lax.switch`` and pass each
+        branch's variant as ``update(..., hyper=..., phase=...)``; called without ``phase``
+        (``None``) the update chooses by the count itself.
       seeded: whether ``init`` takes the leaf's index, ``init(shape, dtype, index)``: a metric
         with random state (Oja's initial directions, random projections) draws each leaf's
         randomness from it.
@@ -162,6 +167,7 @@ class Metric(NamedTuple):
     absorb: Callable[..., tuple[Any, Any]] | None = None
     coordinatewise: bool = False
     unit_step: bool = False
+    phases: Any = None
 
     __eq__ = _validation.value_eq
     __hash__ = _validation.value_hash

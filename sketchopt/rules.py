@@ -326,7 +326,7 @@ def metric_rule(
         if metric.hyper is None:
             ms, op, solved = metric.update(ms, g, valid)
         else:
-            ms, op, solved = metric.update(ms, g, valid, hyper=metric_hyper)
+            ms, op, solved = metric.update(ms, g, valid, hyper=metric_hyper, **_phase(metric, ctx))
         direction = _metrics.solve_new_gradient(op, g, solved)
         if scale_only:
             return direction, (ms,)
@@ -359,15 +359,17 @@ def metric_rule(
         param_fields=(field,) if metric.param_shaped else (),
         coordinatewise=metric.coordinatewise and plain,
         update_bound=bound,
+        phases=metric.phases,
     )
 
 
 def momentum_rule(
     rule: _leafwise.LeafRule, beta, nesterov: bool, field: str = "momentum"
 ) -> _leafwise.LeafRule:
-    """``rule`` with its steps averaged by momentum, one parameter-shaped buffer ``field`` per
-    leaf (kept in the state dtype, at least float32), so that a step ``u`` repeated every round
-    is taken at its own size and a method's learning rate carries over:
+    """``rule`` with its steps averaged by momentum, one buffer per parameter in the state field
+    ``field`` (a tree like the parameters, in their state dtype: at least float32), so that a
+    step ``u`` repeated every round is taken at its own size and a method's learning rate
+    carries over:
 
     * ``nesterov``: ``m'_t = beta m'_{t-1} + u_t``, the step ``(1 - beta) (u_t + beta m'_t)``
       (``optax.trace(beta, nesterov=True)`` scaled by ``1 - beta``: Nesterov's accelerated
@@ -375,21 +377,13 @@ def momentum_rule(
     * otherwise ``m_t = beta m_{t-1} + (1 - beta) u_t``, the step ``m_t / (1 - beta^(t+1))``
       (``optax.ema(beta, debias=True)``, Adam's first moment; ``t`` the transform's count).
 
-    Inside the driver, unlike an ``optax.chain`` after the transform: a leaf skipped as
-    non-finite or refused keeps its buffer bit for bit and steps zero (module docstring of
-    ``sketchopt._leafwise``, "Bad input"), and the buffer is float32 under bfloat16 parameters.
-    The average of steps bounded by ``b`` is bounded by ``b``, so the rule's ``update_bound``
-    still holds; zero padding stays exact.
+    A stage of the driver (``sketchopt._leafwise.LeafTail``), unlike an ``optax.chain`` after
+    the transform: a leaf skipped as non-finite or refused keeps its buffer bit for bit and
+    steps zero (``sketchopt._leafwise``, "Bad input"), and the buffer is float32 under bfloat16
+    parameters; it runs on each leaf in the leaf's own layout, one fused pass with the update.
     """
 
-    def init(spec, param):
-        return (*rule.init(spec, param), jnp.zeros(spec.size, spec.dtype))
-
-    def step(ctx, g, values, x, valid):
-        *inner, m = values
-        out = rule.step(ctx, g, tuple(inner), x, valid)
-        u, inner = out[0], out[1]
-        kept = valid if len(out) == 2 else out[2]
+    def step(ctx, u, m, skipped):
         b = jnp.asarray(beta, m.dtype)
         if nesterov:
             m_new = b * m + u
@@ -397,15 +391,14 @@ def momentum_rule(
         else:
             m_new = b * m + (1 - b) * u
             u = m_new / (1 - b ** (ctx.count + 1).astype(m.dtype))
-        m_new = jnp.where(kept, m_new, m)
-        return (jnp.where(kept, u, jnp.zeros((), u.dtype)), (*inner, m_new), *out[2:])
+        return jnp.where(skipped, jnp.zeros((), u.dtype), u), jnp.where(skipped, m, m_new)
 
-    return rule._replace(
-        fields=(*rule.fields, field),
-        init=init,
-        step=step,
-        param_fields=(*rule.param_fields, field),
-    )
+    return rule._replace(tail=_leafwise.LeafTail(field, step))
+
+
+def _phase(metric: _metrics.Metric, ctx: _leafwise.LeafContext) -> dict:
+    """The keyword that passes the update's branch to a metric with phases (``Metric.phases``)."""
+    return {} if metric.phases is None else {"phase": ctx.phase}
 
 
 def init_metric(metric: _metrics.Metric, spec: _leafwise.LeafSpec):
@@ -546,7 +539,7 @@ def dual_averaging(
         ms, gsum, x1 = values
         eta, metric_hyper = ctx.hyper
         if metric.hyper is not None:  # values that follow the step count (kron_sketched's)
-            ms, op, _ = metric.update(ms, g, valid, hyper=metric_hyper)
+            ms, op, _ = metric.update(ms, g, valid, hyper=metric_hyper, **_phase(metric, ctx))
         elif metric.absorb is not None:  # no solve with g: the step solves with the sum
             ms, op = metric.absorb(ms, g, valid)
         else:
@@ -571,5 +564,6 @@ def dual_averaging(
         group_key=metric.path_key,
         param_fields=("metric_state",) * metric.param_shaped + ("grad_sum", "anchor"),
         coordinatewise=metric.coordinatewise and regularizer is None,
+        phases=metric.phases,
     )
     return _leafwise.leafwise(rule, DualAveragingState)

@@ -61,8 +61,8 @@ import optax
 from optax import ScalarOrSchedule
 
 from sketchopt import _leafwise, _numerics, _validation
-from sketchopt import rules as _rules
 from sketchopt import kron as _kron
+from sketchopt import rules as _rules
 from sketchopt._numerics import flat_size, state_dtype
 from sketchopt.metrics import KronMetricState, Metric, check_delta, refuse_complex
 from sketchopt.operators import DiagonalOperator, KroneckerOperator
@@ -314,8 +314,12 @@ def kron_sketched(
     name = "kron_rfd" if robust else "kron_fd"
     return Metric(
         kron.init, kron.update, kron.operator, name, spec, hyper=kron.hyper,
-        path_key=kron.factored_as,
+        path_key=kron.factored_as, phases=kron.phases(),
     )  # fmt: skip
+
+
+#: ``(absorb, refresh)`` in the order of :meth:`_KronSketched.phases`'s branch code.
+_PHASE_CODES = ((False, False), (False, True), (True, False), (True, True))
 
 
 class _KronSketched:
@@ -435,9 +439,30 @@ class _KronSketched:
         out = [_kron.absorb_lazily(side, stream, tolerance=tol, **opts) for side, stream in pairs]
         return tuple(side for side, _ in out), jnp.stack([n for _, n in out])
 
-    def step_one(self, left, right, roots, kept, mat, valid, count):
+    def phases(self):
+        """The update's static forms, ``(absorb, refresh)`` at step ``t``: ``t % update_every
+        == 0`` and ``t % refresh_every == 0`` (:class:`sketchopt._leafwise.Phases`; ``None``
+        when every step does both). Step 0 does both; neither, when both periods exceed 1
+        (step 1); only one, when the other's period does not divide its own (step ``N`` or
+        ``K``)."""
+        n, k = self.update_every, self.refresh_every
+        if n == k == 1:
+            return None
+        reachable = [(True, True), (False, False) if min(n, k) > 1 else None]
+        reachable += [(True, False) if n % k else None, (False, True) if k % n else None]
+        variants = tuple(v for v in reachable if v is not None)
+        code = [variants.index(v) if v in variants else 0 for v in _PHASE_CODES]
+
+        def index(count):
+            absorb, refresh = count % n == 0, count % k == 0
+            return jnp.asarray(code, jnp.int32)[2 * absorb.astype(jnp.int32) + refresh]
+
+        return _leafwise.Phases(variants, index)
+
+    def step_one(self, left, right, roots, kept, mat, valid, count, phase=None):
         """One matrix's sketches after ``mat``, the inverse roots to step with, and the count of
-        blocks taken in the old basis (``refresh_tolerance``)."""
+        blocks taken in the old basis (``refresh_tolerance``). ``phase``, the driver's static
+        ``(absorb, refresh)`` (:meth:`phases`), or ``None``: a ``lax.cond`` on the count."""
         sides = (left, right), kept
         absorbed = functools.partial(self.absorbed, mat, count)
 
@@ -445,22 +470,29 @@ class _KronSketched:
             new, n = absorbed(carry[0])
             return new, None if carry[1] is None else carry[1] + n
 
-        if self.update_every == 1:  # no cond: its factorizations join the batched calls
-            new = counted(sides)
+        if self.update_every == 1 or (phase is not None and phase[0]):
+            new = counted(sides)  # no cond: its factorizations join the batched calls
+        elif phase is not None:
+            new = sides
         else:
             new = jax.lax.cond(count % self.update_every == 0, counted, lambda s: s, sides)
         (left, right), kept = jax.tree.map(lambda a, b: jnp.where(valid, a, b), new, sides)
         if self.refresh_every == 1:
             return left, right, None, kept, self.roots_of(left, right)
-        fresh = jax.lax.cond(
-            count % self.refresh_every == 0,
-            lambda: self.roots_of(left, right),
-            lambda: roots,
-        )
+        if phase is None:
+            fresh = jax.lax.cond(
+                count % self.refresh_every == 0,
+                lambda: self.roots_of(left, right),
+                lambda: roots,
+            )
+        elif phase[1]:
+            fresh = self.roots_of(left, right)
+        else:
+            return left, right, roots, kept, roots
         roots = jax.tree.map(lambda a, b: jnp.where(valid, a, b), fresh, roots)
         return left, right, roots, kept, roots
 
-    def update(self, state, g, valid=True, *, hyper):
+    def update(self, state, g, valid=True, *, hyper, phase=None):
         count = hyper
         diag = state.diag
         if diag is not None:
@@ -474,7 +506,7 @@ class _KronSketched:
         # gradient is laid out to match (a no-op for a leaf split along its leading axis).
         mat = jnp.reshape(g, (-1, m, n) if stacked else (m, n)).astype(dtype)
         mat = _kron.match_sides(mat, state.left.rows, state.right.rows)
-        step = functools.partial(self.step_one, valid=valid, count=count)
+        step = functools.partial(self.step_one, valid=valid, count=count, phase=phase)
         if stacked:
             step = jax.vmap(step)
         left, right, roots, kept, current = step(

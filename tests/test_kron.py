@@ -12,6 +12,7 @@ import pytest
 
 import sketchopt as so
 from sketchopt import kron, metrics
+from sketchopt import shampoo as shampoo_module
 
 #: ``kron_fd``'s settings before its defaults were chosen by the time-to-target benchmark (no
 #: momentum, sketches and roots every step): the float64 Shampoo references below step so.
@@ -588,3 +589,46 @@ def test_momentum_is_inside_the_nonfinite_guard_and_float32():
     np.testing.assert_array_equal(new.momentum["w"], state.momentum["w"])
     assert not np.array_equal(new.momentum["b"], state.momentum["b"])
     assert int(new.nonfinite_count) == 1
+
+
+@pytest.mark.parametrize("periods", [(1, 1), (1, 10), (10, 1), (10, 10), (2, 3), (4, 2), (3, 6)])
+def test_phases_are_the_reachable_absorb_refresh_pairs(periods):
+    """``kron_sketched``'s update is one ``lax.switch`` over the ``(absorb, refresh)`` forms a
+    step count reaches; each count's branch is its own pair (brute force over two periods)."""
+    n, k = periods
+    phases = shampoo_module.kron_sketched(2, update_every=n, refresh_every=k).phases
+    seen = {(t % n == 0, t % k == 0) for t in range(2 * n * k)}
+    if seen == {(True, True)}:
+        assert phases is None
+        return
+    assert set(phases.variants) == seen and len(phases.variants) == len(seen)
+    for t in range(2 * n * k):
+        index = int(phases.index(jnp.asarray(t, jnp.int32)))
+        assert phases.variants[index] == (t % n == 0, t % k == 0), t
+
+
+def test_one_switch_keeps_the_factorizations_batched():
+    """On the accelerator path at the default period the update is one ``switch`` whose refresh
+    branch holds as many ``eigh`` calls as the every-step program (batched across the leaves'
+    groups), not one ``cond`` and ``eigh`` per group."""
+    params = {f"w{i}": jnp.zeros((6 + i, 5 + 2 * i)) for i in range(3)}
+
+    def eqns(tx):
+        with so.accelerator_path(), so.batched_solves():
+            jaxpr = jax.make_jaxpr(tx.update)(params, tx.init(params))
+        return jaxpr.jaxpr.eqns
+
+    def inner(eqn):  # the jaxprs of a jit, a switch's branches, ...
+        for value in eqn.params.values():
+            for x in value if isinstance(value, (tuple, list)) else (value,):
+                yield from [x.jaxpr] if hasattr(x, "consts") else [x] if hasattr(x, "eqns") else []
+
+    def count(eqns, name):
+        return sum(
+            (e.primitive.name == name) + sum(count(j.eqns, name) for j in inner(e)) for e in eqns
+        )
+
+    periodic = eqns(so.kron_fd(1e-3, 4))
+    every = eqns(so.kron_fd(1e-3, 4, update_every=1, refresh_every=1))
+    assert count(periodic, "cond") == count(every, "cond") + 1
+    assert count(periodic, "eigh") == count(every, "eigh") > 0
