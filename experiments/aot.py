@@ -176,12 +176,13 @@ def guarded_adagrad(learning_rate: float = 0.1, eps: float = 1e-7):
     return optax.GradientTransformation(init, update)
 
 
-def kron_fd_branch(refresh: bool, learning_rate: float = 1e-3):
+def kron_fd_branch(refresh: bool, learning_rate: float = 1e-3, sketch_size: int | None = None):
     """``sketchopt.kron_fd(learning_rate)`` at its defaults with its update's ``lax.switch``
     (``sketchopt._leafwise.Phases``) cut to one branch: the step that absorbs the gradient and
     recomputes the roots (``refresh``), or a step between refreshes. XLA counts the switch at
     its costliest branch; these two give a period's amortized bytes,
-    ``(refresh + (PERIOD - 1) between) / PERIOD``."""
+    ``(refresh + (PERIOD - 1) between) / PERIOD``. ``sketch_size``: ``None`` (the default's)
+    or another ``k``."""
     import inspect
 
     from sketchopt import _leafwise, rules, shampoo
@@ -195,7 +196,8 @@ def kron_fd_branch(refresh: bool, learning_rate: float = 1e-3):
     skip = ("sketch_size", "delta")
     options = {k: v for k, v in defaults.items() if k in own and k not in skip and v is not None}
     options.update(update_every=shampoo.PERIOD, refresh_every=shampoo.PERIOD)
-    metric = shampoo.kron_sketched(defaults["sketch_size"], defaults["delta"], **options)
+    k = defaults["sketch_size"] if sketch_size is None else sketch_size
+    metric = shampoo.kron_sketched(k, defaults["delta"], **options)
     one = _leafwise.Phases(((refresh, refresh),), lambda count: jnp.zeros((), jnp.int32))
     rule = rules.metric_rule(metric._replace(phases=one), learning_rate)
     rule = rules.momentum_rule(rule, defaults["momentum"], defaults["nesterov"])

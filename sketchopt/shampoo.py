@@ -574,8 +574,9 @@ def kron_fd(
     the sketches); without it ``kron_fd`` did not reach AdamW's loss on the transformer in the
     same steps. ``update_every=10`` and ``refresh_every=10`` (``PERIOD``): the sketches and roots
     every step took 1.6-10x AdamW's step time on a CPU (small ``eigh`` calls per layer and side),
-    every 10 steps 1.2-2.7x, for a few percent more final loss (on a TPU the refresh's
-    ``lax.cond`` costs while loops: the networks page). ``graft="rms"`` sets
+    every 10 steps 1.2-2.7x, for a few percent more final loss (the update is one
+    ``lax.switch`` between a refresh step and a step with the stored roots, so that the
+    refresh's factorizations stay batched on an accelerator). ``graft="rms"`` sets
     every layer's step to the root-mean-square ``graft_rms * learning_rate`` (Distributed
     Shampoo's ``SQRT_N`` grafting, Muon-style optimizers' matched update RMS), with no
     per-parameter state; ``graft_rms = 1.0`` puts the best rate with momentum on AdamW's (0.35,

@@ -76,6 +76,22 @@ def test_ada_diag_moves_the_bytes_of_the_guarded_floor():
         assert ours <= 1.01 * floor, (ours, floor)
 
 
+def test_kron_fd_refresh_period_keeps_two_while_loops():
+    """``kron_fd`` at its defaults (roots every 10 steps, ``k = 32``: each side's sketch takes a
+    gradient in one block) over layers of four shapes: one
+    ``switch`` between the refresh step and the step between refreshes, the refresh's ``eigh``
+    batched across the shape groups, so at most 2 while loops on the TPU (a ``cond`` per group
+    made one loop per group and side); the step between refreshes moves less than the switch's
+    costliest branch."""
+    shapes = [(48, 32), (32, 48), (32, 32), (64, 32)]
+    params = {f"w{i}": jax.ShapeDtypeStruct(s, jnp.float32) for i, s in enumerate(shapes * 2)}
+    program = aot.compile_update(so.kron_fd(1e-3), params)
+    assert program.while_loops <= 2, program.while_loops
+    between = aot.compile_update(aot.kron_fd_branch(False), params)
+    assert between.while_loops == 0
+    assert between.bytes_accessed < program.bytes_accessed
+
+
 def test_readme_flax_step_compiles_for_tpu():
     """The README's Flax MLP on the digits: loss, gradients and the ``kron_fd`` update as one
     TPU program (the functional form of its ``nnx.Optimizer`` step)."""
