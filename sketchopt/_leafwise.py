@@ -921,18 +921,22 @@ def _initial_field(rule, f, params, treedef, layout, leaf_spec, per_leaf_values)
 
 def _leaf_updates(layout, stepped, num_leaves):
     """Each leaf's update from its stepped group, in the leaf's shape and layout (the state
-    dtype), and whether it was skipped (the policy of the module docstring, "Bad input")."""
-    out, skips = [None] * num_leaves, [None] * num_leaves
+    dtype), and each group's skipped leaves (the policy of the module docstring, "Bad
+    input")."""
+    out = [None] * num_leaves
     for j, members in enumerate(layout.groups):
-        us, _, skip = stepped[j]
+        us = stepped[j][0]
         for k, i in enumerate(members):
             out[i] = _unflatten(us[k], layout.shapes[i], layout.specs[j])
-            skips[i] = skip[k]
-    return out, skips
+    return out, tuple(stepped[j][2] for j in range(len(layout.groups)))
 
 
-def _tail_step(tail, ctx, out, skips, treedef, field):
+def _tail_step(tail, ctx, out, layout, group_skips, treedef, field):
     """:class:`LeafTail`'s step on every leaf's update: the new updates and the new field."""
+    skips = [None] * len(out)
+    for members, skip in zip(layout.groups, group_skips, strict=True):
+        for k, i in enumerate(members):
+            skips[i] = skip[k]
     try:
         buffers = treedef.flatten_up_to(field)
     except (ValueError, TypeError):
@@ -1045,11 +1049,12 @@ def leafwise(rule: LeafRule, state_class: type) -> optax.GradientTransformationE
                 out, skips, new_fields = jax.lax.switch(index, branches)
             if rule.tail is not None:
                 ctx = LeafContext(count, (), hyper)
+                field = getattr(state, rule.tail.field)
                 out, new_fields[rule.tail.field] = _tail_step(
-                    rule.tail, ctx, out, skips, treedef, getattr(state, rule.tail.field)
+                    rule.tail, ctx, out, layout, skips, treedef, field
                 )
             out = [u.astype(_dtype_of(g)) for u, g in zip(out, flat, strict=True)]
-            skipped = sum((s.astype(jnp.int32) for s in skips), jnp.zeros((), jnp.int32))
+            skipped = sum((jnp.sum(s, dtype=jnp.int32) for s in skips), jnp.zeros((), jnp.int32))
         if not layout.groups:  # nothing stepped: the fields stay as they are
             tail = () if rule.tail is None else (rule.tail.field,)
             new_fields = {f: getattr(state, f) for f in (*fields, *tail)}
