@@ -185,7 +185,7 @@ def kron_fd_branch(refresh: bool, learning_rate: float = 1e-3, sketch_size: int 
     or another ``k``."""
     import inspect
 
-    from sketchopt import _leafwise, rules, shampoo
+    from sketchopt import _leafwise, shampoo
 
     defaults = {
         name: p.default
@@ -199,6 +199,5 @@ def kron_fd_branch(refresh: bool, learning_rate: float = 1e-3, sketch_size: int 
     k = defaults["sketch_size"] if sketch_size is None else sketch_size
     metric = shampoo.kron_sketched(k, defaults["delta"], **options)
     one = _leafwise.Phases(((refresh, refresh),), lambda count: jnp.zeros((), jnp.int32))
-    rule = rules.metric_rule(metric._replace(phases=one), learning_rate)
-    rule = rules.momentum_rule(rule, defaults["momentum"], defaults["nesterov"])
-    return _leafwise.leafwise(rule, shampoo.KronFDState)
+    metric = metric._replace(phases=one)
+    return shampoo.with_momentum(learning_rate, metric, defaults["momentum"], defaults["nesterov"])

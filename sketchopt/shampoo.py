@@ -670,8 +670,15 @@ def kron_fd(
     )
     if momentum is None:
         return mirror_descent(learning_rate, metric)
-    learning_rate = _validation.step_size("learning_rate", learning_rate)
-    rule = _rules.metric_rule(metric, learning_rate)
+    return with_momentum(learning_rate, metric, momentum, nesterov)
+
+
+def with_momentum(learning_rate, metric: Metric, momentum, nesterov: bool):
+    """Composite mirror descent on ``metric`` (:func:`sketchopt.rules.mirror_descent`, Duchi et
+    al. 2011 eq. 4) with its steps averaged by momentum inside the driver
+    (:func:`sketchopt.rules.momentum_rule`): :func:`kron_fd`'s transform (state
+    :class:`KronFDState`)."""
+    rule = _rules.metric_rule(metric, _validation.step_size("learning_rate", learning_rate))
     return _leafwise.leafwise(_rules.momentum_rule(rule, momentum, nesterov), KronFDState)
 
 
