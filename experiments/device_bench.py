@@ -36,8 +36,9 @@ keeps what it measured):
 * ``aot`` (any machine, with libtpu installed: ``make test-accelerators`` puts it in
   ``.venv/libtpu``, ``PYTHONPATH=.venv/libtpu``): one update of every learner compiled for a TPU
   v5e by XLA's TPU compiler, deviceless, at each ``--dims`` and on the 24-layer tree, side by
-  side with ``optax.adagrad``, ``optax.adam`` and the guarded floor program
-  (:func:`aot_part`, ``experiments/aot.py``); ``--learners`` picks some. Not in the default
+  side with ``optax.adagrad``, ``optax.adam`` and the guarded floor program, and the diagonal
+  ones as a training step's optimizer part on the tree (:func:`aot_part`,
+  ``experiments/aot.py``); ``--learners`` picks some. Not in the default
   ``--parts``: on a GPU it compiles for a TPU all the same.
 
 The device, JAX's version and (on a GPU) CUDA's are recorded beside the numbers.
@@ -273,34 +274,48 @@ def _aot_programs() -> tuple:
     )
 
 
+#: The ``aot`` part's programs compiled as a training step's optimizer part as well
+#: (``experiments.aot.compile_step``: the update and the parameters' write, both donated), on
+#: the tree: a diagonal update's passes fuse with the write there.
+STEP_PROGRAMS = ("optax.adagrad", "optax.adam", "guarded adagrad", "ada_diag")
+
+
 def aot_part(dims: list[int], layers: int = 24, names: tuple[str, ...] | None = None) -> dict:
     """One update of each of :func:`_aot_programs` compiled for a TPU v5e by XLA's TPU compiler on
     this machine (``experiments/aot.py``: deviceless, the state donated, on the accelerator code
     path), at each ``dims`` (one float32 leaf) and on the speed benchmark's ``layers``-layer
-    tree, with JAX's persistent compilation cache off: XLA's bytes accessed, flops, roofline
+    tree (and :data:`STEP_PROGRAMS` in a training step on that tree), with JAX's persistent
+    compilation cache off: XLA's bytes accessed, flops, roofline
     seconds, fusions, while loops and compile seconds, and the bytes over the peer's."""
     import jax.numpy as jnp
 
     from experiments import aot, speed
 
     jax.config.update("jax_enable_compilation_cache", False)
-    cases = {f"d={d:.0e}": {"w": jax.ShapeDtypeStruct((d,), jnp.float32)} for d in dims}
+    cases = {
+        f"d={d:.0e}": ({"w": jax.ShapeDtypeStruct((d,), jnp.float32)}, aot.compile_update, None)
+        for d in dims
+    }
     if layers:
-        cases[f"{layers}-layer tree"] = speed._transformer_tree(layers)
+        tree = speed._transformer_tree(layers)
+        cases[f"{layers}-layer tree"] = (tree, aot.compile_update, None)
+        cases[f"{layers}-layer training step"] = (tree, aot.compile_step, STEP_PROGRAMS)
     out = {
         "provenance": common.provenance(),
         "topology": aot.TOPOLOGY,
         "libtpu": _version("libtpu"),
         "cases": {},
     }
-    for case, params in cases.items():
+    for case, (params, compile_, only) in cases.items():
         rows = {}
         for name, make, peer in _aot_programs():
-            if (names and name.split(" ")[0] not in names and peer is not None) or (
-                name.startswith("kron_fd") and "tree" not in case
+            if (
+                (names and name.split(" ")[0] not in names and peer is not None)
+                or (name.startswith("kron_fd") and "tree" not in case)
+                or (only is not None and name not in only)
             ):
                 continue
-            row = aot.compile_update(make(), params).row()
+            row = compile_(make(), params).row()
             if peer in rows:
                 row["bytes_over_peer"] = row["bytes_accessed"] / rows[peer]["bytes_accessed"]
                 row["fusions_over_peer"] = row["fusions"] / max(1, rows[peer]["fusions"])

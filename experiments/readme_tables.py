@@ -144,7 +144,8 @@ def aot(out: pathlib.Path) -> str | None:
         f"{r['guarded adagrad']['bytes_accessed'] / r['optax.adagrad']['bytes_accessed']:.2f}x"
         for r in cases.values()
     ]
-    rows.append(["guarded floor (one finiteness read, one pass) / `optax.adagrad`", *floor])
+    label = "guarded floor (a finiteness read, one pass, the skip count) / `optax.adagrad`"
+    rows.append([label, *floor])
     rows[-1] += [""] * (len(rows[0]) - len(rows[-1]))
     headers = ["bytes accessed, donated update", *cases]
     if tree is not None:
@@ -154,7 +155,8 @@ def aot(out: pathlib.Path) -> str | None:
         f"One update compiled for a TPU {payload['topology']} by XLA's TPU compiler on this "
         f"machine (deviceless; jax {p.get('jax', '?')}, libtpu {payload.get('libtpu')}), the "
         "state donated, on the accelerator code path: XLA's bytes accessed over the Optax "
-        "peer's, float32, `sketch_size = 10`."
+        "peer's, float32, `sketch_size = 10`; a training step's column is the update with the "
+        "parameters' write (both donated), where a diagonal update's passes fuse with it."
     )
     table = common.markdown_table(headers, rows)
     return "\n\n".join([_source(payload, "experiments/device_bench.py --parts aot"), head, table])

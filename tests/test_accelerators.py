@@ -65,14 +65,24 @@ def test_update_compiles_for_tpu(name):
 def test_ada_diag_moves_the_bytes_of_the_guarded_floor():
     """ADA-DIAG's update is the least guarded diagonal step as XLA's TPU compiler counts it
     (``experiments/aot.py``'s ``guarded_adagrad``: one finiteness read of the gradient, one
-    fused pass), on one leaf and on a tree of equal leaves: no flattening, stacking or second
-    check adds a pass."""
-    for params in (
-        {"w": jax.ShapeDtypeStruct((1024, 1024), jnp.float32)},
-        {f"w{i}": jax.ShapeDtypeStruct((256, 1024), jnp.float32) for i in range(8)},
+    fused pass, the count of skipped leaves), on one leaf and on a tree of equal leaves, and
+    in a training step (the parameters' write fused in) on a tree of mixed shapes: no
+    flattening, stacking or second check adds a pass."""
+    mixed = {
+        "w": jax.ShapeDtypeStruct((256, 768), jnp.float32),
+        "v": jax.ShapeDtypeStruct((1024, 256), jnp.float32),
+        "b": jax.ShapeDtypeStruct((768,), jnp.float32),
+    }
+    for compile_, params in (
+        (aot.compile_update, {"w": jax.ShapeDtypeStruct((1024, 1024), jnp.float32)}),
+        (
+            aot.compile_update,
+            {f"w{i}": jax.ShapeDtypeStruct((256, 1024), jnp.float32) for i in range(8)},
+        ),
+        (aot.compile_step, {f"layer{i}": mixed for i in range(3)}),
     ):
-        ours = aot.compile_update(so.ada_diag(0.1), params).bytes_accessed
-        floor = aot.compile_update(aot.guarded_adagrad(0.1), params).bytes_accessed
+        ours = compile_(so.ada_diag(0.1), params).bytes_accessed
+        floor = compile_(aot.guarded_adagrad(0.1), params).bytes_accessed
         assert ours <= 1.01 * floor, (ours, floor)
 
 

@@ -89,3 +89,33 @@ def test_rewrite_replaces_only_the_blocks_it_has(results, tmp_path):
     assert networks == after[after.index("<!-- networks: start -->") :]  # left as it was
     assert "sketchopt 9.9.9" in after
     assert readme_tables.main(["--results", str(results), "--readme", str(readme), "--check"]) == 0
+
+
+def test_aot_table_has_a_column_per_case(tmp_path):
+    """The TPU count's table: a column per case (a training step's among them), the ratio over
+    the peer where a learner has a row, blank where not, and the guarded floor's row."""
+
+    def row(gb, **extra):
+        return {"bytes_accessed": gb * 1e9, "fusions": 2, "while_loops": 0,
+                "compile_seconds": 1.0, **extra}  # fmt: skip
+
+    def ours(gb, peer_gb):
+        return row(gb, peer="optax.adagrad", bytes_over_peer=gb / peer_gb, compile_over_peer=2.0)
+
+    peers = {"optax.adagrad": row(1.0), "guarded adagrad": row(2.0)}
+    cases = {
+        "d=1e+06": {**peers, "ada_diag": ours(2.0, 1.0), "ada_fd": ours(40.0, 1.0)},
+        "2-layer tree": {**peers, "ada_diag": ours(1.5, 1.0)},
+        "2-layer training step": {**peers, "ada_diag": ours(1.7, 1.0)},
+    }
+    aot = {"topology": "v5e:2x2", "libtpu": "0", "cases": cases, "provenance": PROVENANCE}
+    (tmp_path / "aot.json").write_text(json.dumps({"aot": aot}))
+    lines = readme_tables.aot(tmp_path).splitlines()
+    assert "| 2-layer tree | 2-layer training step |" in lines[4]
+    by_name = {line.split(" | ")[0]: line for line in lines if line.startswith("| ")}
+    assert by_name["| `ada_diag` / `optax.adagrad`"].startswith(
+        "| `ada_diag` / `optax.adagrad` | 2.00x | 1.50x | 1.70x | 2 / 2 | 0 |"
+    )
+    assert "| 40.00x |  |  |  |  |" in by_name["| `ada_fd` / `optax.adagrad`"]
+    floor = next(line for line in lines if line.startswith("| guarded floor"))
+    assert floor.endswith("| 2.00x | 2.00x | 2.00x |  |  |  |")
