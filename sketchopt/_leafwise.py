@@ -442,6 +442,11 @@ class LeafRule(NamedTuple):
         the update is one ``lax.switch`` over them, each leaf's step reading ``ctx.phase``.
       tail: ``None``, or a :class:`LeafTail` applied to every leaf's update after the step
         (outside the ``switch`` of ``phases``).
+      shaped: whether ``step`` takes ``g`` (and ``x``) in the leaf's own shape and returns the
+        update in it: a group's gradients are then stacked as they are, not flattened (on a TPU
+        or GPU a tiled matrix's flat vector is a relayout copy, and so is the way back); its
+        state fields are laid out as for any rule. Not with ``paddable``; flattened all the same
+        under an explicit mesh (:func:`sketchopt.sharding.flat_spec`'s layout).
     """
 
     fields: tuple[str, ...]
@@ -456,6 +461,7 @@ class LeafRule(NamedTuple):
     update_bound: Callable[[Any], jax.Array] | None = None
     phases: Phases | None = None
     tail: LeafTail | None = None
+    shaped: bool = False
 
 
 def at_step(hyperparam, count, dtype=None):
@@ -675,8 +681,15 @@ def _flatten(x, spec, dtype):
     return jnp.reshape(x, (-1,), out_sharding=target).astype(dtype)
 
 
+def _shaped(x, spec, dtype):
+    """A leaf in its own shape and layout, in ``dtype`` (a shaped rule's :func:`_flatten`)."""
+    del spec
+    return jnp.asarray(x).astype(dtype)
+
+
 def _unflatten(u, shape, spec):
-    """The inverse of :func:`_flatten`: a flat vector in the leaf's shape and layout."""
+    """The inverse of :func:`_flatten`: a flat vector in the leaf's shape and layout (a
+    shaped rule's update, already in it, as it is)."""
     if spec is None or not _partitioning.explicit_mesh():
         return u.reshape(shape)
     return jnp.reshape(u, shape, out_sharding=jax.sharding.PartitionSpec(*spec))
@@ -748,10 +761,13 @@ def _group_step(rule, layout, steps, ctx, fields, flat, x_leaves):
     (j,) = steps
     members, spec = layout.groups[j], layout.specs[j]
     leaf = layout.leaf(members[0])
-    gs = jnp.stack([_flatten(flat[i], spec, leaf.dtype) for i in members])
+    # Under an explicit mesh a shaped rule's leaves are flattened too: its own reshape of a leaf
+    # split along a middle axis would need the output's layout, which _flatten gives.
+    laid_out = _shaped if rule.shaped and not _partitioning.explicit_mesh() else _flatten
+    gs = jnp.stack([laid_out(flat[i], spec, leaf.dtype) for i in members])
     xs = None
     if x_leaves is not None:
-        xs = jnp.stack([_flatten(x_leaves[i], spec, leaf.dtype) for i in members])
+        xs = jnp.stack([laid_out(x_leaves[i], spec, leaf.dtype) for i in members])
     ctx = ctx._replace(shape=leaf.shape)
     return {j: _run_group(rule, ctx, _dtype_of(flat[members[0]]), gs, fields.group(j), xs)}
 
@@ -974,14 +990,8 @@ def _coordinatewise_step(rule, layout, count, hyper, param_leaves, flat, x_leave
     return out, skipped, per_field
 
 
-def leafwise(rule: LeafRule, state_class: type) -> optax.GradientTransformationExtraArgs:
-    """A gradient transformation from a per-leaf rule (module docstring).
-
-    ``state_class`` is a NamedTuple with the fields ``count`` and ``nonfinite_count`` (int32
-    scalars) and ``rule.fields``: each a :class:`LeafGroups` of stacked groups, or for the
-    ``rule.param_fields`` a tree with the parameters' structure (module docstring, "State
-    layout").
-    """
+def _checked_fields(rule: LeafRule) -> tuple[str, ...]:
+    """``rule.fields``, after the checks of the flags that go together."""
     fields = tuple(rule.fields)
     unknown = set(rule.param_fields) - set(fields)
     if unknown:
@@ -990,6 +1000,20 @@ def leafwise(rule: LeafRule, state_class: type) -> optax.GradientTransformationE
         raise ValueError("a coordinatewise rule keeps parameter-shaped fields only")
     if rule.coordinatewise and (rule.phases is not None or rule.tail is not None):
         raise ValueError("a coordinatewise rule has no phases and no tail")
+    if rule.shaped and rule.paddable:
+        raise ValueError("a shaped rule is not paddable (padding flattens the leaves)")
+    return fields
+
+
+def leafwise(rule: LeafRule, state_class: type) -> optax.GradientTransformationExtraArgs:
+    """A gradient transformation from a per-leaf rule (module docstring).
+
+    ``state_class`` is a NamedTuple with the fields ``count`` and ``nonfinite_count`` (int32
+    scalars) and ``rule.fields``: each a :class:`LeafGroups` of stacked groups, or for the
+    ``rule.param_fields`` a tree with the parameters' structure (module docstring, "State
+    layout").
+    """
+    fields = _checked_fields(rule)
 
     def init_fn(params):
         params = _materialized(params)

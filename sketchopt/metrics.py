@@ -144,6 +144,11 @@ class Metric(NamedTuple):
         entrywise (the diagonal: ``s_t >= |g_t|``, its sum of squares saturating at the dtype's
         largest value). The rules then bound the update by ``|eta_t|`` and skip checking it and
         the state after the step: one read of the gradient and one pass, as ``optax.adagrad``.
+      shaped: whether ``update`` takes ``g`` in the leaf's own shape as well as flat and its
+        operator returns ``H_t^{-1} y`` in ``y``'s shape (:func:`sketchopt.shampoo.kron_sketched`,
+        which reshapes ``g`` to its matrix anyway). :func:`sketchopt.rules.mirror_descent`'s
+        rule then stacks a group's gradients in their own shape: on a TPU or GPU flattening a
+        tiled matrix and shaping it back are a relayout copy each, both ways.
 
     Examples:
       >>> import jax.numpy as jnp, sketchopt as so
@@ -168,6 +173,7 @@ class Metric(NamedTuple):
     coordinatewise: bool = False
     unit_step: bool = False
     phases: Any = None
+    shaped: bool = False
 
     __eq__ = _validation.value_eq
     __hash__ = _validation.value_hash

@@ -360,6 +360,7 @@ def metric_rule(
         coordinatewise=metric.coordinatewise and plain,
         update_bound=bound,
         phases=metric.phases,
+        shaped=metric.shaped and regularizer is None,  # a prox takes the flat vector
     )
 
 

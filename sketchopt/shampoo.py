@@ -52,6 +52,7 @@ below this module, so it reads them from here when first asked (a module ``__get
 from __future__ import annotations
 
 import functools
+import math
 from collections.abc import Callable
 from typing import Any, NamedTuple
 
@@ -105,9 +106,14 @@ class NormalizedOperator(NamedTuple):
 
     def solve(self, y):
         s = self.inner.solve(y)
-        rows = jnp.reshape(s, (max(self.layers, 1), -1))
-        norm = _numerics.safe_norm(rows, axis=1, keepdims=True)
-        target = jnp.asarray(self.rms, s.dtype) * jnp.sqrt(jnp.asarray(rows.shape[1], s.dtype))
+        # A leaf in its own shape is normed over its axes (a stacked one's layers along the
+        # first) without the reshape, which on a TPU or GPU would relayout a tiled matrix.
+        stacked = self.layers and s.ndim > 1 and s.shape[0] == self.layers
+        rows = s if stacked or not self.layers else jnp.reshape(s, (self.layers, -1))
+        axes = tuple(range(1 if self.layers else 0, rows.ndim))
+        norm = _numerics.safe_norm(rows, axis=axes, keepdims=True)
+        size = math.prod(rows.shape[a] for a in axes)
+        target = jnp.asarray(self.rms, s.dtype) * jnp.sqrt(jnp.asarray(size, s.dtype))
         scale = jnp.where(norm > 0, target / jnp.where(norm > 0, norm, 1), 0)
         return jnp.reshape(rows * scale, s.shape)
 
@@ -314,7 +320,7 @@ def kron_sketched(
     name = "kron_rfd" if robust else "kron_fd"
     return Metric(
         kron.init, kron.update, kron.operator, name, spec, hyper=kron.hyper,
-        path_key=kron.factored_as, phases=kron.phases(),
+        path_key=kron.factored_as, phases=kron.phases(), shaped=True,
     )  # fmt: skip
 
 
@@ -495,10 +501,13 @@ class _KronSketched:
     def update(self, state, g, valid=True, *, hyper, phase=None):
         count = hyper
         diag = state.diag
-        if diag is not None:
-            diag = jnp.where(valid, self.diagonal_update(diag, g, count), diag)
+        if diag is not None:  # stored flat; g comes in the leaf's shape (Metric.shaped) or flat
+            diag = jnp.where(
+                valid, self.diagonal_update(diag, jnp.reshape(g, diag.shape), count), diag
+            )
+        shaped_diag = None if diag is None else jnp.reshape(diag, g.shape)
         if state.left is None:
-            return state._replace(diag=diag), self.fallback_operator(diag, count), None
+            return state._replace(diag=diag), self.fallback_operator(shaped_diag, count), None
         m, n = state.left.rows.shape[-1], state.right.rows.shape[-1]
         dtype = state.left.rows.dtype
         stacked = state.left.rows.ndim == 3
@@ -512,7 +521,7 @@ class _KronSketched:
         left, right, roots, kept, current = step(
             state.left, state.right, state.roots, state.kept, mat
         )
-        op = self.combine(KroneckerOperator(*current), diag, count)
+        op = self.combine(KroneckerOperator(*current), shaped_diag, count)
         return KronMetricState(left, right, diag, roots, kept), op, None
 
     @staticmethod

@@ -632,3 +632,48 @@ def test_one_switch_keeps_the_factorizations_batched():
     every = eqns(so.kron_fd(1e-3, 4, update_every=1, refresh_every=1))
     assert count(periodic, "cond") == count(every, "cond") + 1
     assert count(periodic, "eigh") == count(every, "eigh") > 0
+
+
+@pytest.mark.parametrize(
+    "options", [{}, {"graft": "adam"}, {"stacked": "['layers']", "graft": "adagrad"}]
+)
+def test_a_group_steps_in_the_leaves_own_shape(options):
+    """The metric takes a group's gradients in the leaves' own shape (``Metric.shaped``): the
+    same updates as the flat layout every other metric steps in (the diagonal grafts' flat
+    statistic too), and no flat copy of a matrix gradient in the update, which on a TPU or GPU
+    would be a relayout both ways."""
+    shapes = {"a": (6, 5), "b": (6, 5), "c": (4, 7), "v": (5,), "layers": (2, 3, 4)}
+    metric = shampoo_module.kron_sketched(4, 1e-6, update_every=2, refresh_every=2, **options)
+    assert metric.shaped
+    shaped = shampoo_module.with_momentum(0.1, metric, 0.9, True)
+    flat = shampoo_module.with_momentum(0.1, metric._replace(shaped=False), 0.9, True)
+    with jax.enable_x64(True):
+        rng = np.random.default_rng(3)
+        seq = [
+            {k: jnp.asarray(rng.standard_normal(s)) for k, s in shapes.items()} for _ in range(5)
+        ]
+        params = jax.tree.map(jnp.zeros_like, seq[0])
+        runs = []
+        for tx in (shaped, flat):
+            state, update, out = tx.init(params), jax.jit(tx.update), []
+            for g in seq:
+                u, state = update(g, state, params)
+                out.append(u)
+            runs.append(out)
+        for ours, theirs in zip(*runs, strict=True):
+            jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-12), ours, theirs)
+        if not options:  # no flat statistic: no (2, 30) stack or (30,) vector of a and b
+            jaxpr = jax.make_jaxpr(shaped.update)(seq[0], shaped.init(params), params)
+            found = {tuple(v.aval.shape) for e in _all_eqns(jaxpr.jaxpr) for v in e.outvars}
+            assert not found & {(30,), (2, 30)}, found & {(30,), (2, 30)}
+
+
+def _all_eqns(jaxpr):
+    """Every equation of ``jaxpr`` and of the jaxprs inside it (a jit's, a switch's branches)."""
+    for eqn in jaxpr.eqns:
+        yield eqn
+        for value in eqn.params.values():
+            for x in value if isinstance(value, (tuple, list)) else (value,):
+                inner = x.jaxpr if hasattr(x, "consts") else x if hasattr(x, "eqns") else None
+                if inner is not None:
+                    yield from _all_eqns(inner)
