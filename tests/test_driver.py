@@ -278,6 +278,35 @@ def test_a_group_is_updated_in_place(name, leaves, accelerator):
         assert compiled.memory_analysis().temp_size_in_bytes < rows.size * rows.dtype.itemsize
 
 
+@pytest.mark.parametrize("accelerator", [False, True])
+def test_a_skipped_leaf_of_a_group_is_masked(accelerator):
+    """A group's leaf whose gradient is not finite gets a zero update while the other steps. The
+    stacked updates are masked under a ``cond`` on the CPU (a select fused into every leaf's
+    slice made XLA:CPU's compile grow with the leaves) and by a select on the accelerator path
+    (there the ``cond``'s materialized result is one more pass over the updates)."""
+    tx = so.ada_fd(0.1, 3, 0.1, robust=False)
+    params = {"a": jnp.zeros(8), "b": jnp.zeros(8)}
+    grads = {"a": jnp.full(8, jnp.nan), "b": jnp.ones(8)}
+    state = tx.init(params)
+    with so.accelerator_path(accelerator):  # new functions: a trace keeps its first path
+        updates, new = jax.jit(lambda *a: tx.update(*a))(grads, state, params)
+        jaxpr = jax.make_jaxpr(lambda *a: tx.update(*a))(grads, state, params)
+    np.testing.assert_array_equal(updates["a"], 0)
+    assert np.all(np.isfinite(updates["b"])) and np.all(updates["b"] != 0)
+    assert int(new.nonfinite_count) == 1
+
+    def stacked_conds(jaxpr):
+        for eqn in jaxpr.eqns:
+            if eqn.primitive.name == "cond":
+                yield from (v for v in eqn.outvars if v.aval.shape == (2, 8))
+            for value in eqn.params.values():
+                for x in value if isinstance(value, (tuple, list)) else (value,):
+                    inner = x.jaxpr if hasattr(x, "consts") else x if hasattr(x, "eqns") else None
+                    yield from stacked_conds(inner) if inner is not None else ()
+
+    assert len(list(stacked_conds(jaxpr.jaxpr))) == (0 if accelerator else 1)
+
+
 def test_state_layout_views():
     params = {"conv": {"kernel": jnp.ones((3, 3, 1, 2))}, "b": jnp.zeros(2), "c": jnp.zeros(2)}
     state = so.ada_fd(0.1, 4, 0.1, robust=False).init(params)
