@@ -404,7 +404,7 @@ def main(argv=None) -> dict:
         ),
         "compile": compile_part,
         "aot": lambda: aot_part(
-            [int(float(d)) for d in args.dims.split(",")],
+            [int(float(d)) for d in args.dims.split(",") if d],  # --dims '': the tree alone
             layers=args.layers,
             names=tuple(args.learners.split(",")) if args.learners else None,
         ),
