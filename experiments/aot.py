@@ -200,13 +200,20 @@ def compile_step(tx, params, *, donate: bool = True) -> Program:
     return compile_fn(step, params, state, params, donate_argnums=(0, 1) if donate else ())
 
 
-def kron_fd_branch(refresh: bool, learning_rate: float = 1e-3, sketch_size: int | None = None):
+def kron_fd_branch(
+    refresh: bool,
+    learning_rate: float = 1e-3,
+    sketch_size: int | None = None,
+    *,
+    shaped: bool = True,
+):
     """``sketchopt.kron_fd(learning_rate)`` at its defaults with its update's ``lax.switch``
     (``sketchopt._leafwise.Phases``) cut to one branch: the step that absorbs the gradient and
     recomputes the roots (``refresh``), or a step between refreshes. XLA counts the switch at
     its costliest branch; these two give a period's amortized bytes,
     ``(refresh + (PERIOD - 1) between) / PERIOD``. ``sketch_size``: ``None`` (the default's)
-    or another ``k``."""
+    or another ``k``; ``shaped=False`` stacks a group's gradients flat, as every other metric
+    (``sketchopt.Metric.shaped``), to compare."""
     import inspect
 
     from sketchopt import _leafwise, shampoo
@@ -223,5 +230,5 @@ def kron_fd_branch(refresh: bool, learning_rate: float = 1e-3, sketch_size: int 
     k = defaults["sketch_size"] if sketch_size is None else sketch_size
     metric = shampoo.kron_sketched(k, defaults["delta"], **options)
     one = _leafwise.Phases(((refresh, refresh),), lambda count: jnp.zeros((), jnp.int32))
-    metric = metric._replace(phases=one)
+    metric = metric._replace(phases=one, shaped=shaped)
     return shampoo.with_momentum(learning_rate, metric, defaults["momentum"], defaults["nesterov"])
