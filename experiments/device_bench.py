@@ -271,6 +271,11 @@ def _aot_programs() -> tuple:
         ("kron_fd", lambda: so.kron_fd(1e-3), "optax.adam"),
         ("kron_fd refresh step", lambda: aot.kron_fd_branch(True), "optax.adam"),
         ("kron_fd between refreshes", lambda: aot.kron_fd_branch(False), "optax.adam"),
+        (
+            "kron_fd between refreshes, in the switch",
+            lambda: aot.kron_fd_branch(False, switched=True),
+            "optax.adam",
+        ),
     )
 
 
@@ -335,16 +340,18 @@ def aot_part(dims: list[int], layers: int = 24, names: tuple[str, ...] | None = 
 
 
 def _amortize(rows: dict) -> None:
-    """``kron_fd``'s bytes over a refresh period (XLA counts its update's ``switch`` at the
-    costliest branch, the refresh): ``(refresh + (PERIOD - 1) between) / PERIOD``."""
+    """``kron_fd``'s bytes over a refresh period, ``(refresh + (PERIOD - 1) between) / PERIOD``,
+    each step as the update compiles it: the refresh step the whole update's count (XLA counts
+    its ``switch`` at the costliest branch, the refresh), the step between refreshes the one
+    compiled in a switch (alone, XLA fuses it with the momentum across what in the update is the
+    switch's boundary)."""
     from sketchopt import shampoo
 
-    refresh, between = rows.get("kron_fd refresh step"), rows.get("kron_fd between refreshes")
-    if "kron_fd" not in rows or refresh is None or between is None:
+    row, between = rows.get("kron_fd"), rows.get("kron_fd between refreshes, in the switch")
+    if row is None or between is None:
         return
     period = shampoo.PERIOD
-    amortized = (refresh["bytes_accessed"] + (period - 1) * between["bytes_accessed"]) / period
-    row = rows["kron_fd"]
+    amortized = (row["bytes_accessed"] + (period - 1) * between["bytes_accessed"]) / period
     row["amortized_bytes_accessed"] = amortized
     row["amortized_bytes_over_peer"] = amortized / rows[row["peer"]]["bytes_accessed"]
     print(f"[aot] kron_fd over a period of {period}: {row['amortized_bytes_over_peer']:.2f}x "

@@ -156,7 +156,11 @@ def aot(out: pathlib.Path) -> str | None:
         f"machine (deviceless; jax {p.get('jax', '?')}, libtpu {payload.get('libtpu')}), the "
         "state donated, on the accelerator code path: XLA's bytes accessed over the Optax "
         "peer's, float32, `sketch_size = 10`; a training step's column is the update with the "
-        "parameters' write (both donated), where a diagonal update's passes fuse with it."
+        "parameters' write (both donated), where a diagonal update's passes fuse with it. "
+        "`kron_fd`'s update is a switch, counted at its costliest branch (the refresh); its "
+        "branches are compiled alone as well, and the step between refreshes in a switch of "
+        "two copies (what its boundary costs; fusions and loops count twice there); its "
+        "figure over a period is the whole update's refresh and 9 steps in the switch."
     )
     table = common.markdown_table(headers, rows)
     return "\n\n".join([_source(payload, "experiments/device_bench.py --parts aot"), head, table])

@@ -581,8 +581,8 @@ def _masked_updates(us, skipped):
     (FD-SON on a 24-layer transformer tree: 21 s against 9 s for 4 layers of the same shapes;
     12.6 s with the ``cond``). On the accelerator path the select: there the ``cond``'s copy is
     a whole pass over the updates (``kron_fd``'s step between refreshes on that tree, compiled
-    for a TPU: 1.91x Adam's bytes with the select, 2.23x with the ``cond``, in the same compile
-    time).
+    alone for a TPU: 1.91x Adam's bytes with the select, 2.23x with the ``cond``, in the same
+    compile time).
     """
 
     def mask(u):
