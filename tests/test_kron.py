@@ -634,9 +634,7 @@ def test_one_switch_keeps_the_factorizations_batched():
     assert count(periodic, "eigh") == count(every, "eigh") > 0
 
 
-@pytest.mark.parametrize(
-    "options", [{}, {"graft": "adam"}, {"stacked": "['layers']", "graft": "adagrad"}]
-)
+@pytest.mark.parametrize("options", [{}, {"stacked": "['layers']", "graft": "adagrad"}])
 def test_a_group_steps_in_the_leaves_own_shape(options):
     """The metric takes a group's gradients in the leaves' own shape (``Metric.shaped``): the
     same updates as the flat layout every other metric steps in (the diagonal grafts' flat
@@ -650,7 +648,7 @@ def test_a_group_steps_in_the_leaves_own_shape(options):
     with jax.enable_x64(True):
         rng = np.random.default_rng(3)
         seq = [
-            {k: jnp.asarray(rng.standard_normal(s)) for k, s in shapes.items()} for _ in range(5)
+            {k: jnp.asarray(rng.standard_normal(s)) for k, s in shapes.items()} for _ in range(3)
         ]
         params = jax.tree.map(jnp.zeros_like, seq[0])
         runs = []
