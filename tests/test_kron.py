@@ -9,6 +9,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from jaxpr_support import all_eqns
 
 import sketchopt as so
 from sketchopt import kron, metrics
@@ -613,23 +614,16 @@ def test_one_switch_keeps_the_factorizations_batched():
     groups), not one ``cond`` and ``eigh`` per group."""
     params = {f"w{i}": jnp.zeros((6 + i, 5 + 2 * i)) for i in range(3)}
 
-    def eqns(tx):
+    def jaxpr_of(tx):
         with so.accelerator_path(), so.batched_solves():
             jaxpr = jax.make_jaxpr(tx.update)(params, tx.init(params))
-        return jaxpr.jaxpr.eqns
+        return jaxpr.jaxpr
 
-    def inner(eqn):  # the jaxprs of a jit, a switch's branches, ...
-        for value in eqn.params.values():
-            for x in value if isinstance(value, (tuple, list)) else (value,):
-                yield from [x.jaxpr] if hasattr(x, "consts") else [x] if hasattr(x, "eqns") else []
+    def count(jaxpr, name):
+        return sum(e.primitive.name == name for e in all_eqns(jaxpr))
 
-    def count(eqns, name):
-        return sum(
-            (e.primitive.name == name) + sum(count(j.eqns, name) for j in inner(e)) for e in eqns
-        )
-
-    periodic = eqns(so.kron_fd(1e-3, 4))
-    every = eqns(so.kron_fd(1e-3, 4, update_every=1, refresh_every=1))
+    periodic = jaxpr_of(so.kron_fd(1e-3, 4))
+    every = jaxpr_of(so.kron_fd(1e-3, 4, update_every=1, refresh_every=1))
     assert count(periodic, "cond") == count(every, "cond") + 1
     assert count(periodic, "eigh") == count(every, "eigh") > 0
 
@@ -662,16 +656,5 @@ def test_a_group_steps_in_the_leaves_own_shape(options):
             jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-12), ours, theirs)
         if not options:  # no flat statistic: no (2, 30) stack or (30,) vector of a and b
             jaxpr = jax.make_jaxpr(shaped.update)(seq[0], shaped.init(params), params)
-            found = {tuple(v.aval.shape) for e in _all_eqns(jaxpr.jaxpr) for v in e.outvars}
+            found = {tuple(v.aval.shape) for e in all_eqns(jaxpr.jaxpr) for v in e.outvars}
             assert not found & {(30,), (2, 30)}, found & {(30,), (2, 30)}
-
-
-def _all_eqns(jaxpr):
-    """Every equation of ``jaxpr`` and of the jaxprs inside it (a jit's, a switch's branches)."""
-    for eqn in jaxpr.eqns:
-        yield eqn
-        for value in eqn.params.values():
-            for x in value if isinstance(value, (tuple, list)) else (value,):
-                inner = x.jaxpr if hasattr(x, "consts") else x if hasattr(x, "eqns") else None
-                if inner is not None:
-                    yield from _all_eqns(inner)
