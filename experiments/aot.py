@@ -218,9 +218,9 @@ def kron_fd_branch(
     boundary costs what it costs in the real update: compiled alone (``False``) XLA fuses the
     branch's end with the momentum after it (the step between refreshes on the 24-layer tree:
     1.91x Adam's bytes alone, 2.10x in the switch; its fusions and loops count twice there,
-    one per copy). ``sketch_size``:
-    ``None`` (the default's) or another ``k``; ``shaped=False`` stacks a group's gradients flat,
-    as every other metric (``sketchopt.Metric.shaped``), to compare."""
+    one per copy). ``sketch_size``: ``None`` (the default's) or another ``k``;
+    ``shaped=False`` stacks a group's gradients flat, as every other metric
+    (``sketchopt.Metric.shaped``), to compare."""
     import inspect
 
     from sketchopt import _leafwise, shampoo
@@ -237,7 +237,8 @@ def kron_fd_branch(
     k = defaults["sketch_size"] if sketch_size is None else sketch_size
     metric = shampoo.kron_sketched(k, defaults["delta"], **options)
     copies = 2 if switched else 1
-    index = lambda count: (count % copies).astype(jnp.int32)  # noqa: E731
-    metric = metric._replace(phases=_leafwise.Phases(((refresh, refresh),) * copies, index))
-    metric = metric._replace(shaped=shaped)
+    phases = _leafwise.Phases(
+        ((refresh, refresh),) * copies, lambda count: (count % copies).astype(jnp.int32)
+    )
+    metric = metric._replace(phases=phases, shaped=shaped)
     return shampoo.with_momentum(learning_rate, metric, defaults["momentum"], defaults["nesterov"])
