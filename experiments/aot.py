@@ -18,9 +18,10 @@ finiteness, then one fused pass) is so counted at 9 arrays, not 5, for leaves of
 100 MB, and at 5 above: :func:`guarded_adagrad` is that floor program, compiled beside the
 learners (``experiments/device_bench.py --parts aot``).
 
-:func:`compile_fn` traces on the code path a TPU user's update takes (the accelerator path and
-the batched factorizations, ``sketchopt.accelerator_path`` and ``sketchopt.batched_solves``):
-on this CPU the backend's own choice would be the CPU's. Importing this module changes nothing
+:func:`compile_fn` traces on the code path a TPU user's update takes (the accelerator path, the
+batched factorizations and the TPU as the target, ``sketchopt.accelerator_path``,
+``sketchopt.batched_solves`` and ``sketchopt._solvers.tpu_target``): on this CPU the backend's
+own choice would be the CPU's. Importing this module changes nothing
 in the process but libtpu's lock (below).
 """
 
@@ -133,9 +134,10 @@ def compile_fn(fn, *args, donate_argnums=(), **jit_kwargs) -> Program:
     """``fn`` traced on ``args`` (``ShapeDtypeStruct``\\ s placed on TPU devices) on the
     accelerator code path, lowered and compiled for the TPU."""
     import sketchopt
+    from sketchopt import _solvers
 
     start = time.perf_counter()
-    with sketchopt.accelerator_path(), sketchopt.batched_solves():
+    with sketchopt.accelerator_path(), sketchopt.batched_solves(), _solvers.tpu_target(True):
         jitted = jax.jit(fn, donate_argnums=donate_argnums, **jit_kwargs)
         compiled = jitted.trace(*args).lower().compile()
     return program(compiled, time.perf_counter() - start)
@@ -198,6 +200,23 @@ def compile_step(tx, params, *, donate: bool = True) -> Program:
     params = placed(params)
     state = placed(jax.eval_shape(tx.init, params))
     return compile_fn(step, params, state, params, donate_argnums=(0, 1) if donate else ())
+
+
+def between_gram_refreshes(tx):
+    """``tx`` traced without the FD family's exact Gram refresh
+    (``sketchopt._solvers.gram_refreshes``), the ``lax.cond`` branch one shrink in
+    ``sketchopt.sketches.GRAM_REFRESH_PERIOD`` takes: the program of the steps between
+    refreshes, which with the whole update's count (the branch charged at every step) gives a
+    period's amortized bytes."""
+    import optax
+
+    from sketchopt import _solvers
+
+    def update(updates, state, params=None):
+        with _solvers.gram_refreshes(False):
+            return tx.update(updates, state, params)
+
+    return optax.GradientTransformation(tx.init, update)
 
 
 def kron_fd_branch(

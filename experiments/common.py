@@ -691,6 +691,11 @@ def pyplot():
 
 VERDICTS = ("holds", "holds partly", "does not hold")
 
+#: The name suffix of an FD-family program in the accelerator benchmark's ``aot`` part compiled
+#: without its exact Gram refresh (``experiments/aot.py``'s ``between_gram_refreshes``), which
+#: ``experiments/readme_tables.py`` folds into its row's figure over a period.
+BETWEEN_REFRESHES = " between Gram refreshes"
+
 
 def claim(
     id: str,

@@ -253,20 +253,23 @@ def _aot_programs() -> tuple:
     import sketchopt as so
     from experiments import aot
 
+    fd_family = (
+        ("ada_fd", lambda: so.ada_fd(0.1, sketch_size=10)),
+        ("ada_fd(fast=True)", lambda: so.ada_fd(0.1, sketch_size=10, fast=True)),
+        ("ada_fd_dual_averaging", lambda: so.ada_fd_dual_averaging(0.1, sketch_size=10)),
+        ("fd_son", lambda: so.fd_son(1.0, sketch_size=10)),
+        ("rfd_son", lambda: so.rfd_son(sketch_size=10)),
+    )
+    between = tuple(
+        (f"{name}{BETWEEN_REFRESHES}", lambda make=make: aot.between_gram_refreshes(make()))
+        for name, make in fd_family
+    )
     return (
         ("optax.adagrad", lambda: optax.adagrad(0.1), None),
         ("optax.adam", lambda: optax.adam(1e-3), None),
         ("guarded adagrad", lambda: aot.guarded_adagrad(0.1), None),
         ("ada_diag", lambda: so.ada_diag(0.1), "optax.adagrad"),
-        ("ada_fd", lambda: so.ada_fd(0.1, sketch_size=10), "optax.adagrad"),
-        ("ada_fd(fast=True)", lambda: so.ada_fd(0.1, sketch_size=10, fast=True), "optax.adagrad"),
-        (
-            "ada_fd_dual_averaging",
-            lambda: so.ada_fd_dual_averaging(0.1, sketch_size=10),
-            "optax.adagrad",
-        ),
-        ("fd_son", lambda: so.fd_son(1.0, sketch_size=10), "optax.adagrad"),
-        ("rfd_son", lambda: so.rfd_son(sketch_size=10), "optax.adagrad"),
+        *((name, make, "optax.adagrad") for name, make in fd_family + between),
         ("oja_son", lambda: so.oja_son(1.0, sketch_size=10), "optax.adagrad"),
         ("kron_fd", lambda: so.kron_fd(1e-3), "optax.adam"),
         ("kron_fd refresh step", lambda: aot.kron_fd_branch(True), "optax.adam"),
@@ -339,7 +342,34 @@ def aot_part(dims: list[int], layers: int = 24, names: tuple[str, ...] | None = 
     return out
 
 
+BETWEEN_REFRESHES = common.BETWEEN_REFRESHES
+
+
 def _amortize(rows: dict) -> None:
+    """Each rare branch's bytes amortized over its period: ``kron_fd``'s refresh
+    (:func:`_amortize_kron`) and the FD family's exact Gram refresh, ``(whole + (P - 1)
+    between) / P`` with ``P = sketchopt.sketches.GRAM_REFRESH_PERIOD`` shrinks (one a step for
+    per-step FD; the doubling buffer's shrinks, every ``tau + 1`` steps, make its period
+    longer, so this is its bound)."""
+    from sketchopt import sketches
+
+    _amortize_kron(rows)
+    period = sketches.GRAM_REFRESH_PERIOD
+    for name, between in rows.items():
+        row = rows.get(name.removesuffix(BETWEEN_REFRESHES))
+        if not name.endswith(BETWEEN_REFRESHES) or row is None or "peer" not in row:
+            continue
+        amortized = (row["bytes_accessed"] + (period - 1) * between["bytes_accessed"]) / period
+        row["amortized_bytes_accessed"] = amortized
+        row["amortized_bytes_over_peer"] = amortized / rows[row["peer"]]["bytes_accessed"]
+        print(
+            f"[aot] {name.removesuffix(BETWEEN_REFRESHES)} over {period} Gram refreshes: "
+            f"{row['amortized_bytes_over_peer']:.2f}x {row['peer']}",
+            flush=True,
+        )
+
+
+def _amortize_kron(rows: dict) -> None:
     """``kron_fd``'s bytes over a refresh period, ``(refresh + (PERIOD - 1) between) / PERIOD``,
     each step as the update compiles it: the refresh step the whole update's count (XLA counts
     its ``switch`` at the costliest branch, the refresh), the step between refreshes the one

@@ -64,7 +64,14 @@ __all__ = [
     "batching_active",
     "eigh",
     "forced_accelerator_path",
+    "gram_refreshes",
+    "gram_refreshes_active",
     "group_level",
+    "KERNELS_ENV",
+    "kernel_mode",
+    "kernels",
+    "targets_tpu",
+    "tpu_target",
     "qr",
     "run_lockstep",
     "size_classes",
@@ -158,10 +165,90 @@ def batching_active() -> bool:
     return jax.default_backend() != "cpu" if env is None else env
 
 
-def trace_key() -> tuple[bool, bool]:
-    """What decides how an update is traced here: ``(accelerator path, batching)``. The
-    driver's compiled units key their cache on it."""
-    return accelerator_path_active(), batching_active()
+#: The environment variable that sets the accelerator path's Pallas kernels
+#: (:mod:`sketchopt._kernels`) for a process: ``on`` (the default), ``off`` or ``interpret``;
+#: :func:`kernels` does it for a block of code.
+KERNELS_ENV = "SKETCHOPT_KERNELS"
+_KERNEL_MODES = ("on", "off", "interpret")
+
+_KERNELS: contextvars.ContextVar[str | None] = contextvars.ContextVar(
+    "sketchopt_kernels", default=None
+)
+
+
+def kernels(mode: str | None):
+    """Updates traced inside it use the accelerator path's Pallas kernels on a TPU (``"on"``),
+    never (``"off"``), through Pallas's interpreter on every backend (``"interpret"``: how the
+    tests run them on a CPU), or as :data:`KERNELS_ENV` says (``None``)."""
+    if mode not in (None, *_KERNEL_MODES):
+        raise ValueError(f"kernels: mode must be one of {_KERNEL_MODES} or None, got {mode!r}")
+    return _setting(_KERNELS, mode)
+
+
+def kernel_mode() -> str:
+    """The kernel mode of the code being traced (:func:`kernels`): ``"on"`` unless
+    :func:`kernels` or :data:`KERNELS_ENV` says otherwise. The kernels join only the
+    accelerator path (:func:`accelerator_path_active`)."""
+    if not accelerator_path_active():
+        return "off"
+    mode = _KERNELS.get()
+    if mode is None:
+        mode = os.environ.get(KERNELS_ENV, "").strip().lower() or "on"
+        if mode not in _KERNEL_MODES:
+            raise ValueError(f"{KERNELS_ENV} must be one of {_KERNEL_MODES}, got {mode!r}")
+    return mode
+
+
+_REFRESHES: contextvars.ContextVar[bool] = contextvars.ContextVar(
+    "sketchopt_gram_refreshes", default=True
+)
+
+
+def gram_refreshes(enabled: bool):
+    """Updates traced inside it keep (``True``, always outside it) or drop (``False``) the FD
+    family's exact Gram refresh, a ``lax.cond`` branch taken once every 32 shrinks (numerics
+    only). For measurement alone: XLA counts a ``cond`` at its costliest branch, so the
+    accelerator benchmark compiles the steps between refreshes without it to amortize the
+    branch (``experiments/device_bench.py``). Never for training: the refresh bounds the
+    round-off that the tracked Gram matrix accumulates."""
+    return _setting(_REFRESHES, bool(enabled))
+
+
+def gram_refreshes_active() -> bool:
+    """Whether the code being traced keeps the exact Gram refresh (:func:`gram_refreshes`)."""
+    return _REFRESHES.get()
+
+
+_TPU_TARGET: contextvars.ContextVar[bool | None] = contextvars.ContextVar(
+    "sketchopt_tpu_target", default=None
+)
+
+
+def tpu_target(enabled: bool | None):
+    """Updates traced inside it are traced for a TPU (``True``), for another platform
+    (``False``), or for the default backend's (``None``): what a compile ahead of time for a
+    TPU on another machine needs (``experiments/aot.py``), as the platform is otherwise known
+    only when the program is lowered."""
+    return _setting(_TPU_TARGET, enabled)
+
+
+def targets_tpu() -> bool:
+    """Whether the code being traced is for a TPU (:func:`tpu_target`, else the default
+    backend): where per-step FD leaves its append to the rotation kernel's pass."""
+    forced = _TPU_TARGET.get()
+    return jax.default_backend() == "tpu" if forced is None else forced
+
+
+def trace_key() -> tuple[bool, bool, str, bool, bool]:
+    """What decides how an update is traced here: ``(accelerator path, batching, kernels,
+    Gram refreshes, TPU target)``. The driver's compiled units key their cache on it."""
+    return (
+        accelerator_path_active(),
+        batching_active(),
+        kernel_mode(),
+        gram_refreshes_active(),
+        targets_tpu(),
+    )
 
 
 def group_level():

@@ -1,14 +1,19 @@
 """The code paths per backend, and the switch that runs the accelerators' path on the CPU.
 
-Two small computations of the FD sketches have two implementations of the same mathematics,
-chosen by the backend when an update is traced:
+Three computations of the FD sketches have two implementations of the same mathematics, chosen
+by the backend when an update is traced:
 
 * the eigendecomposition of the sketch's Gram matrix after a per-step shrink, an *arrowhead*
   matrix: on a GPU or TPU a fixed-step secular-equation solve in plain array operations
   (``sketchopt._arrowhead``; ``eigh`` only where it does not converge), on the CPU LAPACK's
   ``syevd``, which is faster there;
 * the null vector the lazy basis needs at every shrink: unrolled Householder reflections on an
-  accelerator, LAPACK's QR on the CPU.
+  accelerator, LAPACK's QR on the CPU;
+* the rotation of an FD sketch's rows (and the lift of its residual): on a TPU program of one
+  device a Pallas kernel that rewrites the rows in place in one pass (``sketchopt._kernels``),
+  elsewhere XLA's own products. ``SKETCHOPT_KERNELS=off`` keeps XLA's everywhere;
+  ``SKETCHOPT_KERNELS=interpret`` runs the kernel through Pallas's interpreter on any backend
+  (the tests' way to check it on a CPU).
 
 :func:`batched_solves` runs the small factorizations of an update (each shape group's ``eigh``
 and QR) batched across the groups: one solver call per kind and level of dependence, not one per

@@ -63,7 +63,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from sketchopt import _arrowhead, _groups, _solvers, _validation
+from sketchopt import _arrowhead, _groups, _kernels, _solvers, _validation
 from sketchopt._numerics import (
     HIGHEST,
     abs2,
@@ -305,14 +305,20 @@ def _scaled_dot(rows, row, exp):
 
     The product itself is taken on ``row / 2**exp`` only when ``|exp|`` is large; at ordinary
     magnitudes ``rows @ row`` is scaled afterwards (exactly, by a power of two), which spares
-    materializing a scaled copy of the ``d``-vector. Short rows always take the first form: the
-    copy costs nothing there, and the ``cond`` would cost compile time.
+    materializing a scaled copy of the ``d``-vector on a CPU. Short rows always take the first
+    form: the copy costs nothing there, and the ``cond`` would cost compile time. So does a
+    lone sketch on the accelerator path: XLA's TPU compiler fuses the scaling into the
+    product's read, and charges a ``cond`` its costliest branch at every step (``ada_fd`` at
+    ``d = 1e7``: 85 ``d``-vectors with the ``cond``, 76 without). In a group's ``vmap`` each
+    leaf's exponent makes the scaled gradients a stacked copy (the 4-layer tree: 3.97 GB
+    against 2.96 with the ``cond``): groups keep it.
     """
 
     def prescaled():
         return ldexp(contract_d(rows, ldexp(row, -exp)), -exp)
 
-    if row.shape[-1] < _UNSCALED_MIN_DIM:
+    lone = _solvers.accelerator_path_active() and not _groups.grouped()
+    if row.shape[-1] < _UNSCALED_MIN_DIM or lone:
         return prescaled()
     return jax.lax.cond(
         _groups.all_leaves(jnp.abs(exp) <= _UNSCALED_EXP),
@@ -354,29 +360,42 @@ def _blocked_passes() -> bool:
     return not _solvers.accelerator_path_active() and jax.device_count() == 1
 
 
+def _rotates_in_a_kernel(rows) -> bool:
+    """Whether the rotations of ``rows`` go to :func:`sketchopt._kernels.rotate_rows` (static):
+    the accelerator path's whole-buffer products, where the kernel takes the rows
+    (:func:`sketchopt._kernels.applies`), outside a group's ``vmap`` (the kernel's fixed
+    layout made XLA copy a group's stacked rows: more bytes than XLA's own products). Per-step
+    FD then leaves its append to the rotation's pass (:func:`_fd_append`'s ``defer``)."""
+    return not _blocked_passes() and not _groups.grouped() and _kernels.applies(rows)
+
+
 # Column-block width of the in-place rotation (a tau x block tile stays in cache).
 _ROTATION_BLOCK = 8192
 
 
-def _rotate_rows(rot, rows, valid=True, coef=None, base=None):
+def _rotate_rows(rot, rows, valid=True, coef=None, base=None, insert=None):
     """``rot @ rows`` for a small ``k x n`` ``rot`` (``k <= n``; output rows past ``k`` are zero),
     computed in place over column blocks.
 
     With ``coef`` (an ``n``-vector, or a ``(j, n)`` stack) and ``base`` (a ``d``-vector, or
     ``(j, d)``) also returns ``base - coef @ rows`` of the rows *before* the rotation, taken from
     the same tiles while they are in cache (a lift ``V^T a`` of the new basis is ``coef = rot^T
-    a`` on the old one), and written over ``base``'s buffer. With ``valid`` false the rows come
-    back bit-identical (an identity ``rot`` alone would turn their ``-0.0`` entries into
-    ``+0.0``): the blocked loop then runs no iteration (in a group, whose leaves skip apart,
-    each tile is selected), and ``base`` comes back unchanged.
+    a`` on the old one), and written over ``base``'s buffer. ``insert = (row, slot)``: the rows
+    are taken with ``row`` in place of row ``slot`` (an append left to this pass, see
+    :func:`_fd_append`), and ``base`` must then be ``row`` (or ``[row; 0]``, as
+    :func:`_residual_terms` builds it): the kernel reads it as the row. With ``valid`` false
+    the rows come back bit-identical (an identity ``rot`` alone would turn their ``-0.0``
+    entries into ``+0.0``): the blocked loop then runs no iteration (in a group, whose leaves
+    skip apart, each tile is selected), and ``base`` comes back unchanged.
 
     On a CPU a plain ``n x n`` by ``n x d`` matmul needs a second ``n x d`` buffer (a fresh
     allocation, page faults included, every step) and, with ``n`` small, runs far below peak;
     rotating one cache-sized block of columns at a time inside a loop writes back into the
     (donated) sketch buffer instead, about 3x faster at ``d = 1e6``. Accelerators pool their
     memory and run the plain matmul well, and a loop of dynamic slices along ``d`` would defeat
-    sharding along ``d``, so they, multi-device runs and narrow sketches use the plain matmul.
-    Both paths compute the same products.
+    sharding along ``d``, so they, multi-device runs and narrow sketches use the plain matmul;
+    on a TPU a lone sketch's rotation is one in-place kernel (:func:`_rotates_in_a_kernel`).
+    All compute the same products.
     """
     n, d = rows.shape
     block = _ROTATION_BLOCK
@@ -390,7 +409,7 @@ def _rotate_rows(rot, rows, valid=True, coef=None, base=None):
         pad = like_last_axis(jnp.zeros((n - rot.shape[0], tile.shape[1]), tile.dtype), tile)
         return jnp.concatenate([out, pad]) if n > rot.shape[0] else out
 
-    if d <= 2 * block or not blocked:
+    def whole():  # XLA's program over the whole buffer
         if coef is None:
             return jnp.where(valid, apply(rows), rows)
         # One product for the rotation and the lift: the sketch is read once for both.
@@ -401,6 +420,22 @@ def _rotate_rows(rot, rows, valid=True, coef=None, base=None):
         rotated = jnp.where(valid, jnp.concatenate([out[:k], pad]) if n > k else out[:k], rows)
         lifted = out[k:].reshape(coef.shape[:-1] + (d,))
         return rotated, base - jnp.where(valid, lifted, 0)
+
+    if _rotates_in_a_kernel(rows):
+        # On a TPU one in-place kernel; XLA's same products elsewhere (sketchopt._kernels).
+        square = jnp.zeros((n, n), rows.dtype).at[: rot.shape[0]].set(rot)
+        if coef is None:
+            return _kernels.rotate_rows(square, rows, valid, insert=insert)
+        # The residual's base is the inserted row (and zeros): the kernel has that row already.
+        own = None if insert is not None else base.reshape(-1, d)
+        out, residual = _kernels.rotate_rows(
+            square, rows, valid, coef.reshape(-1, n), own, insert=insert
+        )
+        return out, residual.reshape(base.shape)
+    if insert is not None:  # _fd_append defers only to the kernel's path
+        raise ValueError("_rotate_rows: an inserted row needs the kernel's path")
+    if d <= 2 * block or not blocked:
+        return whole()
 
     def rotate(tile, base_tile):
         out = apply(tile)
@@ -443,10 +478,10 @@ def _rotate_rows(rot, rows, valid=True, coef=None, base=None):
 # The FD family tracks B B^T through rotations instead of recomputing it (docs/design.md,
 # "Speed"). Each rotation leaves an eps-sized mismatch between the tracked Gram matrix and the
 # rows, and over 1e5 float32 steps it added up to a 1e-3 loss of orthonormality of the
-# directions; recomputing the Gram matrix exactly from the rows every _GRAM_REFRESH shrinks (one
-# n x n x d product, an amortized 1/32 of a rotation) keeps it near 1e-6. Under vmap the
+# directions; recomputing the Gram matrix exactly from the rows every GRAM_REFRESH_PERIOD shrinks
+# (one n x n x d product, an amortized 1/32 of a rotation) keeps it near 1e-6. Under vmap the
 # lax.cond becomes a select.
-_GRAM_REFRESH = 32
+GRAM_REFRESH_PERIOD = 32
 
 
 # Column-block width of the exact Gram matrix's product on a CPU (see _exact_gram).
@@ -609,6 +644,7 @@ def _fd_shrink(
     alpha_fraction,
     compensate,
     fold=False,
+    insert=None,
 ):
     """FD's shrink (RFD paper Alg. 1 lines 4-5, Alg. 2 lines 4-6): rotate ``B``, shrink it.
 
@@ -619,7 +655,8 @@ def _fd_shrink(
     :class:`Sketch`) also returns ``row - B'^T a``, taken in the pass that rotates the rows.
     ``fold`` (static; the eager basis on the accelerator path): ``B = F Z`` with any ``F`` (a
     state the lazy basis left), rotated as ``B' = (rot F) Z`` in the same one matmul, and
-    ``F' = I``.
+    ``F' = I``. ``insert = (g, slot)``: the append's row, written into the stored rows by the
+    rotation's pass (:func:`_fd_append`'s ``defer``).
     """
     n = state.gram.shape[0]
     rot, new = _fd_shrunk(state, valid, tau, num_shrunk, alpha_fraction, compensate)
@@ -632,11 +669,11 @@ def _fd_shrink(
         new = new._replace(transform=jnp.where(valid, eye, state.transform))
     kept = rot_z[: tau - 1]  # the rows past tau - 1 of the rotation are zero
     if lift is None:
-        return new._replace(rows=_rotate_rows(kept, state.rows, valid)), product
+        return new._replace(rows=_rotate_rows(kept, state.rows, valid, insert=insert)), product
     # new.rows still holds the rows before the rotation: lift reads only the small fields.
     # B'^T a = Z^T ((rot F)^T a); complex: B'^H a = conj(Z^T ((rot F)^T conj(a)))
     coef, base = _residual_terms(conj(lift(new, product)) @ rot_z, conj(row))
-    rows, residual = _rotate_rows(kept, state.rows, valid, coef, base)
+    rows, residual = _rotate_rows(kept, state.rows, valid, coef, base, insert)
     return new._replace(rows=rows), product, conj(residual)
 
 
@@ -667,14 +704,20 @@ def _free_slot(transform, fill):
     return jnp.where(jnp.any(unused), jnp.argmax(unused), fill).astype(jnp.int32)
 
 
-def _fd_append(state, row, valid, lazy=False):
-    """``(state, B g / 4**exp, rows @ g / 4**exp)`` after inserting ``g`` as row ``fill`` of ``B``
-    (RFD paper Alg. 1/2 line 3).
+def _fd_append(state, row, valid, lazy=False, defer=False):
+    """``(state, B g / 4**exp, rows @ g / 4**exp, slot)`` after inserting ``g`` as row ``fill``
+    of ``B`` (RFD paper Alg. 1/2 line 3), stored in row ``slot`` of the rows.
 
     Ada-FD Alg. 1/2 line 4 ("insert g_t into the last row"). The state is rescaled to the new
     ``scale_exp`` and the Gram matrix gains ``B g`` as row and column ``fill``. With the lazy
     basis ``g`` is stored in a free row ``s`` of ``Z`` and ``F`` gains ``F[fill, s] = 1``: the
     new row of ``B = F Z`` is ``g`` and the others are unchanged (column ``s`` of ``F`` was zero).
+
+    ``defer`` (static; the rotation kernel's path, :func:`_rotates_in_a_kernel`): the rows are
+    left as they were, and the shrink's one pass writes ``g`` into row ``slot`` as it rotates
+    (its ``insert``). The slot's row is zero (the shrink, or the lazy basis's freed row, left it
+    so), so ``rows @ g`` is the old rows' product with ``|g|^2`` at ``slot``, and the exact
+    Gram refresh patches that row and column in (:func:`_fd_refresh_gram`'s ``pending``).
     """
     exp = _fd_rescale_exponent(state, row, valid)
     factor = 2 * (state.scale_exp - exp)
@@ -686,10 +729,15 @@ def _fd_append(state, row, valid, lazy=False):
     # and the later in-place rotation never race with the read, so XLA copies nothing.
     # A skipped (invalid) row leaves everything bit-identical, signed zeros included: the
     # slot keeps its old contents and the small arrays are selected.
-    old = jax.lax.dynamic_slice_in_dim(state.rows, slot, 1, axis=0)
-    new_row = jnp.where(valid, conj(row)[None, :], old)  # complex: conj(g), so B^H B += g g^H
-    rows = jax.lax.dynamic_update_slice(state.rows, new_row, (slot, jnp.int32(0)))
-    stored = _scaled_dot(rows, row, exp)
+    if defer:  # real float32 rows only (sketchopt._kernels.applies)
+        rows = state.rows
+        squared = jnp.sum(jnp.square(ldexp(row, -exp)))  # |g|^2 / 4**exp in one fused read
+        stored = _scaled_dot(rows, row, exp).at[slot].set(squared)
+    else:
+        old = jax.lax.dynamic_slice_in_dim(state.rows, slot, 1, axis=0)
+        new_row = jnp.where(valid, conj(row)[None, :], old)  # complex: conj(g): B^H B += g g^H
+        rows = jax.lax.dynamic_update_slice(state.rows, new_row, (slot, jnp.int32(0)))
+        stored = _scaled_dot(rows, row, exp)
     transform = state.transform
     prod = stored
     if lazy:
@@ -708,7 +756,7 @@ def _fd_append(state, row, valid, lazy=False):
         count=state.count + step,
         transform=transform,
     )
-    return state, prod, stored
+    return state, prod, stored, slot
 
 
 def _free_rows(rows, h, k, valid, coef=None):
@@ -776,26 +824,32 @@ def _fd_shrink_lazy(
 
 
 def _refresh_due(state, shrank, *, n, tau):
-    """Whether this shrink is one of every _GRAM_REFRESH (numerics only, no paper step)."""
+    """Whether this shrink is one of every GRAM_REFRESH_PERIOD (numerics only, no paper step)."""
     index = (state.count - n) // (n - tau + 1)  # 0 for the first shrink with a full buffer
-    return shrank & (index % _GRAM_REFRESH == _GRAM_REFRESH - 1)
+    return shrank & (index % GRAM_REFRESH_PERIOD == GRAM_REFRESH_PERIOD - 1)
 
 
-def _fd_refresh_gram(state, shrank, *, n, tau, lazy=False):
-    """``B B^T`` recomputed exactly from the rows every _GRAM_REFRESH shrinks (numerics only).
+def _fd_refresh_gram(state, shrank, *, n, tau, lazy=False, pending=None):
+    """``B B^T`` recomputed exactly from the rows every GRAM_REFRESH_PERIOD shrinks (numerics only).
 
     Replaces the tracked Gram matrix so that round-off cannot accumulate in it (see
-    _GRAM_REFRESH). Per-step FD refreshes it between the append and the shrink, whose ``eigh``
+    GRAM_REFRESH_PERIOD). Per-step FD refreshes it between the append and the shrink, whose ``eigh``
     then takes the exact matrix and leaves ``diag(shrunk)``: its Gram matrix is diagonal after
     every update (read without ``eigh``, :func:`_fd_low_rank_diagonal`). With the ``lazy``
     basis ``B = F Z`` that is ``F (Z Z^T) F^T`` (complex: ``F (Z Z^H) F^H``). The doubling
     buffer refreshes after its shrink, outside its ``lax.cond``: nested there, reading the rows
-    made XLA copy them.
+    made XLA copy them. ``pending = (g, slot, rows @ g)``: the append left ``g`` out of the
+    rows (:func:`_fd_append`'s ``defer``), whose zero row ``slot`` the product then fills in.
     """
+    if not _solvers.gram_refreshes_active():  # measuring the steps between refreshes
+        return state
     refresh = _refresh_due(state, shrank, n=n, tau=tau)
 
     def exact():
         gram = _exact_gram(state.rows, state.scale_exp)
+        if pending is not None:
+            _, slot, stored = pending
+            gram = gram.at[slot, :].set(stored).at[:, slot].set(stored)
         if lazy:
             f = state.transform
             gram = jnp.matmul(jnp.matmul(f, gram, precision=HIGHEST), conj(f).T, precision=HIGHEST)
@@ -806,13 +860,16 @@ def _fd_refresh_gram(state, shrank, *, n, tau, lazy=False):
 
 
 def _fd_rematerialize(state, product, shrank, *, n, tau):
-    """The lazy basis written back, ``Z <- F Z = B`` and ``F <- I``, every _GRAM_REFRESH shrinks.
+    """The lazy basis written back, ``Z <- F Z = B`` and ``F <- I``, every
+    GRAM_REFRESH_PERIOD shrinks.
 
     One rotation of the stored rows (what the eager basis pays at every shrink) bounds the
     growth of ``Z`` and the round-off that ``B = F Z`` accumulates; ``product`` follows the new
     rows (``B g``). At the same steps :func:`_fd_refresh_gram` recomputed ``B B^T`` before the
     shrink.
     """
+    if not _solvers.gram_refreshes_active():
+        return state, product
     due = _refresh_due(state, shrank, n=n, tau=tau)
 
     def written_back():  # in a group the leaves not due keep their rows (tile by tile)
@@ -829,6 +886,52 @@ def _fd_rematerialize(state, product, shrank, *, n, tau):
 # rank-one update costs O(n d) against the rotation's O(n^2 d), for an O(n^3) QR per step that
 # short rows would notice.
 _LAZY_MIN_DIM = 2**14
+
+
+def _fd_per_step(state, row, valid, lift, shrink, refresh_gram, *, fold):
+    """Per-step FD's absorb (:func:`_fd_absorb_per_step`), its append deferred to the rotation
+    kernel's pass where the update is traced for a TPU (``sketchopt._solvers.targets_tpu``)
+    and the shrink lifts a residual."""
+    defer = (
+        lift is not None
+        and _rotates_in_a_kernel(state.rows)
+        and (_solvers.targets_tpu() or _solvers.kernel_mode() == "interpret")
+    )
+    return _fd_absorb_per_step(
+        state,
+        row,
+        valid,
+        lift=lift,
+        shrink=shrink,
+        refresh_gram=refresh_gram,
+        fold=fold,
+        defer=defer,
+    )
+
+
+def _fd_absorb_per_step(state, row, valid, *, lift, shrink, refresh_gram, fold, defer):
+    """Per-step FD's append, Gram refresh and shrink (RFD paper Alg. 1/2 lines 3-6).
+
+    ``defer`` (static): the append of ``g`` is left to the shrink's pass (:func:`_fd_append`),
+    as a TPU's rotation kernel takes it (:func:`_rotates_in_a_kernel`). The caller defers only
+    where the shrink also lifts a residual from ``g``: the kernel reads ``g`` as a ``(1, d)``
+    row, on a TPU a relayout of the 1-D gradient (a copy), which only the lift's base needs
+    anyway (``ada_fd`` at ``d = 1e7``, 32 steps between refreshes: 71 ``d``-vectors deferred,
+    83 not; ``fd_son``, without the lift: 128 deferred, 122 not); and only for a TPU: on XLA's
+    own products (a CPU's, a GPU's) the row's in-place write then follows reads of the old rows
+    that XLA does not order before it, and it copies the sketch (``tests/test_driver.py``). The
+    platform is known at trace time only from the backend, or from
+    ``sketchopt._solvers.tpu_target`` (a TPU compile on another machine); a
+    ``lax.platform_dependent`` around the step made XLA's TPU program a ``conditional`` over
+    both programs, whose operands it copied.
+    """
+    state, prod, stored, slot = _fd_append(state, row, valid, lazy=fold, defer=defer)
+    pending = (row, slot, stored) if defer else None
+    state = refresh_gram(state, valid, lazy=fold, pending=pending)  # before the shrink
+    insert = pending[:2] if defer else None
+    if lift is not None:
+        return Absorbed(*shrink(state, prod, valid, lift, row, fold=fold, insert=insert))
+    return Absorbed(*shrink(state, prod, valid, fold=fold, insert=insert))
 
 
 def _lazy_flag(lazy):
@@ -895,7 +998,7 @@ def _fd_family(
         )
 
     def absorb_lazy(state, row, valid, lift):
-        state, _, stored = _fd_append(state, row, valid, lazy=True)
+        state, _, stored, _ = _fd_append(state, row, valid, lazy=True)
         state = refresh_gram(state, valid, lazy=True)  # before the shrink (_fd_refresh_gram)
         out = shrink_lazy(state, stored, valid, lift, row)
         state, product = rematerialize(*out[:2], valid)
@@ -909,12 +1012,9 @@ def _fd_family(
         # The eager basis on the accelerator path also takes a state the lazy basis left (B = F Z,
         # a checkpoint of the CPU path): the append goes to F's free slot and the shrink folds F.
         fold = not fast and lazy is None and _solvers.accelerator_path_active()
-        state, prod, _ = _fd_append(state, row, valid, lazy=fold)
         if not fast:
-            state = refresh_gram(state, valid, lazy=fold)  # before the shrink (_fd_refresh_gram)
-            if lift is not None:
-                return Absorbed(*shrink(state, prod, valid, lift, row, fold=fold))
-            return Absorbed(*shrink(state, prod, valid, fold=fold))
+            return _fd_per_step(state, row, valid, lift, shrink, refresh_gram, fold=fold)
+        state, prod, _, _ = _fd_append(state, row, valid)
         full = state.fill == n
 
         def shrink_full(s, p):  # in a group the leaves not full come back unchanged

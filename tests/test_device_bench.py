@@ -28,3 +28,49 @@ def test_a_period_amortizes_the_update_and_the_step_in_its_switch():
     del rows["kron_fd between refreshes, in the switch"]
     device_bench._amortize(rows)  # without the in-switch step: nothing to amortize
     assert "amortized_bytes_accessed" not in rows["kron_fd"]
+
+
+def test_the_fd_family_amortizes_its_gram_refresh_over_its_period():
+    """An FD learner's bytes over a period take the whole update once (XLA charges the exact
+    Gram refresh's ``cond`` at every step) and ``GRAM_REFRESH_PERIOD - 1`` steps compiled
+    without that branch; a learner without such a program is left as it is."""
+    from experiments import common
+    from sketchopt import sketches
+
+    rows = {
+        "optax.adagrad": {"bytes_accessed": 4.0},
+        "ada_fd": {"bytes_accessed": 100.0, "peer": "optax.adagrad"},
+        f"ada_fd{common.BETWEEN_REFRESHES}": {"bytes_accessed": 68.0, "peer": "optax.adagrad"},
+        "oja_son": {"bytes_accessed": 200.0, "peer": "optax.adagrad"},
+    }
+    device_bench._amortize(rows)
+    period = sketches.GRAM_REFRESH_PERIOD
+    expected = (100.0 + (period - 1) * 68.0) / period
+    assert rows["ada_fd"]["amortized_bytes_accessed"] == pytest.approx(expected)
+    assert rows["ada_fd"]["amortized_bytes_over_peer"] == pytest.approx(expected / 4.0)
+    assert "amortized_bytes_accessed" not in rows["oja_son"]
+
+
+def test_an_update_traced_without_gram_refreshes_drops_that_branch_only():
+    """``aot.between_gram_refreshes`` traces ``ada_fd`` without the exact Gram refresh's
+    ``cond`` (one ``cond`` fewer) and leaves the update it computes before the first refresh
+    unchanged."""
+    import jax
+    import jax.numpy as jnp
+    import numpy as np
+    from jaxpr_support import all_eqns
+
+    import sketchopt as so
+    from experiments import aot
+
+    params = {"w": jnp.zeros(40)}
+    grads = {"w": jnp.linspace(-1.0, 1.0, 40)}
+    conds = []
+    outs = []
+    for tx in (so.ada_fd(0.1, sketch_size=4), aot.between_gram_refreshes(so.ada_fd(0.1, 4))):
+        state = tx.init(params)
+        jaxpr = jax.make_jaxpr(lambda g, s, tx=tx: tx.update(g, s, params))(grads, state)
+        conds.append(sum(e.primitive.name == "cond" for e in all_eqns(jaxpr.jaxpr)))
+        outs.append(jax.jit(tx.update)(grads, state, params)[0]["w"])
+    assert conds[1] == conds[0] - 1, conds
+    np.testing.assert_array_equal(outs[0], outs[1])

@@ -283,9 +283,17 @@ def _reached(graph, start):
     return seen
 
 
-# Below the driver: the numerics, the sketches, the arrowhead solver, the group context and the
-# layout rules import neither the driver nor what builds on it.
-BELOW_THE_DRIVER = ("_numerics", "_groups", "_arrowhead", "_layouts", "sketches", "kron")
+# Below the driver: the numerics, the sketches, the arrowhead solver, the rotation kernel, the
+# group context and the layout rules import neither the driver nor what builds on it.
+BELOW_THE_DRIVER = (
+    "_numerics",
+    "_groups",
+    "_arrowhead",
+    "_kernels",
+    "_layouts",
+    "sketches",
+    "kron",
+)
 ABOVE = ("_leafwise", "sharding", "metrics", "rules", "son", "shampoo", "aliases")
 
 

@@ -236,6 +236,17 @@ def test_nonfinite_leaf_is_skipped_on_an_accelerators_program(name):
         _check_nonfinite_leaf_is_skipped(tx, jax.jit(tx.update))
 
 
+@pytest.mark.parametrize("name", ["ada_fd", "oja_son"])
+def test_nonfinite_leaf_is_skipped_through_the_rotation_kernel(name):
+    """The same with the rows rotated by the TPU's Pallas kernel (``sketchopt._kernels``, run
+    here through Pallas's interpreter): its in-kernel select keeps a skipped leaf's rows."""
+    from sketchopt import _solvers
+
+    tx = make(name)
+    with so.accelerator_path(), so.batched_solves(), _solvers.kernels("interpret"):
+        _check_nonfinite_leaf_is_skipped(tx, jax.jit(tx.update))
+
+
 def _check_nonfinite_leaf_is_skipped(tx, update):
     params = shapes_params()
     state = tx.init(params)
