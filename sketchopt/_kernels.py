@@ -13,11 +13,11 @@ the lift from the same tile: one read and one write of the rows, one of the base
 
 Where it runs (:func:`sketchopt._solvers.kernel_mode`, ``"on"`` by default): on a TPU,
 through Mosaic, for real ``float32`` rows of a program on one device. The choice is made when
-the program is lowered: per platform (``lax.platform_dependent``: a CPU or GPU compiles the
-caller's XLA program), and on a TPU by the primitive :data:`rotate_p`, which lowers to the same
-products in plain XLA on a program over several devices (a Mosaic call is opaque to XLA's
-partitioner, which refuses it). ``"interpret"`` runs the kernel through Pallas's interpreter on
-any backend, which is how the tests check it on a CPU; ``"off"`` never uses it.
+the program is lowered, by the primitive :data:`rotate_p`: on a CPU, a GPU and a TPU program
+over several devices (a Mosaic call is opaque to XLA's partitioner, which refuses it) it
+lowers to the same products in plain XLA (:func:`products`). ``"interpret"`` runs the kernel
+through Pallas's interpreter on any backend, which is how the tests check it on a CPU;
+``"off"`` never uses it.
 
 XLA's cost model cannot see inside a kernel, so the call states its own cost
 (``pl.CostEstimate``): the bytes its blocks stream, counted as XLA counts an array (in the
