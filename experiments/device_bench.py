@@ -261,7 +261,7 @@ def _aot_programs() -> tuple:
         ("rfd_son", lambda: so.rfd_son(sketch_size=10)),
     )
     between = tuple(
-        (f"{name}{BETWEEN_REFRESHES}", lambda make=make: aot.between_gram_refreshes(make()))
+        (f"{name}{common.BETWEEN_REFRESHES}", lambda make=make: aot.between_gram_refreshes(make()))
         for name, make in fd_family
     )
     return (
@@ -342,9 +342,6 @@ def aot_part(dims: list[int], layers: int = 24, names: tuple[str, ...] | None = 
     return out
 
 
-BETWEEN_REFRESHES = common.BETWEEN_REFRESHES
-
-
 def _amortize(rows: dict) -> None:
     """Each rare branch's bytes amortized over its period: ``kron_fd``'s refresh
     (:func:`_amortize_kron`) and the FD family's exact Gram refresh, ``(whole + (P - 1)
@@ -356,14 +353,14 @@ def _amortize(rows: dict) -> None:
     _amortize_kron(rows)
     period = sketches.GRAM_REFRESH_PERIOD
     for name, between in rows.items():
-        row = rows.get(name.removesuffix(BETWEEN_REFRESHES))
-        if not name.endswith(BETWEEN_REFRESHES) or row is None or "peer" not in row:
+        row = rows.get(name.removesuffix(common.BETWEEN_REFRESHES))
+        if not name.endswith(common.BETWEEN_REFRESHES) or row is None or "peer" not in row:
             continue
         amortized = (row["bytes_accessed"] + (period - 1) * between["bytes_accessed"]) / period
         row["amortized_bytes_accessed"] = amortized
         row["amortized_bytes_over_peer"] = amortized / rows[row["peer"]]["bytes_accessed"]
         print(
-            f"[aot] {name.removesuffix(BETWEEN_REFRESHES)} over {period} Gram refreshes: "
+            f"[aot] {name.removesuffix(common.BETWEEN_REFRESHES)} over {period} Gram refreshes: "
             f"{row['amortized_bytes_over_peer']:.2f}x {row['peer']}",
             flush=True,
         )

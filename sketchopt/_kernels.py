@@ -12,10 +12,11 @@ each column block of the rows once, writes its rotation over the same buffer
 the lift from the same tile: one read and one write of the rows, one of the base.
 
 Where it runs (:func:`sketchopt._solvers.kernel_mode`, ``"on"`` by default): on a TPU,
-through Mosaic, for real ``float32`` rows of a program on one device. The choice is made when
-the program is lowered, by the primitive :data:`rotate_p`: on a CPU, a GPU and a TPU program
-over several devices (a Mosaic call is opaque to XLA's partitioner, which refuses it) it
-lowers to the same products in plain XLA (:func:`products`). ``"interpret"`` runs the kernel
+through Mosaic, for real ``float32`` rows of a program on one device. Updates traced for
+another platform keep the FD family's own program (:func:`applies`); for a TPU the choice is
+finished when the program is lowered, by the primitive :data:`rotate_p`: on a program over
+several devices (a Mosaic call is opaque to XLA's partitioner, which refuses it) it lowers to
+the same products in plain XLA (:func:`products`). ``"interpret"`` runs the kernel
 through Pallas's interpreter on any backend, which is how the tests check it on a CPU;
 ``"off"`` never uses it.
 
@@ -50,11 +51,13 @@ _BLOCK_BUDGET = 6 * 2**20
 
 
 def applies(rows) -> bool:
-    """Whether :func:`rotate_rows` can take ``rows`` at all (static): one sketch's real
-    ``float32`` rows, outside an explicit mesh (whose sharded types a Mosaic call would drop),
-    with the kernels on."""
+    """Whether :func:`rotate_rows` takes ``rows`` (static): one sketch's real ``float32`` rows,
+    outside an explicit mesh (whose sharded types a Mosaic call would drop), in an update traced
+    for a TPU (:func:`sketchopt._solvers.targets_tpu`; a CPU and a GPU keep the FD family's own
+    program) or with the kernels interpreted."""
+    mode = _solvers.kernel_mode()
     return (
-        _solvers.kernel_mode() != "off"
+        (mode == "interpret" or (mode == "on" and _solvers.targets_tpu()))
         and rows.dtype == jnp.float32
         and rows.ndim == 2
         and not _partitioning.explicit_mesh()
@@ -145,7 +148,7 @@ def rotate_rows(rot, rows, valid, coef=None, base=None, *, insert=None):
 
 
 def products(*operands, insert: bool = False, lift: bool = False, base: bool = True):
-    """The kernel's results in plain XLA, the program every platform but a one-device TPU
+    """The kernel's results in plain XLA, the program a TPU program over several devices
     compiles (the order the FD family's own had, which XLA runs in place: the row inserted by a
     ``dynamic_update_slice``, one product for the rotation and the lift, the skip's select
     against the buffer the product read); the operands as :func:`rotate_rows` orders them."""
@@ -167,7 +170,7 @@ def products(*operands, insert: bool = False, lift: bool = False, base: bool = T
 
 #: The rotation as one primitive, so that the kernel is chosen where the program's devices are
 #: known: its lowering takes the Pallas kernel on a TPU program of one device and
-#: :func:`products` elsewhere; vmapped, it gains leading batch axes (a group of leaves).
+#: :func:`products` elsewhere; vmapped, it runs :func:`products` over the batch.
 rotate_p = jex_core.Primitive("sketchopt_rotate_rows")
 rotate_p.multiple_results = True
 

@@ -363,9 +363,10 @@ def _blocked_passes() -> bool:
 def _rotates_in_a_kernel(rows) -> bool:
     """Whether the rotations of ``rows`` go to :func:`sketchopt._kernels.rotate_rows` (static):
     the accelerator path's whole-buffer products, where the kernel takes the rows
-    (:func:`sketchopt._kernels.applies`), outside a group's ``vmap`` (the kernel's fixed
-    layout made XLA copy a group's stacked rows: more bytes than XLA's own products). Per-step
-    FD then leaves its append to the rotation's pass (:func:`_fd_append`'s ``defer``)."""
+    (:func:`sketchopt._kernels.applies`: traced for a TPU), outside a group's ``vmap`` (the
+    kernel's fixed layout made XLA copy a group's stacked rows: more bytes than XLA's own
+    products). Per-step FD then leaves its append to the rotation's pass (:func:`_fd_append`'s
+    ``defer``)."""
     return not _blocked_passes() and not _groups.grouped() and _kernels.applies(rows)
 
 
@@ -889,42 +890,18 @@ _LAZY_MIN_DIM = 2**14
 
 
 def _fd_per_step(state, row, valid, lift, shrink, refresh_gram, *, fold):
-    """Per-step FD's absorb (:func:`_fd_absorb_per_step`), its append deferred to the rotation
-    kernel's pass where the update is traced for a TPU (``sketchopt._solvers.targets_tpu``)
-    and the shrink lifts a residual."""
-    defer = (
-        lift is not None
-        and _rotates_in_a_kernel(state.rows)
-        and (_solvers.targets_tpu() or _solvers.kernel_mode() == "interpret")
-    )
-    return _fd_absorb_per_step(
-        state,
-        row,
-        valid,
-        lift=lift,
-        shrink=shrink,
-        refresh_gram=refresh_gram,
-        fold=fold,
-        defer=defer,
-    )
-
-
-def _fd_absorb_per_step(state, row, valid, *, lift, shrink, refresh_gram, fold, defer):
     """Per-step FD's append, Gram refresh and shrink (RFD paper Alg. 1/2 lines 3-6).
 
-    ``defer`` (static): the append of ``g`` is left to the shrink's pass (:func:`_fd_append`),
-    as a TPU's rotation kernel takes it (:func:`_rotates_in_a_kernel`). The caller defers only
-    where the shrink also lifts a residual from ``g``: the kernel reads ``g`` as a ``(1, d)``
-    row, on a TPU a relayout of the 1-D gradient (a copy), which only the lift's base needs
-    anyway (``ada_fd`` at ``d = 1e7``, 32 steps between refreshes: 71 ``d``-vectors deferred,
-    83 not; ``fd_son``, without the lift: 128 deferred, 122 not); and only for a TPU: on XLA's
-    own products (a CPU's, a GPU's) the row's in-place write then follows reads of the old rows
-    that XLA does not order before it, and it copies the sketch (``tests/test_driver.py``). The
-    platform is known at trace time only from the backend, or from
-    ``sketchopt._solvers.tpu_target`` (a TPU compile on another machine); a
-    ``lax.platform_dependent`` around the step made XLA's TPU program a ``conditional`` over
-    both programs, whose operands it copied.
+    Where the rows rotate in the TPU's kernel (:func:`_rotates_in_a_kernel`) and the shrink
+    also lifts a residual from ``g``, the append of ``g`` is left to the shrink's pass
+    (:func:`_fd_append`'s ``defer``): the kernel reads ``g`` as a ``(1, d)`` row, on a TPU a
+    relayout of the 1-D gradient (a copy), which only the lift's base needs anyway (``ada_fd``
+    at ``d = 1e7``, 32 steps between refreshes: 71 ``d``-vectors deferred, 83 not; ``fd_son``,
+    without the lift: 128 deferred, 122 not). On XLA's own products (a CPU's, a GPU's) the
+    row's in-place write would then follow reads of the old rows that XLA does not order before
+    it, and it copies the sketch (``tests/test_driver.py``).
     """
+    defer = lift is not None and _rotates_in_a_kernel(state.rows)
     state, prod, stored, slot = _fd_append(state, row, valid, lazy=fold, defer=defer)
     pending = (row, slot, stored) if defer else None
     state = refresh_gram(state, valid, lazy=fold, pending=pending)  # before the shrink
