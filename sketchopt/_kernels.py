@@ -52,14 +52,16 @@ _BLOCK_BUDGET = 6 * 2**20
 
 def applies(rows) -> bool:
     """Whether :func:`rotate_rows` takes ``rows`` (static): one sketch's real ``float32`` rows,
-    outside an explicit mesh (whose sharded types a Mosaic call would drop), in an update traced
-    for a TPU (:func:`sketchopt._solvers.targets_tpu`; a CPU and a GPU keep the FD family's own
-    program) or with the kernels interpreted."""
+    not empty (a zero-width leaf has no column block to stream), outside an explicit mesh
+    (whose sharded types a Mosaic call would drop), in an update traced for a TPU
+    (:func:`sketchopt._solvers.targets_tpu`; a CPU and a GPU keep the FD family's own program)
+    or with the kernels interpreted."""
     mode = _solvers.kernel_mode()
     return (
         (mode == "interpret" or (mode == "on" and _solvers.targets_tpu()))
         and rows.dtype == jnp.float32
         and rows.ndim == 2
+        and rows.size > 0
         and not _partitioning.explicit_mesh()
     )
 
@@ -211,7 +213,8 @@ def _lowering(ctx, *ops, interpret, **params):
     axes = ctx.module_context.axis_context
     one_device = isinstance(axes, mlir.ShardingContext) and axes.num_devices == 1
     on_tpu = tuple(ctx.module_context.platforms) == ("tpu",)
-    kernel = interpret or (one_device and on_tpu)
+    empty = ctx.avals_in[2].shape[-1] == 0  # no column block to stream: XLA's no-op
+    kernel = not empty and (interpret or (one_device and on_tpu))
     fn = functools.partial(_call, interpret=interpret) if kernel else products
     return mlir.lower_fun(lambda *a: list(fn(*a, **params)), multiple_results=True)(ctx, *ops)
 

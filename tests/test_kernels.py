@@ -105,3 +105,12 @@ def test_ada_fd_through_the_kernel_matches_float64():
             scale = float(np.max(np.abs(r[name])))
             np.testing.assert_allclose(k[name], r[name], rtol=0, atol=1e-4 * scale, err_msg=t)
             np.testing.assert_allclose(k[name], x[name], rtol=0, atol=1e-6 * scale, err_msg=t)
+
+
+def test_a_zero_width_sketch_is_left_to_xla():
+    """A zero-width leaf's rows have no column block to stream: the kernel declines them
+    (:func:`sketchopt._kernels.applies`), and a direct call lowers to XLA's empty products."""
+    rows = jnp.zeros((3, 0), jnp.float32)
+    with so.accelerator_path(), _solvers.kernels("interpret"):
+        assert not _kernels.applies(rows)
+        assert jax.jit(_kernels.rotate_rows)(jnp.eye(3), rows, True).shape == (3, 0)
