@@ -614,7 +614,8 @@ def kron_fd(
         (default 0.9): the steps averaged (:func:`sketchopt.rules.momentum_rule`), one
         float32 buffer per parameter, inside the non-finite guard (state :class:`KronFDState`).
       nesterov: Nesterov's form of that average (default ``True``; read only with a
-        ``momentum``).
+        ``momentum``), debiased as the other form is: a repeated step is taken at its size
+        from the first round.
       factoring: as :func:`kron_sketched`. The three step counts
         ``update_every``, ``refresh_every`` and ``start_step`` fix the compiled program, so they
         must be static: their default ``None`` (10, 10 and ``kron_sketched``'s 0) is, and so under
@@ -641,16 +642,16 @@ def kron_fd(
       >>> updates["w"][0, 0], updates["b"]  # 16^-1/4 4 16^-1/4 = 1; g / |g| per coordinate
       (Array(-0.1, dtype=float32), Array([-0.1,  0.1], dtype=float32))
 
-      At the defaults every layer's step has the root-mean-square ``learning_rate`` before the
-      momentum, whose Nesterov average starts at ``1 - 0.9**2`` of it and grows to it:
+      At the defaults every layer's step has the root-mean-square ``learning_rate``, and the
+      debiased Nesterov average of a repeated step is that step from the first round:
 
       >>> tx = so.kron_fd(1e-3)
       >>> updates, state = tx.update(grads, tx.init(params))
       >>> jnp.sqrt(jnp.mean(updates["w"] ** 2)).round(6)
-      Array(0.00019, dtype=float32)
+      Array(0.001, dtype=float32)
       >>> for _ in range(50):
       ...     updates, state = tx.update(grads, state)
-      >>> jnp.sqrt(jnp.mean(updates["w"] ** 2)).round(5)
+      >>> jnp.sqrt(jnp.mean(updates["w"] ** 2)).round(6)
       Array(0.001, dtype=float32)
     """
     nesterov = _validation.flag("nesterov", nesterov)
