@@ -372,12 +372,12 @@ def momentum_rule(
     step ``u`` repeated every round is taken at its own size and a method's learning rate
     carries over:
 
-    * ``nesterov``: ``m'_t = beta m'_{t-1} + u_t``, the step ``(1 - beta) (u_t + beta m'_t) /
-      (1 - beta^(t+2))`` (``optax.trace(beta, nesterov=True)`` scaled by ``1 - beta``:
-      Nesterov's accelerated gradient as Optax writes it, Sutskever, Martens, Dahl & Hinton
-      2013; divided by the sum of its weights on ``u_1 .. u_t``, ``1 - beta^(t+2)``, the
-      debiasing of Adam's first moment, Kingma & Ba 2015 Alg. 1, so that the first steps are
-      not ``1 - beta^2`` of their size);
+    * ``nesterov``: ``m'_t = beta m'_{t-1} + u_t``, the step ``(1 - beta) (u_t + beta m'_t)``
+      (``optax.trace(beta, nesterov=True)`` scaled by ``1 - beta``: Nesterov's accelerated
+      gradient as Optax writes it; Sutskever, Martens, Dahl & Hinton 2013) divided by the sum
+      of its weights on the steps so far, ``1 - beta^(t+2)`` with ``t`` the transform's count
+      from 0 (the debiasing of Adam's first moment, Kingma & Ba 2015 Alg. 1), so that the first
+      steps are not ``1 - beta^2`` of their size;
     * otherwise ``m_t = beta m_{t-1} + (1 - beta) u_t``, the step ``m_t / (1 - beta^(t+1))``
       (``optax.ema(beta, debias=True)``, Adam's first moment; ``t`` the transform's count).
 
