@@ -66,6 +66,13 @@ Targets (the issue's; ``claim_rows``): ``kron_fd`` at its defaults reaches the t
 more steps than the best of Muon, PSGD and Shampoo on at least two of the three workloads; its
 held-out metric at that step within 1% of AdamW's at step ``N`` (or better).
 
+The defaults' screen (``python experiments/time_to_target.py screen [--quick] [WORKLOAD ...]``,
+:func:`screen`, into ``OUT/time_to_target_screen.json``): AdamW, ``kron_fd`` at its defaults and
+at each one-option departure of :data:`DEPARTURES`, all at AdamW's tuned rate, on the reported
+seeds side by side, each with the steps to the target over ``N``, the running mean at 0.75 N and
+at ``N`` over the target, and the step time over AdamW's: the evidence for (or against) a change
+of the defaults, one option at a time, without the peers.
+
 Sizes (the run is compile- and overhead-bound at this scale: ``kron_fd``'s training step
 compiles in 10-25 s on the shared 2-core machine, Shampoo's and PSGD's in 10-40 s):
 
@@ -780,5 +787,115 @@ def _figure(parts: dict):
     return fig
 
 
+# ------------------------------------------------------------------------------------------------
+# The defaults' screen: ``kron_fd``'s options one at a time, on the benchmark's reported seeds
+# (``python experiments/time_to_target.py screen``; the networks page records one).
+
+#: One-option departures from ``kron_fd``'s defaults that :func:`screen` runs beside them:
+#: ``label -> kron_fd keywords``, every option of the defaults moved once.
+DEPARTURES: dict[str, dict] = {
+    "update_every=1": {"update_every": 1},
+    "update_every=refresh_every=5": {"update_every": 5, "refresh_every": 5},
+    "momentum=0.8": {"momentum": 0.8},
+    "momentum=0.95": {"momentum": 0.95},
+    "nesterov=False": {"nesterov": False},
+    "graft_rms=1.3": {"graft_rms": 1.3},
+    "graft='adam'": {"graft": "adam"},
+    "sketch_size=16": {"sketch_size": 16},
+    "sketch_size=64": {"sketch_size": 64},
+    "delta=1e-4": {"delta": 1e-4},
+    "exponents=(0.5, 0.5)": {"exponents": (0.5, 0.5)},
+    "robust=False": {"robust": False},
+    "decay=0.999": {"decay": 0.999},
+}
+#: Where :func:`screen` also reads the running mean, as a fraction of ``N``: the steps target.
+SCREEN_AT = 0.75
+
+
+def screen(work: Workload, cfg: Config, seed: int, departures: dict | None = None) -> dict:
+    """AdamW, ``kron_fd`` at its defaults and at each of ``departures`` (default
+    :data:`DEPARTURES`), all at AdamW's rate (tuned as the benchmark tunes it: ``kron_fd_tuned``'s
+    rule), on the reported seeds side by side (:func:`report_seed`): per learner
+    :func:`summarize`'s numbers, and the medians over seeds of the running mean at
+    ``SCREEN_AT * N`` over the target (``early_over_target``: at most 1 where the steps target
+    is met on that seed at that step) and of the step time over AdamW's."""
+    departures = DEPARTURES if departures is None else departures
+    makers = {"adamw": optax.adamw, "defaults": so.kron_fd}
+    makers |= {label: _tuned(keywords) for label, keywords in departures.items()}
+    steppers = {n: Stepper(work, make, cfg.compiler_options) for n, make in makers.items()}
+    lr = tune_lr(steppers, ["adamw"], list(cfg.grid), work, cfg, seed)["adamw"]["lr"]
+    seeds = [
+        report_seed(steppers, dict.fromkeys(steppers, lr), work, cfg, seed + s)
+        for s in common.progress(range(cfg.seeds), desc=f"{work.name}: screen seeds")
+    ]
+    at = int(SCREEN_AT * cfg.steps) - WINDOW  # the running mean's index at that step
+    learners = {}
+    for n in steppers:
+        per = [s[n] for s in seeds]
+        early = [p["curve"][at] / p["target"] for p in per]
+        steps = [s[n]["step_seconds"] / s["adamw"]["step_seconds"] for s in seeds]
+        learners[n] = summarize(n, n, seeds, work) | {
+            "kron_fd": departures.get(n, {}),
+            "early_over_target": float(np.median(early)),
+            "step_over_adamw": float(np.median(steps)),
+        }
+    return {"label": work.label, "quality": work.quality, "steps": cfg.steps, "lr": lr,
+            "learners": learners}  # fmt: skip
+
+
+def screen_table(payload: dict) -> str:
+    """The screen's markdown table (from its JSON's numbers only)."""
+    header = ["workload", "kron_fd", "steps / N", f"mean at {SCREEN_AT} N / target",
+              "loss at N / target", "step / AdamW", "held-out at target"]  # fmt: skip
+    rows = []
+    for w, part in payload["workloads"].items():
+        acc = part["quality"] == "test_accuracy"
+        for n, r in part["learners"].items():
+            held = r["held_out_at_target"]
+            held = f"{100 * held:.1f}%" if acc and held is not None else common.fmt(held)
+            rows.append([w, n, common.fmt(r["steps_ratio"], 2), f"{r['early_over_target']:.3f}",
+                         f"{r['final_over_target']:.3f}", f"{r['step_over_adamw']:.2f}x",
+                         held])  # fmt: skip
+    return common.markdown_table(header, rows)
+
+
+def screen_main(argv: list[str] | None = None) -> int:
+    """``python experiments/time_to_target.py screen [--quick] [--seed S] [--out DIR]
+    [WORKLOAD ...]``: :func:`screen` on each workload (default all) at the benchmark's size, into
+    ``DIR/time_to_target_screen.json``, its table printed."""
+    import argparse
+
+    parser = argparse.ArgumentParser(description=screen.__doc__.splitlines()[0])
+    parser.add_argument("workloads", nargs="*", help=f"of {', '.join(WORKLOADS)} (default all)")
+    parser.add_argument("--quick", action="store_true", help="the benchmark's quick size")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument(
+        "--out", type=pathlib.Path, default=pathlib.Path(__file__).parents[1] / "results"
+    )
+    args = parser.parse_args(argv)
+    unknown = sorted(set(args.workloads) - set(WORKLOADS))
+    if unknown:
+        parser.error(f"unknown workloads {unknown}: choose from {', '.join(WORKLOADS)}")
+    size, cfg = common.begin(config, quick=args.quick, full=False)
+    start, parts = time.perf_counter(), {}
+    for name in args.workloads or list(WORKLOADS):
+        wcfg = dataclasses.replace(cfg, steps=cfg.cnn_steps) if name == "cnn" else cfg
+        parts[name] = screen(WORKLOADS[name](wcfg), wcfg, args.seed)
+    payload = {
+        "experiment": f"{NAME}_screen",
+        "size": size,
+        "config": {**dataclasses.asdict(cfg), "seed": args.seed, "window": WINDOW,
+                   "screen_at": SCREEN_AT, "kron_fd_defaults": kron_fd_defaults()},
+        "workloads": parts,
+        "seconds": time.perf_counter() - start,
+        "provenance": common.provenance(),
+    }  # fmt: skip
+    common.save_json(args.out / f"{NAME}_screen.json", payload)
+    print(screen_table(payload))
+    return 0
+
+
 if __name__ == "__main__":
+    if sys.argv[1:2] == ["screen"]:
+        sys.exit(screen_main(sys.argv[2:]))
     sys.exit(common.script(run, __doc__, full="N = 1000, larger models (about an hour)"))

@@ -149,3 +149,31 @@ def _check_learner(name: str, learner: str, r: dict, n: int, adam: dict) -> None
     # every learner that reaches AdamW's loss has trained: below the start of its curve
     assert curve[step - ttt.WINDOW] < curve[0] or step == ttt.WINDOW
     assert r["compile_seconds"] > 0 and r["step_seconds"] > 0
+
+
+@pytest.mark.benchmark
+def test_the_defaults_screen(tmp_path, monkeypatch):
+    """``time_to_target.py screen`` at the quick size, one workload and one departure: strict
+    JSON, AdamW at the target by definition, the medians and the running mean at ``SCREEN_AT *
+    N`` re-derived from the stored curves and seeds, and a table row per learner."""
+    monkeypatch.setattr(ttt, "DEPARTURES", {"momentum=0.8": {"momentum": 0.8}})
+    assert ttt.screen_main(["autoencoder", "--quick", "--out", str(tmp_path)]) == 0
+    payload = _strict(tmp_path / "time_to_target_screen.json")
+    assert list(payload["workloads"]) == ["autoencoder"]
+    part = payload["workloads"]["autoencoder"]
+    assert list(part["learners"]) == ["adamw", "defaults", "momentum=0.8"]
+    assert part["learners"]["momentum=0.8"]["kron_fd"] == {"momentum": 0.8}
+    adam = part["learners"]["adamw"]
+    assert adam["final_over_target"] == 1.0 and adam["step_over_adamw"] == 1.0
+    at = int(ttt.SCREEN_AT * part["steps"])
+    for r in part["learners"].values():
+        seeds = r["per_seed"]
+        ratios = [math.inf if s["steps_ratio"] is None else s["steps_ratio"] for s in seeds]
+        median = float(np.median(ratios))
+        assert r["steps_ratio"] == (median if math.isfinite(median) else None)
+        early = r["curves"]["running_mean"][r["curves"]["steps"].index(at)] / seeds[0]["target"]
+        assert early == pytest.approx(r["early_over_target"], rel=1e-12)  # one seed at --quick
+        if r["early_over_target"] <= 1.0:  # the running mean is at the target by then
+            assert r["steps_ratio"] is not None and r["steps_ratio"] <= ttt.SCREEN_AT
+    table = ttt.screen_table(payload).splitlines()
+    assert len(table) == 2 + 3 and table[2].startswith("| autoencoder | adamw |")
