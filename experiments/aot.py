@@ -80,6 +80,56 @@ _FUSION = re.compile(r"^\s*(?:ROOT )?%\S+ = (?:\([^=]*?\)|\S+) fusion\(", re.M)
 _WHILE = re.compile(r"\bwhile\(")
 
 
+_INSTRUCTION = re.compile(r"^\s*(?:ROOT )?(%[\w.\-]+) = (.+?) ([\w\-]+)\((.*)$")
+_ARRAY = re.compile(r"\b[a-z]+\d*\[([\d,]*)\](?:\{([\d,]*)(?::T\(([\d,]+)\))?)?")
+#: What moves no array of its own: views, tuples, the ends of asynchronous copies.
+_NO_PASS = ("parameter", "constant", "get-tuple-element", "bitcast", "tuple", "copy-done")
+
+
+def stored_elements(shape: str) -> int:
+    """The elements an HLO shape (or tuple of shapes) occupies in memory: each array's dims in
+    its layout's physical order (``{minor_to_major}``), the trailing ones padded to the layout's
+    first tile (``T(8,128)``: a TPU stores a 10-row float32 matrix as 16 rows)."""
+    total = 0
+    for dims, order, tile in _ARRAY.findall(shape):
+        sizes = [int(x) for x in dims.split(",") if x]
+        if order:
+            sizes = [sizes[int(i)] for i in reversed(order.split(","))]  # major to minor
+        if tile:
+            tiles = [int(x) for x in tile.split(",")]
+            for i, t in enumerate(tiles, start=len(sizes) - len(tiles)):
+                if i >= 0:
+                    sizes[i] = -(-sizes[i] // t) * t
+        total += functools.reduce(lambda a, b: a * b, sizes, 1)
+    return total
+
+
+def passes(text: str, elements: int) -> list[tuple[str, str, float, float]]:
+    """Where an update's traffic goes: for each instruction of an optimized HLO module's entry
+    computation that reads or writes an array of at least half of ``elements`` (a leaf's
+    size), ``(instruction, opcode, read, written)``, the last two in arrays of ``elements``
+    (as stored, :func:`stored_elements`): its large operands and its result. A ``conditional``
+    or ``while`` counts its operands, which its branches or body read (their own passes are not
+    split out). The sum is close to XLA's bytes accessed over ``4 * elements`` for float32; it
+    says which kernels read the sketch and how often."""
+    entry = next(c for c in re.split(r"\n(?=\S)", text) if c.startswith("ENTRY"))
+    sizes, out = {}, []
+    for line in entry.splitlines()[1:]:
+        match = _INSTRUCTION.match(line)
+        if not match:
+            continue
+        name, shape, opcode, rest = match.groups()
+        sizes[name] = stored_elements(shape)
+        if opcode in _NO_PASS:
+            continue
+        operands = re.findall(r"%[\w.\-]+", rest.split("), ")[0])
+        large = [sizes.get(o, 0) for o in operands if 2 * sizes.get(o, 0) >= elements]
+        written = sizes[name] if 2 * sizes[name] >= elements else 0
+        if large or written:
+            out.append((name, opcode, sum(large) / elements, written / elements))
+    return out
+
+
 def kernel_counts(text: str) -> tuple[int, int]:
     """``(fusions, while loops)`` of an optimized HLO module's text; a fusion with a tuple
     result (several outputs) counts too."""

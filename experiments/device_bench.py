@@ -294,7 +294,8 @@ def aot_part(dims: list[int], layers: int = 24, names: tuple[str, ...] | None = 
     path), at each ``dims`` (one float32 leaf) and on the speed benchmark's ``layers``-layer
     tree (and :data:`STEP_PROGRAMS` in a training step on that tree), with JAX's persistent
     compilation cache off: XLA's bytes accessed, flops, roofline
-    seconds, fusions, while loops and compile seconds, and the bytes over the peer's."""
+    seconds, fusions, while loops and compile seconds, and the bytes over the peer's; at each
+    ``dims`` also the passes over the leaf's arrays (:func:`experiments.aot.passes`)."""
     import jax.numpy as jnp
 
     from experiments import aot, speed
@@ -323,7 +324,11 @@ def aot_part(dims: list[int], layers: int = 24, names: tuple[str, ...] | None = 
                 or (only is not None and name not in only)
             ):
                 continue
-            row = compile_(make(), params).row()
+            compiled = compile_(make(), params)
+            row = compiled.row()
+            if case.startswith("d="):  # where a leaf's traffic goes, in d-vectors
+                d = params["w"].shape[0]
+                row["passes"] = [list(p) for p in aot.passes(compiled.text, d)]
             if peer in rows:
                 row["bytes_over_peer"] = row["bytes_accessed"] / rows[peer]["bytes_accessed"]
                 row["fusions_over_peer"] = row["fusions"] / max(1, rows[peer]["fusions"])

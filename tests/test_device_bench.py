@@ -74,3 +74,42 @@ def test_an_update_traced_without_gram_refreshes_drops_that_branch_only():
         outs.append(jax.jit(tx.update)(grads, state, params)[0]["w"])
     assert conds[1] == conds[0] - 1, conds
     np.testing.assert_array_equal(outs[0], outs[1])
+
+
+#: An optimized HLO module's text as XLA's TPU compiler prints it (trimmed): a 10 x 1024 sketch
+#: stored in 8-row tiles, a gradient of 1024, a reduction, a custom call and a conditional.
+HLO = """HloModule jit_update, entry_computation_layout={...}
+
+%fused (p: f32[10,1024]) -> f32[10] {
+  %p = f32[10,1024]{1,0:T(8,128)} parameter(0)
+}
+
+ENTRY %main (rows: f32[10,1024], g: f32[1024]) -> (f32[1024], f32[10,1024]) {
+  %rows = f32[10,1024]{1,0:T(8,128)} parameter(0)
+  %g = f32[1024]{0:T(1024)} parameter(1)
+  %product = f32[10]{0:T(128)} fusion(%rows, %g), kind=kOutput, calls=%fused
+  %small = f32[10]{0:T(128)} negate(%product)
+  %kernel = (f32[10,1024]{1,0:T(8,128)}, f32[1,1024]{1,0:T(1,128)}) custom-call(%rows, %g)
+  %new = f32[10,1024]{1,0:T(8,128)} get-tuple-element(%kernel), index=0
+  %c = pred[]{:T(128)} constant(true)
+  %cond = f32[1024]{0:T(1024)} conditional(%c, %new, %g), true_computation=%a, false_computation=%b
+  ROOT %out = (f32[1024]{0:T(1024)}, f32[10,1024]{1,0:T(8,128)}) tuple(%cond, %new)
+}
+"""
+
+
+def test_the_passes_count_each_large_array_as_stored():
+    """``aot.passes``: each entry instruction's large operands and result in leaf-sized arrays,
+    a tiled matrix at its padded size (10 rows stored as 16), views and small arrays left out."""
+    from experiments import aot
+
+    assert aot.stored_elements("f32[10,1024]{1,0:T(8,128)}") == 16 * 1024
+    assert aot.stored_elements("f32[1000]{0:T(1024)}") == 1024
+    assert aot.stored_elements("(f32[3,5], s32[])") == 15 + 1  # no layout: as written
+    assert aot.stored_elements("f32[10,1000]{0,1:T(8,128)}") == 1000 * 128  # column-major
+    rows = {name: (op, read, written) for name, op, read, written in aot.passes(HLO, 1024)}
+    assert rows == {
+        "%product": ("fusion", 17.0, 0.0),  # the sketch as stored, and g
+        "%kernel": ("custom-call", 17.0, 17.0),  # 16 rows and the (1, 1024) residual
+        "%cond": ("conditional", 17.0, 1.0),
+    }
