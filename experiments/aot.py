@@ -104,28 +104,72 @@ def stored_elements(shape: str) -> int:
     return total
 
 
+def _computations(text: str) -> dict[str, list[tuple]]:
+    """An optimized HLO module's computations: ``name -> [(instruction, shape, opcode,
+    operands, called computation or None, parameter index or None)]``, the entry computation
+    under ``"ENTRY"``."""
+    out = {}
+    for block in re.split(r"\n(?=\S)", text):
+        head = block.split(" ", 2)[0]
+        body = []
+        for line in block.splitlines()[1:]:
+            match = _INSTRUCTION.match(line)
+            if match:
+                name, shape, opcode, rest = match.groups()
+                calls = re.search(r"calls=(%[\w.\-]+)", rest)
+                index = re.match(r"(\d+)\)", rest) if opcode == "parameter" else None
+                operands = re.findall(r"%[\w.\-]+", rest.split("), ")[0])
+                body.append((name, shape, opcode, operands, calls and calls.group(1),
+                             index and int(index.group(1))))  # fmt: skip
+        out["ENTRY" if head == "ENTRY" else head] = body
+    return out
+
+
+def _sliced_reads(computation: list[tuple]) -> dict[int, int]:
+    """``parameter index -> elements read`` of a fused computation's parameters that it only
+    slices (``dynamic-slice``, ``slice``): a kernel that reads one row of the sketch takes the
+    whole array as its operand."""
+    users: dict[str, list[tuple[str, str, int]]] = {}
+    for _, shape, opcode, operands, *_ in computation:
+        for position, o in enumerate(operands):
+            users.setdefault(o, []).append((opcode, shape, position))
+    out = {}
+    for name, _, opcode, _, _, index in computation:
+        uses = users.get(name, [])
+        if (
+            opcode == "parameter"
+            and uses
+            and all(op in ("dynamic-slice", "slice") and at == 0 for op, _, at in uses)
+        ):
+            out[index] = sum(stored_elements(shape) for _, shape, _ in uses)
+    return out
+
+
 def passes(text: str, elements: int) -> list[tuple[str, str, float, float]]:
     """Where an update's traffic goes: for each instruction of an optimized HLO module's entry
     computation that reads or writes an array of at least half of ``elements`` (a leaf's
     size), ``(instruction, opcode, read, written)``, the last two in arrays of ``elements``
-    (as stored, :func:`stored_elements`): its large operands and its result. A ``conditional``
-    or ``while`` counts its operands, which its branches or body read (their own passes are not
-    split out, so a rare branch counts in full). The sum approximates XLA's bytes accessed over
-    ``4 * elements`` for float32 (within about 20% on the FD family at ``d = 1e7``); it says
-    which kernels read the sketch and how often."""
-    entry = next(c for c in re.split(r"\n(?=\S)", text) if c.startswith("ENTRY"))
+    (as stored, :func:`stored_elements`): its large operands and its result. An operand that a
+    fusion only slices counts the slice, an in-place ``dynamic-update-slice`` its update; a
+    ``conditional`` or ``while`` counts its operands in full, which its branches or body read
+    (their own passes are not split out, so a rare branch counts whole). The sum approximates
+    XLA's bytes accessed over ``4 * elements`` for float32; it says which kernels read the
+    sketch and how often."""
+    computations = _computations(text)
     sizes, out = {}, []
-    for line in entry.splitlines()[1:]:
-        match = _INSTRUCTION.match(line)
-        if not match:
-            continue
-        name, shape, opcode, rest = match.groups()
+    for name, shape, opcode, operands, calls, _ in computations["ENTRY"]:
         sizes[name] = stored_elements(shape)
         if opcode in _NO_PASS:
             continue
-        operands = re.findall(r"%[\w.\-]+", rest.split("), ")[0])
-        large = [sizes.get(o, 0) for o in operands if 2 * sizes.get(o, 0) >= elements]
-        written = sizes[name] if 2 * sizes[name] >= elements else 0
+        reads, written = [sizes.get(o, 0) for o in operands], sizes[name]
+        if opcode == "dynamic-update-slice":  # in place: the update is read, then written
+            reads = reads[1:2]
+            written = sum(reads)
+        elif calls in computations:
+            sliced = _sliced_reads(computations[calls])
+            reads = [sliced.get(k, r) for k, r in enumerate(reads)]
+        large = [r for r in reads if 2 * r >= elements]
+        written = written if 2 * written >= elements else 0
         if large or written:
             out.append((name, opcode, sum(large) / elements, written / elements))
     return out

@@ -77,16 +77,27 @@ def test_an_update_traced_without_gram_refreshes_drops_that_branch_only():
 
 
 #: An optimized HLO module's text as XLA's TPU compiler prints it (trimmed): a 10 x 1024 sketch
-#: stored in 8-row tiles, a gradient of 1024, a reduction, a custom call and a conditional.
+#: stored in 8-row tiles, a gradient of 1024, a row's read and write, a reduction, a custom call
+#: and a conditional.
 HLO = """HloModule jit_update, entry_computation_layout={...}
 
 %fused (p: f32[10,1024]) -> f32[10] {
   %p = f32[10,1024]{1,0:T(8,128)} parameter(0)
 }
 
+%one_row (p0: f32[10,1024], p1: s32[]) -> f32[1,1024] {
+  %p0 = f32[10,1024]{1,0:T(8,128)} parameter(0)
+  %p1 = s32[]{:T(128)} parameter(1)
+  %zero = s32[]{:T(128)} constant(0)
+  ROOT %ds = f32[1,1024]{1,0:T(1,128)} dynamic-slice(%p0, %p1, %zero), dynamic_slice_sizes={1,1024}
+}
+
 ENTRY %main (rows: f32[10,1024], g: f32[1024]) -> (f32[1024], f32[10,1024]) {
   %rows = f32[10,1024]{1,0:T(8,128)} parameter(0)
   %g = f32[1024]{0:T(1024)} parameter(1)
+  %i = s32[]{:T(128)} parameter(2)
+  %old = f32[1,1024]{1,0:T(1,128)} fusion(%rows, %i), kind=kLoop, calls=%one_row
+  %put = f32[10,1024]{1,0:T(8,128)} dynamic-update-slice(%rows, %old, %i, %i)
   %product = f32[10]{0:T(128)} fusion(%rows, %g), kind=kOutput, calls=%fused
   %small = f32[10]{0:T(128)} negate(%product)
   %kernel = (f32[10,1024]{1,0:T(8,128)}, f32[1,1024]{1,0:T(1,128)}) custom-call(%rows, %g)
@@ -100,7 +111,8 @@ ENTRY %main (rows: f32[10,1024], g: f32[1024]) -> (f32[1024], f32[10,1024]) {
 
 def test_the_passes_count_each_large_array_as_stored():
     """``aot.passes``: each entry instruction's large operands and result in leaf-sized arrays,
-    a tiled matrix at its padded size (10 rows stored as 16), views and small arrays left out."""
+    a tiled matrix at its padded size (10 rows stored as 16), a sliced operand at the slice's
+    size, an in-place update at its update's, views and small arrays left out."""
     from experiments import aot
 
     assert aot.stored_elements("f32[10,1024]{1,0:T(8,128)}") == 16 * 1024
@@ -109,6 +121,8 @@ def test_the_passes_count_each_large_array_as_stored():
     assert aot.stored_elements("f32[10,1000]{0,1:T(8,128)}") == 1000 * 128  # column-major
     rows = {name: (op, read, written) for name, op, read, written in aot.passes(HLO, 1024)}
     assert rows == {
+        "%old": ("fusion", 1.0, 1.0),  # a fusion that slices one row reads that row
+        "%put": ("dynamic-update-slice", 1.0, 1.0),  # in place: the update only
         "%product": ("fusion", 17.0, 0.0),  # the sketch as stored, and g
         "%kernel": ("custom-call", 17.0, 17.0),  # 16 rows and the (1, 1024) residual
         "%cond": ("conditional", 17.0, 1.0),
