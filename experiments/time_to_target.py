@@ -792,7 +792,8 @@ def _figure(parts: dict):
 # (``python experiments/time_to_target.py screen``; the networks page records one).
 
 #: One-option departures from ``kron_fd``'s defaults that :func:`screen` runs beside them:
-#: ``label -> kron_fd keywords``, every option of the defaults moved once.
+#: ``label -> kron_fd keywords``; each of the defaults' step counts, momentum, graft, sketch and
+#: root moved once.
 DEPARTURES: dict[str, dict] = {
     "update_every=1": {"update_every": 1},
     "update_every=refresh_every=5": {"update_every": 5, "refresh_every": 5},
@@ -829,10 +830,14 @@ def screen(work: Workload, cfg: Config, seed: int, departures: dict | None = Non
         for s in common.progress(range(cfg.seeds), desc=f"{work.name}: screen seeds")
     ]
     at = int(SCREEN_AT * cfg.steps) - WINDOW  # the running mean's index at that step
+    if at < 0:
+        raise ValueError(f"screen: N = {cfg.steps} puts {SCREEN_AT} N before the running mean")
     learners = {}
     for n in steppers:
         per = [s[n] for s in seeds]
-        early = [p["curve"][at] / p["target"] for p in per]
+        # a run that diverged stopped early (its curve is short or NaN): infinitely far
+        early = [_over(p["curve"][at] if at < len(p["curve"]) else math.inf, p["target"])
+                 for p in per]  # fmt: skip
         steps = [s[n]["step_seconds"] / s["adamw"]["step_seconds"] for s in seeds]
         learners[n] = summarize(n, n, seeds, work) | {
             "kron_fd": departures.get(n, {}),
@@ -841,6 +846,16 @@ def screen(work: Workload, cfg: Config, seed: int, departures: dict | None = Non
         }
     return {"label": work.label, "quality": work.quality, "steps": cfg.steps, "lr": lr,
             "learners": learners}  # fmt: skip
+
+
+def _over(value: float, target: float) -> float:
+    """``value / target``, infinite where either is not finite (a diverged run)."""
+    ratio = value / target
+    return ratio if math.isfinite(ratio) else math.inf
+
+
+def _ratio_cell(value: float | None) -> str:
+    return "-" if value is None or not math.isfinite(value) else f"{value:.3f}"
 
 
 def screen_table(payload: dict) -> str:
@@ -853,9 +868,9 @@ def screen_table(payload: dict) -> str:
         for n, r in part["learners"].items():
             held = r["held_out_at_target"]
             held = f"{100 * held:.1f}%" if acc and held is not None else common.fmt(held)
-            rows.append([w, n, common.fmt(r["steps_ratio"], 2), f"{r['early_over_target']:.3f}",
-                         f"{r['final_over_target']:.3f}", f"{r['step_over_adamw']:.2f}x",
-                         held])  # fmt: skip
+            rows.append([w, n, common.fmt(r["steps_ratio"], 2),
+                         _ratio_cell(r["early_over_target"]), _ratio_cell(r["final_over_target"]),
+                         f"{r['step_over_adamw']:.2f}x", held])  # fmt: skip
     return common.markdown_table(header, rows)
 
 
