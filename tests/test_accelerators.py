@@ -10,6 +10,7 @@ XLA's TPU compiler (libtpu) compiles without a TPU for a topology's devices
 * the README's Flax training step (the digits MLP under ``kron_fd``), forward, backward and
   update in one program;
 * ADA-DIAG's update at the bytes of the guarded floor program (XLA's count);
+* ``ada_fd``'s update between Gram refreshes reading its sketch twice (``aot.passes``);
 * one step sharded over the topology's 4 devices (the parameters split along a mesh axis, as
   the devices guide lays them out), whose compiled state keeps every large array split.
 
@@ -232,3 +233,20 @@ def test_sharded_step_compiles_for_tpu(name):
     for s, is_split in zip(leaves, split, strict=True):
         if s.shape[-1:] == (64 * 32,) or s.shape == (64, 32):  # w's sketch rows, accumulators
             assert is_split, f"a {s.shape} state array of w is whole on every device"
+
+
+def test_ada_fd_reads_its_sketch_twice_between_gram_refreshes():
+    """``aot.passes`` on ``ada_fd``'s update without its exact Gram refresh at ``d = 1e7``: two
+    instructions read the sketch (``B g`` and the rotation kernel, each its 10 rows stored as
+    16 and the gradient), the kernel writes it once, and the passes sum to XLA's own count within
+    10% (the speed page's table reads them so)."""
+    d = 10**7
+    params = {"w": jax.ShapeDtypeStruct((d,), jnp.float32)}
+    program = aot.compile_update(aot.between_gram_refreshes(so.ada_fd(0.1, sketch_size=10)), params)
+    rows = aot.passes(program.text, d)
+    sketch = [(op, read, written) for _, op, read, written in rows if max(read, written) >= 10]
+    assert [round(read) for _, read, _ in sketch] == [17, 17], sketch  # (and small arrays)
+    assert [op for op, *_ in sketch] == ["fusion", "custom-call"], sketch
+    assert sketch[1][2] >= 16, sketch  # the rows written back (and the lift's residual)
+    total = sum(read + written for _, _, read, written in rows)
+    assert total == pytest.approx(program.bytes_accessed / (4 * d), rel=0.1)
