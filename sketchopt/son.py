@@ -93,6 +93,7 @@ a real prediction ``|w^T x|``) refuses complex parameters with a ``TypeError``.
 from __future__ import annotations
 
 import functools
+import numbers
 from collections.abc import Callable
 from typing import Any, NamedTuple
 
@@ -500,6 +501,28 @@ def newton_metric(
     return metric._replace(spec=spec)
 
 
+#: The smallest value of the library's own ``eta_t`` schedules over an int32 step count.
+_SCHEDULE_FLOORS = ((_numerics.inverse_sqrt_time, 2.0**-15.5), (_numerics.inverse_time, 2.0**-31))
+
+
+def _always_positive(eta, curvature, dtype) -> bool:
+    """Whether ``c_t = eta_t + sigma_t`` is a normal positive number of ``dtype`` at every step,
+    known before tracing: ``eta`` one of the library's own schedules (``1/sqrt(t)``, ``1/t``)
+    whose smallest value over an int32 count is, or ``eta`` or ``sigma`` such a number (a
+    device that flushes subnormals to zero could make a subnormal ``c`` zero; float16's ``1/t``
+    underflows after 2**24 steps). Its square root is positive, so ``ghat = sqrt(c) g`` keeps
+    ``V g`` in the sketch's own ``B ghat``."""
+    tiny = float(jnp.finfo(dtype).tiny)
+
+    def positive(value):
+        floor = next((f for schedule, f in _SCHEDULE_FLOORS if value is schedule), None)
+        if floor is None and isinstance(value, numbers.Real) and not isinstance(value, bool):
+            floor = float(value)
+        return floor is not None and floor >= tiny
+
+    return positive(eta) or positive(curvature)
+
+
 def _sketched_newton_metric(
     make_sketch, alpha, *, eta, curvature, diagonal_rescaling, init_alpha=None
 ):
@@ -519,12 +542,16 @@ def _sketched_newton_metric(
         root = jnp.sqrt(c)
         sk_state, product = sketch0.absorb(ls.sketch, ghat, valid)
         lr = read(sk_state)
-        # V g from the sketch's own B g (docs/design.md, Speed: fused work); one more pass if c = 0.
-        vg = jax.lax.cond(
-            root > 0,
-            lambda: lr.project_product(product) / root,
-            lambda: lr.project(gz),
-        )
+        # V g from the sketch's own B g (docs/design.md, Speed: fused work); one more pass if c = 0,
+        # in a cond that XLA charges at every step: left out where c > 0 at every step.
+        if _always_positive(eta, curvature, c.dtype):
+            vg = lr.project_product(product) / root
+        else:
+            vg = jax.lax.cond(
+                root > 0,
+                lambda: lr.project_product(product) / root,
+                lambda: lr.project(gz),
+            )
         return ls._replace(sketch=sk_state, alpha=a), SketchedNewtonOperator(lr, a).solve(gz, vg)
 
     return _newton_metric(

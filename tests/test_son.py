@@ -889,3 +889,49 @@ def test_validation():
     tx = so.fd_son(1.0, 3)
     with pytest.raises(TypeError, match="floating"):
         tx.update(jnp.zeros(3, jnp.int32), tx.init(jnp.zeros(3)))
+
+
+def _conds(tx, params, grads) -> int:
+    from jaxpr_support import all_eqns
+
+    jaxpr = jax.make_jaxpr(tx.update)(grads, tx.init(params), params).jaxpr
+    return sum(e.primitive.name == "cond" for e in all_eqns(jaxpr))
+
+
+@pytest.mark.parametrize("make", [so.fd_son, so.rfd_son])
+def test_a_weight_known_positive_takes_v_g_from_the_sketch_without_a_cond(make):
+    """Where ``c_t = eta_t + sigma_t`` is positive at every step (the default schedules, a
+    positive ``eta`` or ``sigma``), ``V g`` comes from the sketch's ``B ghat`` with no
+    ``cond`` (on a TPU one the compiler charges a pass over the sketch at every step); a
+    user schedule keeps it, for ``c = 0``. The updates agree in float64 over 5 steps."""
+    params = jnp.zeros(6)
+    g = jnp.arange(1.0, 7.0)
+    user = lambda t: 0.5 / (t + 1.0)  # noqa: E731 - the default for rfd_son is 1/t
+    known, kept = make(sketch_size=3), make(sketch_size=3, eta=user)
+    assert _conds(known, params, g) == _conds(kept, params, g) - 1
+    if make is so.fd_son:  # 1/sqrt(t) against a user schedule equal to it
+        kept = make(sketch_size=3, eta=lambda t: 1.0 / jnp.sqrt(t + 1.0))
+    else:
+        known = make(sketch_size=3, eta=0.5, curvature=0.0)  # a positive float
+        kept = make(sketch_size=3, eta=lambda t: 0.5 + 0.0 * t)
+    with x64():
+        rng = np.random.default_rng(0)
+        p = jnp.zeros(6, jnp.float64)
+        sa, sb = known.init(p), kept.init(p)
+        for _ in range(5):
+            grad = jnp.asarray(rng.normal(size=6))
+            ua, sa = known.update(grad, sa, p)
+            ub, sb = kept.update(grad, sb, p)
+            np.testing.assert_allclose(ua, ub, rtol=1e-12, atol=1e-15)
+
+
+def test_a_zero_weight_solves_with_the_ridge_alone():
+    """``eta = 0`` and ``sigma = 0``: ``c = 0``, the sketch absorbs a zero row, and the step is
+    ``-(alpha I)^{-1} g`` (the cond's projection of ``g`` on an empty sketch)."""
+    tx = so.fd_son(alpha=2.0, sketch_size=3, eta=0.0)
+    params = jnp.zeros(4)
+    g = jnp.array([1.0, -2.0, 0.0, 4.0])
+    updates, state = tx.update(g, tx.init(params), params)
+    np.testing.assert_allclose(updates, -g / 2.0, rtol=1e-6)
+    updates, _ = tx.update(g, state, params)
+    np.testing.assert_allclose(updates, -g / 2.0, rtol=1e-6)
