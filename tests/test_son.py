@@ -902,11 +902,11 @@ def _conds(tx, params, grads) -> int:
 def test_a_weight_known_positive_takes_v_g_from_the_sketch_without_a_cond(make):
     """Where ``c_t = eta_t + sigma_t`` is positive at every step (the default schedules, a
     positive ``eta`` or ``sigma``), ``V g`` comes from the sketch's ``B ghat`` with no
-    ``cond`` (on a TPU one the compiler charges a pass over the sketch at every step); a
-    user schedule keeps it, for ``c = 0``. The updates agree in float64 over 5 steps."""
+    ``cond`` (a TPU's compiler charges that ``cond`` a pass over the sketch at every step); a
+    user's schedule keeps it, for ``c = 0``. The updates agree in float64 over 5 steps."""
     params = jnp.zeros(6)
     g = jnp.arange(1.0, 7.0)
-    user = lambda t: 0.5 / (t + 1.0)  # noqa: E731 - the default for rfd_son is 1/t
+    user = lambda t: 0.5 / (t + 1.0)  # noqa: E731 - a user's schedule: c may be 0
     known, kept = make(sketch_size=3), make(sketch_size=3, eta=user)
     assert _conds(known, params, g) == _conds(kept, params, g) - 1
     if make is so.fd_son:  # 1/sqrt(t) against a user schedule equal to it
