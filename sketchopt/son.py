@@ -821,14 +821,15 @@ def _rp_paper_regime(ls: RandomProjectionNewtonState):
     return alpha_s * limit >= alpha_s + trace
 
 
-def _rp_pinv(ls: RandomProjectionNewtonState, y, product=None, root=None):
+def _rp_pinv(ls: RandomProjectionNewtonState, y, product=None, root=None, positive=False):
     """``A^{-1} y = 2**k * zhat`` for RP-SON's ``A = alpha I + S^T S``.
 
     In the well-conditioned regime (:func:`_rp_paper_regime`) with the paper's
     ``A^{-1} = (1/alpha)(I - S^T H S)`` and the maintained ``H``; otherwise like FD-SON through
     the eigendecomposition of ``S S^T`` (:func:`sketchopt.sketches.low_rank`), which stays
     accurate for any ``alpha`` and gradient scale. ``product`` (``S ghat / 4**e`` from the sketch
-    update, ``ghat = root * y``) saves the pass ``S y``.
+    update, ``ghat = root * y``) saves the pass ``S y``; ``positive`` (static): ``root > 0`` is
+    known (:func:`_always_positive`), and no ``cond`` keeps the pass for ``root = 0``.
     """
     sk = ls.sketch
     e = sk.scale_exp
@@ -837,6 +838,8 @@ def _rp_pinv(ls: RandomProjectionNewtonState, y, product=None, root=None):
     def s_times_y():  # S y / 2**e
         if product is None:
             return _partitioning.contract_d(sk.rows, _numerics.ldexp(y, -e))
+        if positive:
+            return _numerics.ldexp(product, e) / root
         return jax.lax.cond(
             root > 0,
             lambda: _numerics.ldexp(product, e) / root,
@@ -859,10 +862,11 @@ def _rp_pinv(ls: RandomProjectionNewtonState, y, product=None, root=None):
     return jax.lax.cond(_rp_paper_regime(ls), paper, eigen)
 
 
-def _rp_absorb(sketch, alpha, ls, gz, ghat, c, valid):
+def _rp_absorb(sketch, alpha, ls, gz, ghat, c, valid, *, eta=None, curvature=0.0):
     """RP-SON's step on one leaf: ``S_t = S_{t-1} + r_t ghat^T`` and ``H_t`` by the paper's two
     rank-one Woodbury updates (SON sec. 3), refreshed from the tracked Gram matrix every ``m``
-    steps or when unsafe; returns the new state and ``A_t^{-1} gz``."""
+    steps or when unsafe; returns the new state and ``A_t^{-1} gz``. ``eta`` and ``curvature``
+    say whether ``c > 0`` is known (:func:`_always_positive`)."""
     dtype = ls.alpha.dtype
     a = jnp.asarray(alpha, dtype)
     sk0 = ls.sketch
@@ -894,7 +898,7 @@ def _rp_absorb(sketch, alpha, ls, gz, ghat, c, valid):
     h_new = jnp.where(valid, h_new, ls.inverse)
     new = ls._replace(sketch=sk1, inverse=h_new, alpha=jnp.where(valid, a, ls.alpha))
     # S gz from the sketch's own product S_t ghat (one pass saved).
-    zhat, k = _rp_pinv(new, gz, product, root)
+    zhat, k = _rp_pinv(new, gz, product, root, _always_positive(eta, curvature, c.dtype))
     return new, _numerics.ldexp(zhat, k)
 
 
@@ -965,7 +969,7 @@ def rp_son(
         inverse = jnp.eye(m, dtype=dtype) / a
         return RandomProjectionNewtonState(sk_state, inverse, a, None)
 
-    absorb = functools.partial(_rp_absorb, sketch0, alpha)
+    absorb = functools.partial(_rp_absorb, sketch0, alpha, eta=eta, curvature=curvature)
 
     metric = _newton_metric(
         "newton[random_projection]",

@@ -898,22 +898,32 @@ def _conds(tx, params, grads) -> int:
     return sum(e.primitive.name == "cond" for e in all_eqns(jaxpr))
 
 
-@pytest.mark.parametrize("make", [so.fd_son, so.rfd_son])
-def test_a_weight_known_positive_takes_v_g_from_the_sketch_without_a_cond(make):
+#: SON transforms by name, with their other arguments: ``name -> (**kwargs) -> transform``.
+WEIGHTED = {
+    "fd_son": lambda **kw: so.fd_son(sketch_size=3, **kw),
+    "rfd_son": lambda **kw: so.rfd_son(sketch_size=3, **kw),
+    "rp_son": lambda **kw: so.rp_son(1.0, 3, jax.random.PRNGKey(0), **kw),
+}
+
+
+@pytest.mark.parametrize("name", sorted(WEIGHTED))
+def test_a_weight_known_positive_takes_v_g_from_the_sketch_without_a_cond(name):
     """Where ``c_t = eta_t + sigma_t`` is positive at every step (the default schedules, a
     positive ``eta`` or ``sigma``), ``V g`` comes from the sketch's ``B ghat`` with no
     ``cond`` (a TPU's compiler charges that ``cond`` a pass over the sketch at every step); a
     user's schedule keeps it, for ``c = 0``. The updates agree in float64 over 5 steps."""
+    make = WEIGHTED[name]
     params = jnp.zeros(6)
     g = jnp.arange(1.0, 7.0)
     user = lambda t: 0.5 / (t + 1.0)  # noqa: E731 - a user's schedule: c may be 0
-    known, kept = make(sketch_size=3), make(sketch_size=3, eta=user)
-    assert _conds(known, params, g) == _conds(kept, params, g) - 1
-    if make is so.fd_son:  # 1/sqrt(t) against a user schedule equal to it
-        kept = make(sketch_size=3, eta=lambda t: 1.0 / jnp.sqrt(t + 1.0))
-    else:
-        known = make(sketch_size=3, eta=0.5, curvature=0.0)  # a positive float
-        kept = make(sketch_size=3, eta=lambda t: 0.5 + 0.0 * t)
+    known, kept = make(), make(eta=user)
+    removed = 2 if name == "rp_son" else 1  # RP-SON takes S g in both of its regimes
+    assert _conds(known, params, g) == _conds(kept, params, g) - removed
+    if name == "rfd_son":
+        known = make(eta=0.5, curvature=0.0)  # a positive float
+        kept = make(eta=lambda t: 0.5 + 0.0 * t)
+    else:  # the default 1/sqrt(t) against a user's schedule equal to it
+        kept = make(eta=lambda t: 1.0 / jnp.sqrt(t + 1.0))
     with x64():
         rng = np.random.default_rng(0)
         p = jnp.zeros(6, jnp.float64)
