@@ -542,16 +542,16 @@ def _sketched_newton_metric(
         root = jnp.sqrt(c)
         sk_state, product = sketch0.absorb(ls.sketch, ghat, valid)
         lr = read(sk_state)
+
         # V g from the sketch's own B g (docs/design.md, Speed: fused work); one more pass if c = 0,
         # in a cond that XLA charges at every step: left out where c > 0 at every step.
+        def fused():
+            return lr.project_product(product) / root
+
         if _always_positive(eta, curvature, c.dtype):
-            vg = lr.project_product(product) / root
+            vg = fused()
         else:
-            vg = jax.lax.cond(
-                root > 0,
-                lambda: lr.project_product(product) / root,
-                lambda: lr.project(gz),
-            )
+            vg = jax.lax.cond(root > 0, fused, lambda: lr.project(gz))
         return ls._replace(sketch=sk_state, alpha=a), SketchedNewtonOperator(lr, a).solve(gz, vg)
 
     return _newton_metric(
@@ -836,15 +836,15 @@ def _rp_pinv(ls: RandomProjectionNewtonState, y, product=None, root=None, positi
     hi = jax.lax.Precision.HIGHEST
 
     def s_times_y():  # S y / 2**e
-        if product is None:
+        def projected():
             return _partitioning.contract_d(sk.rows, _numerics.ldexp(y, -e))
-        if positive:
+
+        def fused():
             return _numerics.ldexp(product, e) / root
-        return jax.lax.cond(
-            root > 0,
-            lambda: _numerics.ldexp(product, e) / root,
-            lambda: _partitioning.contract_d(sk.rows, _numerics.ldexp(y, -e)),
-        )
+
+        if product is None:
+            return projected()
+        return fused() if positive else jax.lax.cond(root > 0, fused, projected)
 
     def paper():
         _, (rm, rq) = _rp_ridge(ls.alpha, e, ls.inverse.dtype)
