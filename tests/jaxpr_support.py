@@ -16,3 +16,8 @@ def all_eqns(jaxpr) -> Iterator[Any]:
                 inner = x.jaxpr if hasattr(x, "consts") else x if hasattr(x, "eqns") else None
                 if inner is not None:
                     yield from all_eqns(inner)
+
+
+def count(jaxpr, primitive: str) -> int:
+    """How many equations of ``jaxpr`` (and of the jaxprs inside it) apply ``primitive``."""
+    return sum(e.primitive.name == primitive for e in all_eqns(jaxpr))

@@ -9,7 +9,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from jaxpr_support import all_eqns
+from jaxpr_support import all_eqns, count
 
 import sketchopt as so
 from sketchopt import kron, metrics
@@ -619,9 +619,6 @@ def test_one_switch_keeps_the_factorizations_batched():
         with so.accelerator_path(), so.batched_solves():
             jaxpr = jax.make_jaxpr(tx.update)(params, tx.init(params))
         return jaxpr.jaxpr
-
-    def count(jaxpr, name):
-        return sum(e.primitive.name == name for e in all_eqns(jaxpr))
 
     periodic = jaxpr_of(so.kron_fd(1e-3, 4))
     every = jaxpr_of(so.kron_fd(1e-3, 4, update_every=1, refresh_every=1))

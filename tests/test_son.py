@@ -892,10 +892,9 @@ def test_validation():
 
 
 def _conds(tx, params, grads) -> int:
-    from jaxpr_support import all_eqns
+    from jaxpr_support import count
 
-    jaxpr = jax.make_jaxpr(tx.update)(grads, tx.init(params), params).jaxpr
-    return sum(e.primitive.name == "cond" for e in all_eqns(jaxpr))
+    return count(jax.make_jaxpr(tx.update)(grads, tx.init(params), params).jaxpr, "cond")
 
 
 #: SON transforms by name, with their other arguments: ``name -> (**kwargs) -> transform``.
