@@ -506,12 +506,13 @@ _SCHEDULE_FLOORS = ((_numerics.inverse_sqrt_time, 2.0**-15.5), (_numerics.invers
 
 
 def _always_positive(eta, curvature, dtype) -> bool:
-    """Whether ``c_t = eta_t + sigma_t`` is a normal positive number of ``dtype`` at every step,
-    known before tracing: ``eta`` or ``sigma`` is such a number, or ``eta`` is one of the
-    library's own schedules (``1/sqrt(t)``, ``1/t``) whose smallest value over an int32 step
-    count is (a device that flushes subnormals to zero could make a subnormal ``c`` zero;
-    float16's ``1/t`` underflows after 2**24 steps). Its square root is then positive, and
-    ``V g`` comes from the sketch's own ``B ghat`` divided by it."""
+    """Whether ``c_t = eta_t + sigma_t`` (the weight of ``ghat = sqrt(c_t) g_t``, SON Alg. 1
+    line 8) is a normal positive number of ``dtype`` at every step, known before tracing:
+    ``eta`` or ``sigma`` is such a number, or ``eta`` is one of the library's own schedules
+    (``1/sqrt(t)``, ``1/t``) whose smallest value over an int32 step count is (a device that
+    flushes subnormals to zero could make a subnormal ``c`` zero; float16's ``1/t`` underflows
+    after 2**24 steps). Its square root is then positive, and ``V g`` comes from the sketch's
+    own ``B ghat`` divided by it."""
     tiny = float(jnp.finfo(dtype).tiny)
 
     def positive(value):
